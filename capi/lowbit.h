@@ -1,0 +1,306 @@
+/*
+ * lowbit: memory-efficient and communication-efficient optimizers behind a C ABI.
+ *
+ * ABI rules
+ *   - Every configuration struct starts with `size_t struct_size`, set by the
+ *     caller to sizeof(the struct it was compiled against). Structs only grow
+ *     at the end; the library accepts every size it has ever shipped and
+ *     rejects sizes it does not know with LOWBIT_ERROR_INVALID_ARGUMENT.
+ *     Use the lowbit_*_init() helpers: they fill struct_size and defaults.
+ *   - Enum values and status codes are explicit and never reused.
+ *   - Handles are opaque. Create functions take the out-param first; destroy
+ *     functions accept NULL.
+ *   - No C++ exception, abort() or exit() ever crosses this boundary: every
+ *     entry point returns a lowbit_status_t.
+ *
+ * Thread safety
+ *   - A handle may be used by one thread at a time. Distinct handles are
+ *     independent and may be used concurrently from different threads.
+ *   - lowbit_last_error() is thread-local; lowbit_optimizer_last_error() is
+ *     per handle (it follows the one-thread-per-handle rule).
+ *
+ * Devices and streams
+ *   - Tensors cross as a lowbit_tensor_t (pointer, numel, dtype, device).
+ *   - Every call that may touch device memory takes an explicit stream
+ *     (a cudaStream_t passed as void*, NULL = legacy default stream). Device
+ *     calls only enqueue work: no hidden host synchronisation and no hidden
+ *     allocation inside lowbit_optimizer_step().
+ *
+ * Non-finite gradients
+ *   - With lowbit_optimizer_config_t.skip_nonfinite = 1 (the default), a step
+ *     first checks every gradient; if any element is NaN or +-Inf, the whole
+ *     step is skipped (params, state and step counters unchanged, like AMP's
+ *     found-inf) and lowbit_optimizer_last_step_skipped() reports 1. The call
+ *     itself returns LOWBIT_SUCCESS. On CUDA the check is done on the device,
+ *     so the skip flag becomes valid once the stream reaches the step.
+ *   - With skip_nonfinite = 0 no check is made and non-finite values
+ *     propagate into params and state, as in plain PyTorch optimizers.
+ */
+#ifndef LOWBIT_H
+#define LOWBIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define LOWBIT_VERSION_MAJOR 0
+#define LOWBIT_VERSION_MINOR 1
+#define LOWBIT_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define LOWBIT_VERSION (LOWBIT_VERSION_MAJOR * 10000 + LOWBIT_VERSION_MINOR * 100 + LOWBIT_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define LOWBIT_API __declspec(dllexport)
+#else
+#define LOWBIT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status */
+
+typedef enum lowbit_status {
+  LOWBIT_SUCCESS = 0,
+  LOWBIT_ERROR_INVALID_ARGUMENT = 1, /* a value is out of range or unknown */
+  LOWBIT_ERROR_NULL_POINTER = 2,     /* a required pointer was NULL */
+  LOWBIT_ERROR_UNSUPPORTED = 3,      /* valid, but not built in / not possible here */
+  LOWBIT_ERROR_OUT_OF_MEMORY = 4,
+  LOWBIT_ERROR_INVALID_STATE = 5, /* call not allowed now (e.g. step with no params) */
+  LOWBIT_ERROR_CUDA = 6,
+  LOWBIT_ERROR_IO = 7,               /* file could not be opened / read / written */
+  LOWBIT_ERROR_CORRUPT_DATA = 8,     /* truncated, bad magic, checksum mismatch */
+  LOWBIT_ERROR_VERSION_MISMATCH = 9, /* checkpoint from an unknown format version */
+  LOWBIT_ERROR_STATE_MISMATCH = 10,  /* checkpoint does not match the registered params */
+  LOWBIT_ERROR_BUFFER_TOO_SMALL = 11,
+  LOWBIT_ERROR_NONFINITE = 12, /* NaN/Inf where a finite value is required */
+  LOWBIT_ERROR_COMMUNICATION = 13,
+  LOWBIT_ERROR_INTERNAL = 14
+} lowbit_status_t;
+
+/* Static, never NULL, "unknown status" for values not listed above. */
+LOWBIT_API const char* lowbit_status_string(lowbit_status_t status);
+
+/* The message of the last failed call on this thread ("" if none). Valid until
+ * the next lowbit call on this thread. */
+LOWBIT_API const char* lowbit_last_error(void);
+
+/* LOWBIT_VERSION of the library actually loaded. */
+LOWBIT_API int lowbit_version(void);
+
+/* 1 if this library was built with that capability. */
+LOWBIT_API int lowbit_has_cuda(void);
+LOWBIT_API int lowbit_has_mpi(void);
+LOWBIT_API int lowbit_has_nccl(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef enum lowbit_dtype {
+  LOWBIT_DTYPE_FLOAT32 = 1,
+  LOWBIT_DTYPE_BFLOAT16 = 2,
+  LOWBIT_DTYPE_FLOAT16 = 3
+} lowbit_dtype_t;
+
+typedef enum lowbit_device {
+  LOWBIT_DEVICE_CPU = 1,
+  LOWBIT_DEVICE_CUDA = 2
+} lowbit_device_t;
+
+/* A flat, contiguous tensor. The library never owns `data`. */
+typedef struct lowbit_tensor {
+  void* data;
+  int64_t numel;
+  lowbit_dtype_t dtype;
+  lowbit_device_t device;
+  int32_t device_index; /* CUDA ordinal; 0 for CPU */
+} lowbit_tensor_t;
+
+/* ---------------------------------------------------------------- optimizer */
+
+typedef struct lowbit_optimizer* lowbit_optimizer_t;
+/* Compressed communicator (created through lowbit_comm.h). */
+typedef struct lowbit_comm* lowbit_comm_t;
+
+typedef enum lowbit_algorithm {
+  LOWBIT_ALGORITHM_ADAMW = 1, /* Adam with decoupled weight decay */
+  LOWBIT_ALGORITHM_ADAM = 2,  /* Adam with L2 weight decay (added to the gradient) */
+  LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
+  LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
+  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5
+} lowbit_algorithm_t;
+
+/* How one optimizer moment is stored. Block layouts (all row-major over the
+ * flattened tensor; the last block may be partial):
+ *   8BIT: one uint8 code per element, blocks of 256 with one fp32 absmax each;
+ *         first moment on the signed dynamic map, second on the unsigned one.
+ *   4BIT: two codes per byte (element 2i in the low nibble, 2i+1 in the high
+ *         nibble), blocks of 128 with one fp32 absmax each; first moment on the
+ *         signed dynamic 4-bit map, second on the linear map {k/16, k=1..16}.
+ *   FP8:  one e4m3 (finite, max 448) byte per element, blocks of 256 with one
+ *         fp32 scale (absmax / 448) each.
+ * Codes are the nearest map value to x / absmax; exact ties go to the lower
+ * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0. */
+typedef enum lowbit_state_format {
+  LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
+  LOWBIT_STATE_FP32 = 1,
+  LOWBIT_STATE_BF16 = 2,
+  LOWBIT_STATE_8BIT = 3,
+  LOWBIT_STATE_4BIT = 4,
+  LOWBIT_STATE_FP8 = 5
+} lowbit_state_format_t;
+
+/* Hyper-parameters of one parameter group. All may change between steps. */
+typedef struct lowbit_hparams {
+  size_t struct_size;
+  float lr;           /* >= 0 and finite */
+  float beta1;        /* Adam/Lion in [0, 1) */
+  float beta2;        /* Adam/Lion in [0, 1) */
+  float eps;          /* Adam, > 0 */
+  float weight_decay; /* >= 0 */
+  float momentum;     /* SGD, in [0, 1) */
+  float dampening;    /* SGD, in [0, 1] */
+  int32_t nesterov;   /* SGD: 0/1, requires momentum > 0 and dampening == 0 */
+  int32_t bias_correction; /* Adam: 0/1 */
+} lowbit_hparams_t;
+
+/* Fills struct_size and the usual defaults for `algorithm`
+ * (AdamW: lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 0.01; Adam: wd 0;
+ *  Lion: lr 1e-4, betas 0.9/0.99, wd 0; SGD: lr 1e-2, momentum 0). */
+LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm);
+
+typedef struct lowbit_optimizer_config {
+  size_t struct_size;
+  lowbit_algorithm_t algorithm;
+  lowbit_device_t device; /* every param of this optimizer lives here */
+  int32_t device_index;
+  lowbit_state_format_t state_format;        /* first moment (and second unless set) */
+  lowbit_state_format_t second_state_format; /* LOWBIT_STATE_DEFAULT: same as state_format */
+  int64_t min_quantized_numel; /* params with fewer elements keep fp32 state (default 4096) */
+  uint64_t seed;               /* stochastic rounding */
+  int32_t stochastic_rounding; /* default for 16-bit params: 0/1 */
+  int32_t error_correction;    /* default for 16-bit params: 0/1 (wins over SR) */
+  int32_t skip_nonfinite;      /* see "Non-finite gradients" above; default 1 */
+  int32_t num_threads;         /* CPU engine threads; 0 = all available */
+  int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100) */
+} lowbit_optimizer_config_t;
+
+/* Fills struct_size and defaults: CPU, fp32 state, threshold 4096, seed 0,
+ * no SR, no error correction, skip_nonfinite 1, num_threads 0. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* config,
+                                                        lowbit_algorithm_t algorithm);
+
+/* Creates an optimizer; `hparams` become parameter group 0. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out,
+                                                   const lowbit_optimizer_config_t* config,
+                                                   const lowbit_hparams_t* hparams);
+LOWBIT_API lowbit_status_t lowbit_optimizer_destroy(lowbit_optimizer_t opt);
+
+/* Message of the last failed call on this handle ("" if none). */
+LOWBIT_API const char* lowbit_optimizer_last_error(lowbit_optimizer_t opt);
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, const lowbit_hparams_t* hparams,
+                                                      int32_t* out_group);
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_hparams(lowbit_optimizer_t opt, int32_t group,
+                                                        const lowbit_hparams_t* hparams);
+LOWBIT_API lowbit_status_t lowbit_optimizer_get_hparams(lowbit_optimizer_t opt, int32_t group,
+                                                        lowbit_hparams_t* out);
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_lr(lowbit_optimizer_t opt, int32_t group, float lr);
+
+typedef struct lowbit_param_config {
+  size_t struct_size;
+  lowbit_tensor_t param;
+  lowbit_tensor_t grad; /* optional (data NULL): give grads to step later */
+  int32_t group;
+  lowbit_state_format_t state_format; /* DEFAULT: optimizer default + size threshold */
+  lowbit_state_format_t second_state_format;
+  int32_t stochastic_rounding; /* -1: optimizer default */
+  int32_t error_correction;    /* -1: optimizer default */
+} lowbit_param_config_t;
+
+/* Fills struct_size and defaults (group 0, formats DEFAULT, flags -1). */
+LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* config);
+
+/* Registers a parameter; ids are 0, 1, 2, ... in registration order and stay
+ * valid for the life of the handle. State is allocated here, zero-initialised. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_add_param(lowbit_optimizer_t opt, const lowbit_param_config_t* config,
+                                                      int64_t* out_param_id);
+
+/* Replaces the registered gradient of a parameter (NULL or data NULL: none,
+ * the parameter is left alone by the next steps). */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int64_t param_id,
+                                                     const lowbit_tensor_t* grad);
+
+/* One step over every parameter that has a gradient, using the registered
+ * gradients. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
+
+/* One step with gradients given for this step only: grads[i] belongs to param
+ * i, num_grads must equal the number of params; grads[i].data == NULL skips
+ * param i. Registered gradients are not changed. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t opt, const lowbit_tensor_t* grads,
+                                                            int64_t num_grads, void* stream);
+
+/* 1-bit Adam: the communicator that averages gradients (warm-up) and
+ * compressed momentum (after freeze_step). Required before the first step of a
+ * LOWBIT_ALGORITHM_ONEBIT_ADAM optimizer; the optimizer does not own it. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm);
+
+/* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
+ * 0 keep a momentum of exactly zero. NULL removes the mask. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
+                                                              const uint8_t* mask, int64_t numel);
+
+/* 1 if the last step was skipped because a gradient was not finite. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_last_step_skipped(lowbit_optimizer_t opt, int32_t* out);
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_num_params(lowbit_optimizer_t opt, int64_t* out);
+
+typedef struct lowbit_param_info {
+  size_t struct_size;
+  int64_t numel;
+  int64_t step; /* number of steps applied to this parameter */
+  int32_t group;
+  lowbit_dtype_t param_dtype;
+  lowbit_state_format_t state_format;        /* resolved (threshold applied) */
+  lowbit_state_format_t second_state_format; /* LOWBIT_STATE_DEFAULT if the algorithm has one moment */
+  int32_t stochastic_rounding;
+  int32_t error_correction;
+  int64_t state_bytes; /* optimizer state incl. scales and error-correction bytes */
+} lowbit_param_info_t;
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, int64_t param_id,
+                                                       lowbit_param_info_t* out);
+
+/* Bytes of optimizer state of one param, or of all when param_id == -1. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, int64_t param_id, int64_t* out);
+
+/* Copies one moment (0: first, 1: second) of a param, dequantized, into a
+ * caller buffer of numel floats on the host. For inspection and tests. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
+                                                        float* out, int64_t numel);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+typedef enum lowbit_checkpoint_mode {
+  LOWBIT_CHECKPOINT_COMPRESSED = 1,   /* codes + scales, as stored */
+  LOWBIT_CHECKPOINT_MATERIALIZED_FP32 = 2, /* fp32 moments */
+  LOWBIT_CHECKPOINT_MATERIALIZED_BF16 = 3  /* bf16 moments */
+} lowbit_checkpoint_mode_t;
+
+/* Serialises the whole optimizer state (groups, steps, moments, error-
+ * correction bytes). With buffer == NULL only *out_size is set. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
+                                                 int64_t capacity, int64_t* out_size);
+LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
+                                                      const char* path);
+/* Loads a checkpoint into an optimizer with the same params registered (same
+ * count and sizes). Any format/mode is accepted and converted to this
+ * optimizer's formats. On any error the optimizer is left untouched. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size);
+LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOWBIT_H */

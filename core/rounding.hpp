@@ -1,0 +1,91 @@
+// How an fp32 result is written back to a 16-bit weight:
+//  - round to nearest even,
+//  - stochastic rounding with counter-based bits: hash(seed, param id, step, i),
+//    so any threading / launch shape / resumed run gives the same bits,
+//  - error correction: the 16-bit weight plus one signed byte per element that
+//    stores the rounding residual in units of ulp/256, so (weight, byte) is a
+//    master weight with 8 more significand bits.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "float16.hpp"
+#include "hd.hpp"
+
+namespace lowbit {
+
+LOWBIT_HD uint64_t mix64(uint64_t z) {
+  z ^= z >> 30;
+  z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z;
+}
+
+// Key for one (seed, param, step); element bits are then mixed with i.
+LOWBIT_HD uint64_t rounding_key(uint64_t seed, uint64_t param_id, uint64_t step) {
+  return mix64(seed ^ mix64(param_id * 0x9E3779B97F4A7C15ull ^ mix64(step + 0x632BE59BD9B4E019ull)));
+}
+
+LOWBIT_HD uint32_t random_bits(uint64_t key, uint64_t i) {
+  return uint32_t(mix64(key + (i + 1) * 0xD1B54A32D192ED03ull) >> 32);
+}
+
+// bf16 stochastic rounding: P(round away from zero) = dropped bits / 2^16.
+LOWBIT_HD uint16_t float_to_bf16_sr(float f, uint32_t bits) {
+  uint32_t u = float_bits(f);
+  if (!is_finite_bits(u)) return float_to_bf16(f);
+  uint32_t r = u + (bits & 0xFFFFu);
+  if (!is_finite_bits(r)) return uint16_t(u >> 16);  // would overflow to Inf: truncate
+  return uint16_t(r >> 16);
+}
+
+// fp16 stochastic rounding between the two neighbouring fp16 values.
+LOWBIT_HD uint16_t float_to_fp16_sr(float f, uint32_t bits) {
+  uint16_t h = float_to_fp16(f);
+  float hf = fp16_to_float(h);
+  if (hf == f || !is_finite_bits(float_bits(f))) return h;
+  uint16_t lo = h, hi = h;
+  if (std::fabs(hf) > std::fabs(f)) lo = uint16_t(h - 1);  // magnitude one step down
+  else hi = uint16_t(h + 1);
+  float lof = std::fabs(fp16_to_float(lo)), hif = std::fabs(fp16_to_float(hi));
+  float frac = (std::fabs(f) - lof) / (hif - lof);
+  float u = float(bits >> 8) * 5.9604644775390625e-8f;  // [0, 1) on 24 bits
+  return u < frac ? hi : lo;
+}
+
+// log2 of one ulp of the 16-bit value with this exponent field.
+LOWBIT_HD int bf16_ulp_log2(uint16_t w) {
+  int e = (w >> 7) & 0xFF;
+  return (e > 1 ? e : 1) - 134;
+}
+LOWBIT_HD int fp16_ulp_log2(uint16_t w) {
+  int e = (w >> 10) & 0x1F;
+  return (e > 1 ? e : 1) - 25;
+}
+
+LOWBIT_HD uint8_t residual_byte(float exact, float rounded, int ulp_log2) {
+  if (!is_finite_bits(float_bits(exact)) || !is_finite_bits(float_bits(rounded))) return 0;
+  float q = rintf(ldexpf(exact - rounded, 8 - ulp_log2));  // exact - rounded is exact (Sterbenz)
+  q = q > 127.f ? 127.f : (q < -128.f ? -128.f : q);
+  return uint8_t(int8_t(q));
+}
+
+LOWBIT_HD float bf16_ecc_to_float(uint16_t w, uint8_t e) {
+  return bf16_to_float(w) + ldexpf(float(int8_t(e)), bf16_ulp_log2(w) - 8);
+}
+LOWBIT_HD float fp16_ecc_to_float(uint16_t w, uint8_t e) {
+  return fp16_to_float(w) + ldexpf(float(int8_t(e)), fp16_ulp_log2(w) - 8);
+}
+
+LOWBIT_HD void float_to_bf16_ecc(float f, uint16_t& w, uint8_t& e) {
+  w = float_to_bf16(f);
+  e = residual_byte(f, bf16_to_float(w), bf16_ulp_log2(w));
+}
+LOWBIT_HD void float_to_fp16_ecc(float f, uint16_t& w, uint8_t& e) {
+  w = float_to_fp16(f);
+  e = residual_byte(f, fp16_to_float(w), fp16_ulp_log2(w));
+}
+
+}  // namespace lowbit

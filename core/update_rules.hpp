@@ -1,0 +1,83 @@
+// The per-element math of every algorithm: the one reference implementation,
+// used by the CPU engine and the CUDA kernels alike. Moments come in and go
+// out as fp32; storage formats are handled around these functions.
+#pragma once
+#include <cmath>
+
+#include "hd.hpp"
+#include "lowbit.h"
+
+namespace lowbit {
+
+// Per-parameter, per-step scalars (bias corrections depend on the param's
+// own step count), computed on the host in double and rounded once.
+struct StepScalars {
+  float lr;
+  float beta1, beta2, eps;
+  float weight_decay;
+  float decay_factor;   // 1 - lr * weight_decay (decoupled decay)
+  float step_size;      // Adam: lr / (1 - beta1^t)
+  float inv_sqrt_bc2;   // Adam: 1 / sqrt(1 - beta2^t)
+  float momentum, dampening;
+  int nesterov;
+  int first_step;       // SGD: the momentum buffer starts as the gradient
+};
+
+enum class Algo { AdamW, Adam, Lion, Sgd };
+
+template <Algo A>
+LOWBIT_HD void update_element(const StepScalars& s, float& p, float g, float& m, float& v);
+
+// AdamW as torch.optim.AdamW: decay p first, then the Adam step.
+template <>
+LOWBIT_HD void update_element<Algo::AdamW>(const StepScalars& s, float& p, float g, float& m, float& v) {
+  p *= s.decay_factor;
+  m = s.beta1 * m + (1.f - s.beta1) * g;
+  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+  float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
+  p -= s.step_size * m / denom;
+}
+
+// Adam with L2 decay: the decay is added to the gradient.
+template <>
+LOWBIT_HD void update_element<Algo::Adam>(const StepScalars& s, float& p, float g, float& m, float& v) {
+  g += s.weight_decay * p;
+  m = s.beta1 * m + (1.f - s.beta1) * g;
+  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+  float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
+  p -= s.step_size * m / denom;
+}
+
+// Lion (Chen et al. 2023) with decoupled decay; sign(0) = 0.
+template <>
+LOWBIT_HD void update_element<Algo::Lion>(const StepScalars& s, float& p, float g, float& m, float&) {
+  float c = s.beta1 * m + (1.f - s.beta1) * g;
+  float sign = c > 0.f ? 1.f : (c < 0.f ? -1.f : 0.f);
+  p = p * s.decay_factor - s.lr * sign;
+  m = s.beta2 * m + (1.f - s.beta2) * g;
+}
+
+// SGD as torch.optim.SGD: L2 decay, momentum with dampening, Nesterov.
+template <>
+LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g, float& m, float&) {
+  g += s.weight_decay * p;
+  if (s.momentum != 0.f) {
+    m = s.first_step ? g : s.momentum * m + (1.f - s.dampening) * g;
+    g = s.nesterov ? g + s.momentum * m : m;
+  }
+  p -= s.lr * g;
+}
+
+// Which moments an algorithm keeps (0, 1 or 2).
+inline int moment_count(lowbit_algorithm_t algo, float momentum) {
+  switch (algo) {
+    case LOWBIT_ALGORITHM_ADAMW:
+    case LOWBIT_ALGORITHM_ADAM:
+    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return 2;
+    case LOWBIT_ALGORITHM_LION: return 1;
+    case LOWBIT_ALGORITHM_SGD: return momentum != 0.f ? 1 : 0;
+  }
+  return 0;
+}
+
+}  // namespace lowbit
