@@ -1,0 +1,44 @@
+// The C boundary: runs a body, turns every exception into a status and a
+// message (thread-local, and on the handle when there is one).
+#pragma once
+#include <new>
+#include <string>
+
+#include "core/error.hpp"
+#include "lowbit.h"
+
+namespace lowbit {
+
+void set_thread_error(const std::string& message);
+
+template <class Body>
+lowbit_status_t guarded(std::string* handle_error, Body&& body) noexcept {
+  lowbit_status_t status;
+  std::string message;
+  try {
+    body();
+    return LOWBIT_SUCCESS;
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  } catch (const std::bad_alloc&) {
+    status = LOWBIT_ERROR_OUT_OF_MEMORY;
+    message = "out of host memory";
+  } catch (const std::exception& e) {
+    status = LOWBIT_ERROR_INTERNAL;
+    message = std::string("internal error: ") + e.what();
+  } catch (...) {
+    status = LOWBIT_ERROR_INTERNAL;
+    message = "internal error: unknown exception";
+  }
+  try {
+    set_thread_error(message);
+    if (handle_error) *handle_error = message;
+  } catch (...) {
+  }
+  return status;
+}
+
+#define LOWBIT_REQUIRE_PTR(p, name) LOWBIT_REQUIRE((p) != nullptr, LOWBIT_ERROR_NULL_POINTER, name " is NULL")
+
+}  // namespace lowbit

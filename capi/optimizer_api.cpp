@@ -1,0 +1,257 @@
+// lowbit_optimizer_* entry points: argument checks that need the C view,
+// then a call into lowbit::Optimizer inside guarded().
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "boundary.hpp"
+#include "core/optimizer.hpp"
+#include "core/validation.hpp"
+
+struct lowbit_optimizer {
+  std::unique_ptr<lowbit::Optimizer> impl;
+  std::string last_error;
+};
+
+using lowbit::guarded;
+
+namespace {
+
+// Runs `body(impl)` on a non-NULL handle, recording errors on the handle.
+template <class Body>
+lowbit_status_t on_handle(lowbit_optimizer_t opt, Body&& body) noexcept {
+  if (!opt) return guarded(nullptr, [] { lowbit::fail(LOWBIT_ERROR_NULL_POINTER, "opt (the optimizer handle) is NULL"); });
+  return guarded(&opt->last_error, [&] { body(*opt->impl); });
+}
+
+}  // namespace
+
+extern "C" {
+
+LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* h, lowbit_algorithm_t algorithm) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(h, "hparams");
+    lowbit::check_algorithm(algorithm);
+    std::memset(h, 0, sizeof(*h));
+    h->struct_size = sizeof(*h);
+    h->lr = 1e-3f;
+    h->beta1 = 0.9f;
+    h->beta2 = 0.999f;
+    h->eps = 1e-8f;
+    h->weight_decay = algorithm == LOWBIT_ALGORITHM_ADAMW ? 0.01f : 0.f;
+    h->bias_correction = algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM ? 0 : 1;
+    if (algorithm == LOWBIT_ALGORITHM_LION) {
+      h->lr = 1e-4f;
+      h->beta2 = 0.99f;
+    } else if (algorithm == LOWBIT_ALGORITHM_SGD) {
+      h->lr = 1e-2f;
+    }
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(c, "config");
+    lowbit::check_algorithm(algorithm);
+    std::memset(c, 0, sizeof(*c));
+    c->struct_size = sizeof(*c);
+    c->algorithm = algorithm;
+    c->device = LOWBIT_DEVICE_CPU;
+    c->state_format = LOWBIT_STATE_FP32;
+    c->second_state_format = LOWBIT_STATE_DEFAULT;
+    c->min_quantized_numel = 4096;
+    c->skip_nonfinite = 1;
+    c->freeze_step = 100;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* c) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(c, "param_config");
+    std::memset(c, 0, sizeof(*c));
+    c->struct_size = sizeof(*c);
+    c->stochastic_rounding = -1;
+    c->error_correction = -1;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, const lowbit_optimizer_config_t* config,
+                                                   const lowbit_hparams_t* hparams) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    LOWBIT_REQUIRE_PTR(config, "config");
+    LOWBIT_REQUIRE_PTR(hparams, "hparams");
+    auto handle = std::make_unique<lowbit_optimizer>();
+    handle->impl = std::make_unique<lowbit::Optimizer>(*config, *hparams);
+    *out = handle.release();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_destroy(lowbit_optimizer_t opt) {
+  delete opt;
+  return LOWBIT_SUCCESS;
+}
+
+LOWBIT_API const char* lowbit_optimizer_last_error(lowbit_optimizer_t opt) {
+  return opt ? opt->last_error.c_str() : lowbit_last_error();
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, const lowbit_hparams_t* hparams,
+                                                      int32_t* out_group) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(hparams, "hparams");
+    LOWBIT_REQUIRE_PTR(out_group, "out_group");
+    *out_group = o.add_group(*hparams);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_hparams(lowbit_optimizer_t opt, int32_t group,
+                                                        const lowbit_hparams_t* hparams) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(hparams, "hparams");
+    o.set_hparams(group, *hparams);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_get_hparams(lowbit_optimizer_t opt, int32_t group, lowbit_hparams_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.hparams(group);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_lr(lowbit_optimizer_t opt, int32_t group, float lr) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_lr(group, lr); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_add_param(lowbit_optimizer_t opt, const lowbit_param_config_t* config,
+                                                      int64_t* out_param_id) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(config, "param_config");
+    LOWBIT_REQUIRE_PTR(out_param_id, "out_param_id");
+    *out_param_id = o.add_param(*config);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int64_t param_id,
+                                                     const lowbit_tensor_t* grad) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_grad(param_id, grad); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.step(nullptr, 0, stream); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t opt, const lowbit_tensor_t* grads,
+                                                            int64_t num_grads, void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(grads, "grads");
+    o.step(grads, num_grads, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(comm, "comm");
+    o.set_comm(comm);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
+                                                              const uint8_t* mask, int64_t numel) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_momentum_mask(param_id, mask, numel); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_last_step_skipped(lowbit_optimizer_t opt, int32_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.last_step_skipped() ? 1 : 0;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_num_params(lowbit_optimizer_t opt, int64_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.num_params();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, int64_t param_id,
+                                                       lowbit_param_info_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    lowbit::check_struct_size(out->struct_size, sizeof(lowbit_param_info_t), "param_info");
+    *out = o.info(param_id);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, int64_t param_id, int64_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.state_bytes(param_id);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
+                                                        float* out, int64_t numel) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.read_moment(param_id, moment, out, numel); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
+                                                 int64_t capacity, int64_t* out_size) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out_size, "out_size");
+    std::vector<uint8_t> bytes = o.save(mode);
+    *out_size = int64_t(bytes.size());
+    if (!buffer) return;
+    LOWBIT_REQUIRE(capacity >= int64_t(bytes.size()), LOWBIT_ERROR_BUFFER_TOO_SMALL, "capacity = ", capacity,
+                   " is smaller than the checkpoint size ", bytes.size());
+    std::memcpy(buffer, bytes.data(), bytes.size());
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
+                                                      const char* path) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(path, "path");
+    std::vector<uint8_t> bytes = o.save(mode);
+    // Write a temporary file and rename it, so a failed save never clobbers a good checkpoint.
+    std::string tmp = std::string(path) + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    LOWBIT_REQUIRE(f, LOWBIT_ERROR_IO, "path = \"", path, "\": cannot open \"", tmp, "\" for writing: ",
+                   std::strerror(errno));
+    bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    ok = (std::fclose(f) == 0) && ok;
+    if (!ok || std::rename(tmp.c_str(), path) != 0) {
+      std::remove(tmp.c_str());
+      lowbit::fail(LOWBIT_ERROR_IO, "path = \"", path, "\": writing the checkpoint failed");
+    }
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(buffer, "buffer");
+    o.load(static_cast<const uint8_t*>(buffer), size);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(path, "path");
+    FILE* f = std::fopen(path, "rb");
+    LOWBIT_REQUIRE(f, LOWBIT_ERROR_IO, "path = \"", path, "\": cannot open for reading: ", std::strerror(errno));
+    std::vector<uint8_t> bytes;
+    uint8_t chunk[1 << 16];
+    size_t n;
+    while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
+    bool read_error = std::ferror(f) != 0;
+    std::fclose(f);
+    LOWBIT_REQUIRE(!read_error, LOWBIT_ERROR_IO, "path = \"", path, "\": read error");
+    o.load(bytes.data(), int64_t(bytes.size()));
+  });
+}
+
+}  // extern "C"

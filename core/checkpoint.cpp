@@ -1,0 +1,274 @@
+// Checkpoint format, version 1 (all integers little-endian):
+//   "LOWBITCK"  u32 version  u32 mode  u32 algorithm  u32 num_groups
+//   u64 total_size (whole file)  u64 num_params  u64 seed  i64 freeze_step
+//   groups: f32 lr beta1 beta2 eps weight_decay momentum dampening, i32 nesterov bias_correction
+//   per param: i64 numel  u32 param_dtype  i32 group  i64 step  u32 rounding  u32 num_moments
+//              per moment: u32 format  u32 block  u64 data_bytes  u64 scale_bytes  data  scales
+//              u64 ecc_bytes  ecc
+//              u32 crc32 of this param record
+//   u32 crc32 of everything before it
+// Loading parses and checks the whole file and builds the new state on the
+// host before anything in the optimizer is replaced.
+#include <cstring>
+#include <limits>
+
+#include "codec.hpp"
+#include "crc32.hpp"
+#include "error.hpp"
+#include "float16.hpp"
+#include "optimizer.hpp"
+#include "validation.hpp"
+
+namespace lowbit {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'O', 'W', 'B', 'I', 'T', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+
+class Writer {
+ public:
+  template <class T>
+  void put(T v) {
+    append(&v, sizeof(T));
+  }
+  void append(const void* p, size_t n) {
+    const uint8_t* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+  std::vector<uint8_t> out;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  template <class T>
+  T get(const char* field) {
+    T v;
+    std::memcpy(&v, take(sizeof(T), field), sizeof(T));
+    return v;
+  }
+  const uint8_t* take(uint64_t n, const char* field) {
+    if (n > n_ - pos_) fail(LOWBIT_ERROR_CORRUPT_DATA, "checkpoint is truncated or corrupt: ", field, " needs ", n,
+                            " bytes at offset ", pos_, " but only ", n_ - pos_, " remain");
+    const uint8_t* r = p_ + pos_;
+    pos_ += size_t(n);
+    return r;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+  size_t pos_ = 0;
+};
+
+struct LoadedMoment {
+  std::vector<uint8_t> data, scales;
+};
+struct LoadedParam {
+  int32_t group;
+  int64_t step;
+  LoadedMoment moment[2];
+  std::vector<uint8_t> ecc;
+};
+
+}  // namespace
+
+std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
+  LOWBIT_REQUIRE(mode >= LOWBIT_CHECKPOINT_COMPRESSED && mode <= LOWBIT_CHECKPOINT_MATERIALIZED_BF16,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "mode = ", int(mode), " is not a lowbit_checkpoint_mode_t value");
+  Writer w;
+  w.append(kMagic, 8);
+  w.put<uint32_t>(kVersion);
+  w.put<uint32_t>(uint32_t(mode));
+  w.put<uint32_t>(uint32_t(config_.algorithm));
+  w.put<uint32_t>(uint32_t(groups_.size()));
+  size_t total_size_at = w.out.size();
+  w.put<uint64_t>(0);
+  w.put<uint64_t>(params_.size());
+  w.put<uint64_t>(config_.seed);
+  w.put<int64_t>(config_.freeze_step);
+  for (const lowbit_hparams_t& h : groups_) {
+    for (float f : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening}) w.put<float>(f);
+    w.put<int32_t>(h.nesterov);
+    w.put<int32_t>(h.bias_correction);
+  }
+  std::vector<uint8_t> data, scales;
+  std::vector<float> values;
+  for (const ParamState& p : params_) {
+    size_t record_start = w.out.size();
+    w.put<int64_t>(p.param.numel);
+    w.put<uint32_t>(uint32_t(p.param.dtype));
+    w.put<int32_t>(p.group);
+    w.put<int64_t>(p.step);
+    w.put<uint32_t>(uint32_t(p.rounding));
+    w.put<uint32_t>(uint32_t(p.num_moments));
+    for (int m = 0; m < p.num_moments; ++m) {
+      const MomentState& ms = p.moment[m];
+      data.resize(ms.data.bytes());
+      scales.resize(ms.scales.bytes());
+      engine_->copy_to_host(data.data(), ms.data.data(), data.size());
+      engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size());
+      lowbit_state_format_t out_format = ms.format;
+      if (mode != LOWBIT_CHECKPOINT_COMPRESSED) {
+        MomentView host = moment_view(p, m);
+        host.data = data.data();
+        host.scales = reinterpret_cast<float*>(scales.data());
+        values.resize(size_t(p.param.numel));
+        decode_moment(host, p.param.numel, values.data());
+        out_format = mode == LOWBIT_CHECKPOINT_MATERIALIZED_FP32 ? LOWBIT_STATE_FP32 : LOWBIT_STATE_BF16;
+        MomentView out{out_format, nullptr, nullptr, nullptr};
+        data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
+        scales.clear();
+        out.data = data.data();
+        encode_moment(out, p.param.numel, values.data());
+      }
+      w.put<uint32_t>(uint32_t(out_format));
+      w.put<uint32_t>(uint32_t(block_size(out_format)));
+      w.put<uint64_t>(data.size());
+      w.put<uint64_t>(scales.size());
+      w.append(data.data(), data.size());
+      w.append(scales.data(), scales.size());
+    }
+    data.resize(p.ecc.bytes());
+    if (!data.empty()) engine_->copy_to_host(data.data(), p.ecc.data(), data.size());
+    w.put<uint64_t>(data.size());
+    w.append(data.data(), data.size());
+    w.put<uint32_t>(crc32(w.out.data() + record_start, w.out.size() - record_start));
+  }
+  uint64_t total = w.out.size() + 4;
+  std::memcpy(w.out.data() + total_size_at, &total, 8);
+  w.put<uint32_t>(crc32(w.out.data(), w.out.size()));
+  return std::move(w.out);
+}
+
+void Optimizer::load(const uint8_t* bytes, int64_t size) {
+  LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
+  LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
+  Reader r(bytes, size_t(size));
+  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "not a lowbit checkpoint (bad magic)");
+  uint32_t version = r.get<uint32_t>("version");
+  LOWBIT_REQUIRE(version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ", version,
+                 " is not supported (this library reads version ", kVersion, ")");
+  uint32_t mode = r.get<uint32_t>("mode");
+  uint32_t algorithm = r.get<uint32_t>("algorithm");
+  uint32_t num_groups = r.get<uint32_t>("num_groups");
+  uint64_t total = r.get<uint64_t>("total_size");
+  LOWBIT_REQUIRE(total == uint64_t(size), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint is truncated or has trailing data: ",
+                 size, " bytes given, the header says ", total);
+  uint32_t stored_crc;
+  std::memcpy(&stored_crc, bytes + size - 4, 4);
+  LOWBIT_REQUIRE(crc32(bytes, size_t(size) - 4) == stored_crc, LOWBIT_ERROR_CORRUPT_DATA,
+                 "checkpoint checksum mismatch: the data is corrupt");
+  LOWBIT_REQUIRE(mode >= LOWBIT_CHECKPOINT_COMPRESSED && mode <= LOWBIT_CHECKPOINT_MATERIALIZED_BF16,
+                 LOWBIT_ERROR_CORRUPT_DATA, "checkpoint mode ", mode, " is unknown");
+  LOWBIT_REQUIRE(algorithm == uint32_t(config_.algorithm), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint algorithm ",
+                 algorithm, " differs from this optimizer's ", int(config_.algorithm));
+  uint64_t num_params = r.get<uint64_t>("num_params");
+  LOWBIT_REQUIRE(num_params == params_.size(), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint has ", num_params,
+                 " params, this optimizer has ", params_.size());
+  LOWBIT_REQUIRE(num_groups >= 1 && num_groups <= size_t(size) / 36, LOWBIT_ERROR_CORRUPT_DATA,
+                 "checkpoint group count ", num_groups, " is impossible");
+  r.get<uint64_t>("seed");
+  int64_t freeze_step = r.get<int64_t>("freeze_step");
+  std::vector<lowbit_hparams_t> groups(num_groups);
+  for (lowbit_hparams_t& h : groups) {
+    lowbit_hparams_init(&h, config_.algorithm);
+    for (float* f : {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &h.momentum, &h.dampening})
+      *f = r.get<float>("hparams");
+    h.nesterov = r.get<int32_t>("nesterov");
+    h.bias_correction = r.get<int32_t>("bias_correction");
+    try {
+      check_hparams(h, config_.algorithm);
+    } catch (const Error& e) {
+      fail(LOWBIT_ERROR_CORRUPT_DATA, "checkpoint holds invalid hyper-parameters: ", e.what());
+    }
+  }
+
+  std::vector<LoadedParam> loaded(params_.size());
+  std::vector<float> values;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamState& p = params_[i];
+    LoadedParam& out = loaded[i];
+    size_t record_start = r.pos();
+    int64_t numel = r.get<int64_t>("numel");
+    LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, " has ", numel,
+                   " elements, the registered param has ", p.param.numel);
+    r.get<uint32_t>("param_dtype");
+    out.group = r.get<int32_t>("group");
+    LOWBIT_REQUIRE(out.group >= 0 && uint32_t(out.group) < num_groups, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ",
+                   i, " names group ", out.group, " of ", num_groups);
+    out.step = r.get<int64_t>("step");
+    LOWBIT_REQUIRE(out.step >= 0, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has step ", out.step);
+    r.get<uint32_t>("rounding");
+    uint32_t num_moments = r.get<uint32_t>("num_moments");
+    LOWBIT_REQUIRE(num_moments == uint32_t(p.num_moments), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i,
+                   " keeps ", num_moments, " moments, the registered param keeps ", p.num_moments);
+    for (int m = 0; m < p.num_moments; ++m) {
+      auto format = lowbit_state_format_t(r.get<uint32_t>("format"));
+      uint32_t block = r.get<uint32_t>("block");
+      uint64_t data_bytes = r.get<uint64_t>("data_bytes");
+      uint64_t scale_bytes = r.get<uint64_t>("scale_bytes");
+      LOWBIT_REQUIRE(format >= LOWBIT_STATE_FP32 && format <= LOWBIT_STATE_FP8 && block == block_size(format) &&
+                         data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
+                         scale_bytes == uint64_t(moment_scale_bytes(format, numel)),
+                     LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
+                     " has an inconsistent layout (format ", int(format), ", block ", block, ")");
+      MomentView src{format, const_cast<uint8_t*>(r.take(data_bytes, "moment data")), nullptr, moment_map(format, m)};
+      src.scales = reinterpret_cast<float*>(const_cast<uint8_t*>(r.take(scale_bytes, "moment scales")));
+      const MomentState& dst = p.moment[m];
+      if (format == dst.format) {
+        out.moment[m].data.assign(static_cast<uint8_t*>(src.data), static_cast<uint8_t*>(src.data) + data_bytes);
+        out.moment[m].scales.assign(reinterpret_cast<uint8_t*>(src.scales),
+                                    reinterpret_cast<uint8_t*>(src.scales) + scale_bytes);
+        continue;
+      }
+      // Another format: the scales may be unaligned inside the buffer, so decode from a copy.
+      std::vector<uint8_t> src_scales(reinterpret_cast<uint8_t*>(src.scales),
+                                      reinterpret_cast<uint8_t*>(src.scales) + scale_bytes);
+      src.scales = reinterpret_cast<float*>(src_scales.data());
+      values.resize(size_t(numel));
+      decode_moment(src, numel, values.data());
+      out.moment[m].data.assign(dst.data.bytes(), 0);
+      out.moment[m].scales.assign(dst.scales.bytes(), 0);
+      MomentView target = moment_view(p, m);
+      target.data = out.moment[m].data.data();
+      target.scales = reinterpret_cast<float*>(out.moment[m].scales.data());
+      encode_moment(target, numel, values.data());
+    }
+    uint64_t ecc_bytes = r.get<uint64_t>("ecc_bytes");
+    LOWBIT_REQUIRE(ecc_bytes == 0 || ecc_bytes == uint64_t(numel), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
+                   " has ", ecc_bytes, " error-correction bytes for ", numel, " elements");
+    const uint8_t* ecc = r.take(ecc_bytes, "error-correction bytes");
+    if (p.ecc.bytes()) out.ecc.assign(p.ecc.bytes(), 0);
+    if (p.ecc.bytes() && ecc_bytes) std::memcpy(out.ecc.data(), ecc, p.ecc.bytes());
+    uint32_t record_crc = crc32(bytes + record_start, r.pos() - record_start);
+    LOWBIT_REQUIRE(r.get<uint32_t>("param checksum") == record_crc, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
+                   " checksum mismatch");
+  }
+  r.get<uint32_t>("checksum");
+  LOWBIT_REQUIRE(r.pos() == size_t(size), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes");
+  for (size_t i = 0; i < params_.size(); ++i)
+    LOWBIT_REQUIRE(size_t(loaded[i].group) < groups.size() &&
+                       (config_.algorithm != LOWBIT_ALGORITHM_SGD ||
+                        (groups[size_t(loaded[i].group)].momentum != 0.f) == (params_[i].num_moments == 1)),
+                   LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, ": SGD momentum does not match its state");
+
+  // Commit: nothing below can fail on the CPU engine.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ParamState& p = params_[i];
+    for (int m = 0; m < p.num_moments; ++m) {
+      engine_->copy_from_host(p.moment[m].data.data(), loaded[i].moment[m].data.data(), p.moment[m].data.bytes());
+      engine_->copy_from_host(p.moment[m].scales.data(), loaded[i].moment[m].scales.data(),
+                              p.moment[m].scales.bytes());
+    }
+    if (p.ecc.bytes()) engine_->copy_from_host(p.ecc.data(), loaded[i].ecc.data(), p.ecc.bytes());
+    p.group = loaded[i].group;
+    p.step = loaded[i].step;
+  }
+  groups_ = std::move(groups);
+  config_.freeze_step = freeze_step;
+}
+
+}  // namespace lowbit

@@ -1,0 +1,180 @@
+#include "codec.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "float16.hpp"
+#include "quant.hpp"
+#include "rounding.hpp"
+
+namespace lowbit {
+namespace {
+
+float block_absmax(const float* x, int n) {
+  float a = 0.f;
+  for (int i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));
+  return a;
+}
+
+void encode_codes8(const QMap& map, const float* x, int n, uint8_t* codes, float* scale) {
+  float absmax = block_absmax(x, n);
+  *scale = absmax;
+  for (int i = 0; i < n; ++i) codes[i] = uint8_t(nearest_code(map, normalize(x[i], absmax)));
+}
+
+// Codes of elements [first, first + n) of a 4-bit block; `first` is even.
+void encode_codes4(const QMap& map, const float* x, int n, uint8_t* packed, float* scale) {
+  float absmax = block_absmax(x, n);
+  *scale = absmax;
+  for (int i = 0; i < n; i += 2) {
+    int lo = nearest_code(map, normalize(x[i], absmax));
+    int hi = i + 1 < n ? nearest_code(map, normalize(x[i + 1], absmax)) : 0;
+    packed[i / 2] = uint8_t(lo | (hi << 4));
+  }
+}
+
+void encode_fp8(const float* x, int n, uint8_t* codes, float* scale) {
+  float s = block_absmax(x, n) / kFp8Max;
+  *scale = s;
+  for (int i = 0; i < n; ++i) codes[i] = s > 0.f ? float_to_e4m3(x[i] / s) : uint8_t(0);
+}
+
+}  // namespace
+
+void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
+  switch (mv.format) {
+    case LOWBIT_STATE_FP32: std::memcpy(out, static_cast<const float*>(mv.data) + base, sizeof(float) * n); return;
+    case LOWBIT_STATE_BF16: {
+      const uint16_t* d = static_cast<const uint16_t*>(mv.data) + base;
+      for (int i = 0; i < n; ++i) out[i] = bf16_to_float(d[i]);
+      return;
+    }
+    case LOWBIT_STATE_8BIT: {
+      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base;
+      for (int b = 0; b < n; b += kBlock8) {
+        float absmax = mv.scales[(base + b) / kBlock8];
+        int end = n < b + kBlock8 ? n : b + kBlock8;
+        for (int i = b; i < end; ++i) out[i] = mv.map->values[c[i]] * absmax;
+      }
+      return;
+    }
+    case LOWBIT_STATE_4BIT: {
+      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base / 2;
+      for (int b = 0; b < n; b += kBlock4) {
+        float absmax = mv.scales[(base + b) / kBlock4];
+        int end = n < b + kBlock4 ? n : b + kBlock4;
+        for (int i = b; i < end; ++i) out[i] = mv.map->values[(c[i / 2] >> (4 * (i & 1))) & 0xF] * absmax;
+      }
+      return;
+    }
+    case LOWBIT_STATE_FP8: {
+      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base;
+      for (int b = 0; b < n; b += kBlock8) {
+        float s = mv.scales[(base + b) / kBlock8];
+        int end = n < b + kBlock8 ? n : b + kBlock8;
+        for (int i = b; i < end; ++i) out[i] = e4m3_to_float(c[i]) * s;
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in) {
+  switch (mv.format) {
+    case LOWBIT_STATE_FP32: std::memcpy(static_cast<float*>(mv.data) + base, in, sizeof(float) * n); return;
+    case LOWBIT_STATE_BF16: {
+      uint16_t* d = static_cast<uint16_t*>(mv.data) + base;
+      for (int i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
+      return;
+    }
+    case LOWBIT_STATE_8BIT: {
+      uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
+      for (int b = 0; b < n; b += kBlock8)
+        encode_codes8(*mv.map, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
+      return;
+    }
+    case LOWBIT_STATE_4BIT: {
+      uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
+      for (int b = 0; b < n; b += kBlock4)
+        encode_codes4(*mv.map, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2, &mv.scales[(base + b) / kBlock4]);
+      return;
+    }
+    case LOWBIT_STATE_FP8: {
+      uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
+      for (int b = 0; b < n; b += kBlock8)
+        encode_fp8(in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
+      return;
+    }
+    default: return;
+  }
+}
+
+void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out) {
+  if (dtype == LOWBIT_DTYPE_FLOAT32) {
+    std::memcpy(out, static_cast<const float*>(data) + base, sizeof(float) * n);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(data) + base;
+  if (dtype == LOWBIT_DTYPE_BFLOAT16)
+    for (int i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
+  else
+    for (int i = 0; i < n; ++i) out[i] = fp16_to_float(h[i]);
+}
+
+void load_param_tile(const ParamView& pv, int64_t base, int n, float* out) {
+  if (pv.rounding != WeightRounding::ErrorCorrection || pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+    load_tensor_tile(pv.param, pv.param_dtype, base, n, out);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(pv.param) + base;
+  const uint8_t* e = pv.ecc + base;
+  if (pv.param_dtype == LOWBIT_DTYPE_BFLOAT16)
+    for (int i = 0; i < n; ++i) out[i] = bf16_ecc_to_float(h[i], e[i]);
+  else
+    for (int i = 0; i < n; ++i) out[i] = fp16_ecc_to_float(h[i], e[i]);
+}
+
+void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in) {
+  if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+    std::memcpy(static_cast<float*>(pv.param) + base, in, sizeof(float) * n);
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(pv.param) + base;
+  bool bf16 = pv.param_dtype == LOWBIT_DTYPE_BFLOAT16;
+  switch (pv.rounding) {
+    case WeightRounding::Nearest:
+      if (bf16)
+        for (int i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
+      else
+        for (int i = 0; i < n; ++i) h[i] = float_to_fp16(in[i]);
+      return;
+    case WeightRounding::Stochastic:
+      for (int i = 0; i < n; ++i) {
+        uint32_t bits = random_bits(pv.rounding_key, uint64_t(base + i));
+        h[i] = bf16 ? float_to_bf16_sr(in[i], bits) : float_to_fp16_sr(in[i], bits);
+      }
+      return;
+    case WeightRounding::ErrorCorrection: {
+      uint8_t* e = pv.ecc + base;
+      if (bf16)
+        for (int i = 0; i < n; ++i) float_to_bf16_ecc(in[i], h[i], e[i]);
+      else
+        for (int i = 0; i < n; ++i) float_to_fp16_ecc(in[i], h[i], e[i]);
+      return;
+    }
+  }
+}
+
+void decode_moment(const MomentView& mv, int64_t numel, float* out) {
+  for (int64_t base = 0; base < numel; base += kTile)
+    decode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), out + base);
+}
+
+void encode_moment(const MomentView& mv, int64_t numel, const float* in) {
+  for (int64_t base = 0; base < numel; base += kTile)
+    encode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), in + base);
+}
+
+}  // namespace lowbit
+

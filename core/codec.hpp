@@ -1,0 +1,24 @@
+// Tile-wise conversion between stored tensors and fp32 working arrays on the
+// CPU. A tile is kTile elements starting at a multiple of kTile (the last one
+// may be shorter), so every quantization block lies inside one tile.
+#pragma once
+#include <cstdint>
+
+#include "state.hpp"
+
+namespace lowbit {
+
+void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out);
+void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in);
+
+void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out);
+// Param value as the optimizer sees it: the 16-bit weight plus its
+// error-correction byte when error correction is on.
+void load_param_tile(const ParamView& pv, int64_t base, int n, float* out);
+void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in);
+
+// Whole-moment helpers (checkpoints, read_moment): tile loops over numel.
+void decode_moment(const MomentView& mv, int64_t numel, float* out);
+void encode_moment(const MomentView& mv, int64_t numel, const float* in);
+
+}  // namespace lowbit

@@ -1,0 +1,51 @@
+// Raw views of one parameter's tensors and state, as the engines see them.
+// The optimizer owns the memory; engines (CPU, CUDA) and the JAX handlers only
+// read and write through these views.
+#pragma once
+#include <cstdint>
+
+#include "lowbit.h"
+#include "qmaps.hpp"
+#include "update_rules.hpp"
+
+namespace lowbit {
+
+// A moment stored in one of the state formats. `data` holds the elements
+// (fp32, bf16, 8-bit codes, 4-bit code pairs or e4m3 bytes), `scales` one fp32
+// absmax (FP8: absmax / 448) per block for the quantized formats.
+struct MomentView {
+  lowbit_state_format_t format = LOWBIT_STATE_FP32;
+  void* data = nullptr;
+  float* scales = nullptr;
+  const QMap* map = nullptr;  // 8BIT / 4BIT only
+};
+
+enum class WeightRounding : int32_t { Nearest = 0, Stochastic = 1, ErrorCorrection = 2 };
+
+// Everything one step of one parameter needs.
+struct ParamView {
+  void* param = nullptr;
+  lowbit_dtype_t param_dtype = LOWBIT_DTYPE_FLOAT32;
+  const void* grad = nullptr;
+  lowbit_dtype_t grad_dtype = LOWBIT_DTYPE_FLOAT32;
+  int64_t numel = 0;
+  int num_moments = 0;
+  MomentView moment[2];
+  uint8_t* ecc = nullptr;  // error-correction bytes (ErrorCorrection only)
+  WeightRounding rounding = WeightRounding::Nearest;
+  uint64_t rounding_key = 0;  // stochastic rounding: rounding_key(seed, id, step)
+  StepScalars scalars{};
+};
+
+int64_t block_size(lowbit_state_format_t format);
+int64_t num_blocks(lowbit_state_format_t format, int64_t numel);
+int64_t moment_data_bytes(lowbit_state_format_t format, int64_t numel);
+int64_t moment_scale_bytes(lowbit_state_format_t format, int64_t numel);
+bool is_quantized(lowbit_state_format_t format);
+const char* format_name(lowbit_state_format_t format);
+const char* dtype_name(lowbit_dtype_t dtype);
+int64_t dtype_bytes(lowbit_dtype_t dtype);
+// The map of moment 0 (signed) or 1 (unsigned) for a quantized format.
+const QMap* moment_map(lowbit_state_format_t format, int moment);
+
+}  // namespace lowbit

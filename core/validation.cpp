@@ -1,0 +1,99 @@
+#include "validation.hpp"
+
+#include <cmath>
+
+#include "error.hpp"
+
+namespace lowbit {
+
+void check_struct_size(size_t got, size_t expected, const char* what) {
+  // Only one version of each struct has shipped so far.
+  LOWBIT_REQUIRE(got == expected, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".struct_size = ", got,
+                 " is not a size this library knows (expected ", expected, "; use the *_init() helpers)");
+}
+
+void check_algorithm(lowbit_algorithm_t a) {
+  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_ONEBIT_ADAM, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "algorithm = ", int(a), " is not a lowbit_algorithm_t value");
+}
+
+namespace {
+void check_unit_interval(float x, const char* field) {
+  LOWBIT_REQUIRE(x >= 0.f && x < 1.f, LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", x, " must be in [0, 1)");
+}
+}  // namespace
+
+void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
+  check_struct_size(h.struct_size, sizeof(lowbit_hparams_t), "hparams");
+  LOWBIT_REQUIRE(std::isfinite(h.lr) && h.lr >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "lr = ", h.lr,
+                 " must be finite and >= 0");
+  LOWBIT_REQUIRE(std::isfinite(h.weight_decay) && h.weight_decay >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "weight_decay = ", h.weight_decay, " must be finite and >= 0");
+  bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM ||
+              algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM;
+  if (adam || algorithm == LOWBIT_ALGORITHM_LION) {
+    check_unit_interval(h.beta1, "beta1");
+    check_unit_interval(h.beta2, "beta2");
+  }
+  if (adam) {
+    LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
+                   " must be finite and > 0");
+    check_flag(h.bias_correction, "bias_correction", false);
+  }
+  if (algorithm == LOWBIT_ALGORITHM_SGD) {
+    check_unit_interval(h.momentum, "momentum");
+    LOWBIT_REQUIRE(h.dampening >= 0.f && h.dampening <= 1.f, LOWBIT_ERROR_INVALID_ARGUMENT, "dampening = ",
+                   h.dampening, " must be in [0, 1]");
+    check_flag(h.nesterov, "nesterov", false);
+    LOWBIT_REQUIRE(!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f), LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "nesterov = 1 requires momentum > 0 and dampening = 0 (got momentum = ", h.momentum,
+                   ", dampening = ", h.dampening, ")");
+  }
+}
+
+void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default) {
+  bool known = (f >= LOWBIT_STATE_FP32 && f <= LOWBIT_STATE_FP8) || (allow_default && f == LOWBIT_STATE_DEFAULT);
+  LOWBIT_REQUIRE(known, LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", int(f), " is not a lowbit_state_format_t value");
+}
+
+void check_flag(int32_t value, const char* field, bool allow_default) {
+  LOWBIT_REQUIRE(value == 0 || value == 1 || (allow_default && value == -1), LOWBIT_ERROR_INVALID_ARGUMENT, field,
+                 " = ", value, allow_default ? " must be -1, 0 or 1" : " must be 0 or 1");
+}
+
+void check_config(const lowbit_optimizer_config_t& c) {
+  check_struct_size(c.struct_size, sizeof(lowbit_optimizer_config_t), "config");
+  check_algorithm(c.algorithm);
+  LOWBIT_REQUIRE(c.device == LOWBIT_DEVICE_CPU || c.device == LOWBIT_DEVICE_CUDA, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "device = ", int(c.device), " is not a lowbit_device_t value");
+  LOWBIT_REQUIRE(c.device_index >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "device_index = ", c.device_index,
+                 " must be >= 0");
+  check_state_format(c.state_format, "state_format", true);
+  check_state_format(c.second_state_format, "second_state_format", true);
+  LOWBIT_REQUIRE(c.min_quantized_numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "min_quantized_numel = ",
+                 c.min_quantized_numel, " must be >= 0");
+  check_flag(c.stochastic_rounding, "stochastic_rounding", false);
+  check_flag(c.error_correction, "error_correction", false);
+  check_flag(c.skip_nonfinite, "skip_nonfinite", false);
+  LOWBIT_REQUIRE(c.num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", c.num_threads,
+                 " must be >= 0");
+  LOWBIT_REQUIRE(c.freeze_step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "freeze_step = ", c.freeze_step,
+                 " must be >= 0");
+}
+
+void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index) {
+  LOWBIT_REQUIRE(t.data != nullptr, LOWBIT_ERROR_NULL_POINTER, what, ".data is NULL");
+  LOWBIT_REQUIRE(t.numel > 0, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".numel = ", t.numel, " must be > 0");
+  LOWBIT_REQUIRE(t.dtype >= LOWBIT_DTYPE_FLOAT32 && t.dtype <= LOWBIT_DTYPE_FLOAT16, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 what, ".dtype = ", int(t.dtype), " is not a lowbit_dtype_t value");
+  LOWBIT_REQUIRE(t.device == LOWBIT_DEVICE_CPU || t.device == LOWBIT_DEVICE_CUDA, LOWBIT_ERROR_INVALID_ARGUMENT, what,
+                 ".device = ", int(t.device), " is not a lowbit_device_t value");
+  LOWBIT_REQUIRE(t.device == device && (device == LOWBIT_DEVICE_CPU || t.device_index == device_index),
+                 LOWBIT_ERROR_INVALID_ARGUMENT, what, " is on device ", int(t.device), ":", t.device_index,
+                 " but the optimizer is on device ", int(device), ":", device_index);
+  int64_t align = t.dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
+  LOWBIT_REQUIRE(reinterpret_cast<uintptr_t>(t.data) % align == 0, LOWBIT_ERROR_INVALID_ARGUMENT, what,
+                 ".data is not aligned to its element size ", align);
+}
+
+}  // namespace lowbit

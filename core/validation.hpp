@@ -1,0 +1,17 @@
+// Checks of caller-provided structs. Each throws lowbit::Error naming the
+// field and the value at fault; none has side effects.
+#pragma once
+#include "lowbit.h"
+
+namespace lowbit {
+
+void check_struct_size(size_t got, size_t expected, const char* what);
+void check_algorithm(lowbit_algorithm_t algorithm);
+void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm);
+void check_config(const lowbit_optimizer_config_t& c);
+void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default);
+// A tensor on `device`; `what` names it in messages ("param", "grads[3]").
+void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index);
+void check_flag(int32_t value, const char* field, bool allow_default);
+
+}  // namespace lowbit
