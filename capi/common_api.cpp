@@ -38,7 +38,7 @@ LOWBIT_API const char* lowbit_last_error(void) { return lowbit::thread_error.c_s
 LOWBIT_API int lowbit_version(void) { return LOWBIT_VERSION; }
 
 LOWBIT_API int lowbit_has_cuda(void) {
-#ifdef LOWBIT_HAVE_CUDA
+#ifdef LOWBIT_CUDA_ENGINE
   return 1;
 #else
   return 0;
