@@ -170,7 +170,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size) {
                  " params, this optimizer has ", params_.size());
   LOWBIT_REQUIRE(num_groups >= 1 && num_groups <= size_t(size) / 36, LOWBIT_ERROR_CORRUPT_DATA,
                  "checkpoint group count ", num_groups, " is impossible");
-  r.get<uint64_t>("seed");
+  uint64_t seed = r.get<uint64_t>("seed");
   int64_t freeze_step = r.get<int64_t>("freeze_step");
   std::vector<lowbit_hparams_t> groups(num_groups);
   for (lowbit_hparams_t& h : groups) {
@@ -269,6 +269,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size) {
   }
   groups_ = std::move(groups);
   config_.freeze_step = freeze_step;
+  config_.seed = seed;  // stochastic rounding continues with the same bits
 }
 
 }  // namespace lowbit

@@ -1,0 +1,222 @@
+// The quantizers against brute force: maps vs the golden file, nearest-code
+// search vs an exhaustive search in double (ties, zeros, denormals, huge and
+// tiny scales), block encoding (absmax, codes, 4-bit packing), e4m3 and the
+// 16-bit conversions vs exhaustive nearest-value searches.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+extern "C" {
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+}
+
+#include "core/codec.hpp"
+#include "core/float16.hpp"
+#include "core/qmaps.hpp"
+#include "core/quant.hpp"
+#include "qmaps_golden.h"
+
+using namespace lowbit;
+
+namespace {
+
+std::mt19937_64 rng(std::random_device{}());
+
+float from_bits(uint32_t u) { return bits_float(u); }
+
+// Index of the map value nearest to x; exact ties go to the lower index.
+int brute_nearest(const QMap& map, float x) {
+  int best = 0;
+  double best_d = std::fabs(double(x) - double(map.values[0]));
+  for (int k = 1; k < map.n; ++k) {
+    double d = std::fabs(double(x) - double(map.values[k]));
+    if (d < best_d) best = k, best_d = d;
+  }
+  return best;
+}
+
+void check_map(MapId id, const uint32_t* golden, int n) {
+  const QMap& map = qmap(id);
+  assert_int_equal(map.n, n);
+  for (int i = 0; i < n; ++i) assert_int_equal(float_bits(map.values[i]), golden[i]);
+}
+
+void test_maps_match_golden(void**) {
+  check_map(MapId::SignedDynamic8, golden_signed_dynamic_8bit, 256);
+  check_map(MapId::UnsignedDynamic8, golden_unsigned_dynamic_8bit, 256);
+  check_map(MapId::SignedDynamic4, golden_signed_dynamic_4bit, 16);
+  check_map(MapId::UnsignedLinear4, golden_unsigned_linear_nozero_4bit, 16);
+}
+
+std::vector<float> interesting_inputs(const QMap& map) {
+  std::vector<float> xs = {0.f, -0.f, 1.f, -1.f, 1e-38f, -1e-38f, 1e-45f, -1e-45f, 2.f, -2.f};  // inputs are x / absmax, so |x| <= 1 in use
+  for (int k = 0; k < map.n; ++k) {
+    float v = map.values[k];
+    xs.insert(xs.end(), {v, std::nextafter(v, 2.f), std::nextafter(v, -2.f)});
+    if (k + 1 < map.n) {
+      // Exact float midpoints (when representable) are ties; their neighbours are not.
+      double mid = (double(map.values[k]) + double(map.values[k + 1])) / 2;
+      float f = float(mid);
+      xs.insert(xs.end(), {f, std::nextafter(f, 2.f), std::nextafter(f, -2.f)});
+    }
+  }
+  std::uniform_real_distribution<float> u(-1.05f, 1.05f);
+  std::normal_distribution<float> nd(0.f, 0.01f);
+  for (int i = 0; i < 20000; ++i) xs.push_back(u(rng));
+  for (int i = 0; i < 20000; ++i) xs.push_back(nd(rng));
+  return xs;
+}
+
+void test_nearest_code_is_brute_force(void**) {
+  for (int id = 0; id < 4; ++id) {
+    const QMap& map = qmap(MapId(id));
+    int ties = 0;
+    for (float x : interesting_inputs(map)) {
+      int got = nearest_code(map, x), want = brute_nearest(map, x);
+      if (got != want) fail_msg("map %d: x = %.9g -> code %d, brute force %d", id, double(x), got, want);
+      if (got + 1 < map.n &&
+          std::fabs(double(x) - map.values[got]) == std::fabs(double(x) - map.values[got + 1]))
+        ++ties;
+    }
+    assert_true(ties > 0);  // the tie rule was exercised
+  }
+}
+
+// Random blocks at scales from 1e-30 to 1e30, with zeros and denormals.
+std::vector<float> random_block(int n, int kind) {
+  std::vector<float> x(static_cast<size_t>(n), 0.f);
+  if (kind == 0) return x;  // all zero
+  std::normal_distribution<float> nd(0.f, 1.f);
+  float scale = std::pow(10.f, float(int(rng() % 61) - 30));
+  for (float& v : x) v = nd(rng) * scale;
+  if (kind == 2)
+    for (size_t i = 0; i < x.size(); i += 3) x[i] = 0.f;
+  if (kind == 3)
+    for (float& v : x) v = from_bits(uint32_t(rng() % 0x007FFFFFu)) * (rng() & 1 ? 1.f : -1.f);  // denormals
+  return x;
+}
+
+void test_block_encoding_is_brute_force(void**) {
+  const lowbit_state_format_t formats[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT};
+  for (lowbit_state_format_t format : formats)
+    for (int moment = 0; moment < 2; ++moment)
+      for (int n : {1, 7, 128, 129, 255, 256, 257, 1000, 4097}) {
+        const QMap& map = *moment_map(format, moment);
+        int block = int(block_size(format));
+        for (int kind = 0; kind < 4; ++kind) {
+          std::vector<float> x = random_block(n, kind);
+          if (moment == 1)
+            for (float& v : x) v = std::fabs(v);
+          std::vector<uint8_t> data(size_t(moment_data_bytes(format, n)), 0xAB);
+          std::vector<float> scales(size_t(num_blocks(format, n)), -1.f);
+          MomentView mv{format, data.data(), scales.data(), &map};
+          encode_moment(mv, n, x.data());
+          for (int b = 0; b * block < n; ++b) {
+            float absmax = 0.f;
+            for (int i = b * block; i < n && i < (b + 1) * block; ++i) absmax = std::fmax(absmax, std::fabs(x[i]));
+            assert_int_equal(float_bits(scales[size_t(b)]), float_bits(absmax));
+            for (int i = b * block; i < n && i < (b + 1) * block; ++i) {
+              int code = format == LOWBIT_STATE_8BIT ? data[size_t(i)] : (data[size_t(i / 2)] >> (4 * (i & 1))) & 0xF;
+              int want = brute_nearest(map, absmax > 0.f ? x[i] / absmax : 0.f);
+              if (code != want) fail_msg("format %d moment %d n %d i %d: code %d, brute force %d", format, moment, n, i, code, want);
+            }
+          }
+          if (format == LOWBIT_STATE_4BIT && n % 2) assert_int_equal(data.back() >> 4, 0);  // unused high nibble
+          std::vector<float> back(static_cast<size_t>(n));
+          decode_moment(mv, n, back.data());
+          if (kind == 0)
+            for (float v : back) assert_true(v == 0.f);  // all-zero blocks survive exactly
+          if (kind == 2 && moment == 0)
+            for (int i = 0; i < n; i += 3) assert_true(back[size_t(i)] == 0.f);  // exact zeros survive (signed maps hold 0)
+        }
+      }
+}
+
+// Nearest e4m3 value by exhaustive search; ties to the even code; saturating.
+uint8_t brute_e4m3(float x) {
+  if (std::isnan(x)) return 0x7F;
+  double ax = std::fabs(double(x));
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c <= 0x7E; ++c) {
+    double d = std::fabs(ax - double(e4m3_to_float(uint8_t(c))));
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best = c, best_d = d;
+  }
+  if (ax >= 448.0) best = 0x7E;
+  return uint8_t(best | (std::signbit(x) ? 0x80 : 0));
+}
+
+void test_e4m3(void**) {
+  // Decoding: every code against the e4m3 definition.
+  for (int c = 0; c < 256; ++c) {
+    int e = (c >> 3) & 0xF, m = c & 7;
+    double want = e == 0 ? m * std::ldexp(1.0, -9) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+    if (c & 0x80) want = -want;
+    if ((c & 0x7F) == 0x7F) assert_true(std::isnan(e4m3_to_float(uint8_t(c))));
+    else assert_true(double(e4m3_to_float(uint8_t(c))) == want);
+  }
+  std::vector<float> xs = {0.f, -0.f, 448.f, 449.f, 1e6f, -1e6f, 464.f, 1e-20f, 0.0009765625f, 0.00097656251f};
+  for (int c = 0; c < 0x7F; ++c) {
+    float v = e4m3_to_float(uint8_t(c)), w = e4m3_to_float(uint8_t(c + 1 < 0x7F ? c + 1 : c));
+    float mid = (v + w) / 2;  // exact in float
+    xs.insert(xs.end(), {v, -v, mid, -mid, std::nextafter(mid, 0.f), std::nextafter(mid, 1e9f)});
+  }
+  std::uniform_real_distribution<float> u(-500.f, 500.f);
+  for (int i = 0; i < 50000; ++i) xs.push_back(u(rng) * std::pow(2.f, -float(rng() % 12)));
+  for (float x : xs) {
+    uint8_t got = float_to_e4m3(x), want = brute_e4m3(x);
+    if (got != want && !(x == 0.f)) fail_msg("e4m3(%.9g) = 0x%02x, brute force 0x%02x", double(x), got, want);
+  }
+}
+
+// Nearest 16-bit value by exhaustive search over the neighbours, ties to even.
+template <class ToFloat>
+uint16_t brute_16(float x, uint16_t guess, ToFloat to_float) {
+  uint16_t best = guess;
+  double best_d = INFINITY;
+  for (int d = -2; d <= 2; ++d) {
+    uint16_t c = uint16_t(guess + d);
+    float v = to_float(c);
+    if (std::isnan(v) || std::signbit(v) != std::signbit(x)) continue;
+    double dist = std::fabs(double(x) - double(v));
+    if (dist < best_d || (dist == best_d && (c & 1) == 0)) best = c, best_d = dist;
+  }
+  return best;
+}
+
+void test_16bit_rounding(void**) {
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    float x = from_bits(bits(rng));
+    if (!std::isfinite(x)) continue;
+    uint16_t b = float_to_bf16(x);
+    if (std::isfinite(bf16_to_float(b)))
+      assert_int_equal(b, brute_16(x, uint16_t(float_bits(x) >> 16), bf16_to_float));
+    float y = x * 1e-30f * float(1 << (rng() % 24));  // bring into fp16 range
+    if (std::fabs(y) < 65504.f) {
+      uint16_t h = float_to_fp16(y);
+      assert_int_equal(h, brute_16(y, h, fp16_to_float));
+    }
+  }
+  assert_int_equal(float_to_fp16(65520.f), 0x7C00);  // rounds to Inf like IEEE
+  assert_int_equal(float_to_fp16(65519.f), 0x7BFF);
+}
+
+}  // namespace
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_maps_match_golden),
+      cmocka_unit_test(test_nearest_code_is_brute_force),
+      cmocka_unit_test(test_block_encoding_is_brute_force),
+      cmocka_unit_test(test_e4m3),
+      cmocka_unit_test(test_16bit_rounding),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
