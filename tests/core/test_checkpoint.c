@@ -1,0 +1,314 @@
+/* Checkpoints through the C API: bit-identical resume per format, loading
+ * across formats and modes, files, and every kind of bad file leaving the
+ * optimizer untouched. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lowbit.h"
+
+#define NP 3
+static const int64_t kSizes[NP] = {5000, 257, 9001}; /* 257 stays fp32 under the threshold */
+static unsigned g_seed;
+
+static float frand(unsigned* s) {
+  *s = *s * 1664525u + 1013904223u;
+  return ((*s >> 8) / 16777216.0f) * 2.f - 1.f;
+}
+
+typedef struct {
+  lowbit_optimizer_t opt;
+  lowbit_dtype_t dtype;
+  void* params[NP];
+  void* grads[NP];
+} Fixture;
+
+static size_t esize(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
+
+static void make(Fixture* f, lowbit_algorithm_t algo, lowbit_state_format_t fmt, lowbit_dtype_t dtype, int sr,
+                 int ecc) {
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  assert_int_equal(lowbit_optimizer_config_init(&c, algo), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_hparams_init(&h, algo), LOWBIT_SUCCESS);
+  c.state_format = fmt;
+  c.seed = 1234;
+  c.stochastic_rounding = sr;
+  c.error_correction = ecc;
+  if (algo == LOWBIT_ALGORITHM_SGD) h.momentum = 0.9f;
+  h.lr = 1e-2f;
+  assert_int_equal(lowbit_optimizer_create(&f->opt, &c, &h), LOWBIT_SUCCESS);
+  f->dtype = dtype;
+  unsigned s = g_seed;
+  for (int i = 0; i < NP; ++i) {
+    f->params[i] = malloc(kSizes[i] * esize(dtype));
+    f->grads[i] = malloc(kSizes[i] * 4);
+    for (int64_t k = 0; k < kSizes[i]; ++k) {
+      float v = frand(&s);
+      if (dtype == LOWBIT_DTYPE_FLOAT32) ((float*)f->params[i])[k] = v;
+      else ((uint16_t*)f->params[i])[k] = (uint16_t)(dtype == LOWBIT_DTYPE_BFLOAT16 ? 0x3F00 : 0x3800) + (k % 64);
+    }
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){f->params[i], kSizes[i], dtype, LOWBIT_DEVICE_CPU, 0};
+    pc.grad = (lowbit_tensor_t){f->grads[i], kSizes[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+    int64_t id;
+    assert_int_equal(lowbit_optimizer_add_param(f->opt, &pc, &id), LOWBIT_SUCCESS);
+    assert_int_equal(id, i);
+  }
+}
+
+static void copy_params(Fixture* dst, const Fixture* src) {
+  for (int i = 0; i < NP; ++i) memcpy(dst->params[i], src->params[i], kSizes[i] * esize(src->dtype));
+}
+
+static void run_steps(Fixture* f, int first, int count) {
+  for (int t = first; t < first + count; ++t) {
+    for (int i = 0; i < NP; ++i) {
+      unsigned s = g_seed * 31u + (unsigned)(t * 977 + i);
+      for (int64_t k = 0; k < kSizes[i]; ++k) ((float*)f->grads[i])[k] = frand(&s) * (k % 7 == 0 ? 0.f : 1.f);
+    }
+    assert_int_equal(lowbit_optimizer_step(f->opt, NULL), LOWBIT_SUCCESS);
+  }
+}
+
+static void destroy(Fixture* f) {
+  lowbit_optimizer_destroy(f->opt);
+  for (int i = 0; i < NP; ++i) free(f->params[i]), free(f->grads[i]);
+}
+
+static uint8_t* save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, int64_t* size) {
+  assert_int_equal(lowbit_optimizer_save(opt, mode, NULL, 0, size), LOWBIT_SUCCESS);
+  uint8_t* buf = malloc((size_t)*size);
+  int64_t written;
+  assert_int_equal(lowbit_optimizer_save(opt, mode, buf, *size, &written), LOWBIT_SUCCESS);
+  assert_int_equal(written, *size);
+  return buf;
+}
+
+static void assert_same_params(const Fixture* a, const Fixture* b) {
+  for (int i = 0; i < NP; ++i) assert_memory_equal(a->params[i], b->params[i], kSizes[i] * esize(a->dtype));
+}
+
+/* Save after 5 steps, load into a fresh optimizer, and 5 more steps on both
+ * give the same bits, for every algorithm x format (and SR / ECC weights). */
+static void test_resume_is_bit_identical(void** state) {
+  (void)state;
+  const lowbit_algorithm_t algos[] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM, LOWBIT_ALGORITHM_LION,
+                                      LOWBIT_ALGORITHM_SGD};
+  const lowbit_state_format_t fmts[] = {LOWBIT_STATE_FP32, LOWBIT_STATE_BF16, LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT,
+                                        LOWBIT_STATE_FP8};
+  for (int a = 0; a < 4; ++a)
+    for (int f = 0; f < 5; ++f)
+      for (int w = 0; w < 3; ++w) {
+        lowbit_dtype_t dtype = w == 0 ? LOWBIT_DTYPE_FLOAT32 : LOWBIT_DTYPE_BFLOAT16;
+        Fixture x, y;
+        make(&x, algos[a], fmts[f], dtype, w == 1, w == 2);
+        make(&y, algos[a], fmts[f], dtype, w == 1, w == 2);
+        run_steps(&x, 0, 5);
+        int64_t size;
+        uint8_t* buf = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &size);
+        copy_params(&y, &x);
+        assert_int_equal(lowbit_optimizer_load(y.opt, buf, size), LOWBIT_SUCCESS);
+        run_steps(&x, 5, 5);
+        run_steps(&y, 5, 5);
+        assert_same_params(&x, &y);
+        int64_t s2;
+        uint8_t* b2 = save(y.opt, LOWBIT_CHECKPOINT_COMPRESSED, &s2);
+        uint8_t* b1 = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &size);
+        assert_int_equal(size, s2);
+        assert_memory_equal(b1, b2, (size_t)size);
+        free(buf), free(b1), free(b2);
+        destroy(&x), destroy(&y);
+      }
+}
+
+static void read_all(lowbit_optimizer_t opt, int moment, float** out) {
+  for (int i = 0; i < NP; ++i) {
+    out[i] = malloc(kSizes[i] * 4);
+    assert_int_equal(lowbit_optimizer_read_moment(opt, i, moment, out[i], kSizes[i]), LOWBIT_SUCCESS);
+  }
+}
+
+/* Materialised fp32 checkpoints hold the dequantized moments; loading one into
+ * a quantized optimizer quantizes it the same way the source was. */
+static void test_across_formats(void** state) {
+  (void)state;
+  const lowbit_state_format_t fmts[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8, LOWBIT_STATE_BF16};
+  for (int f = 0; f < 4; ++f) {
+    Fixture q, full, q2;
+    make(&q, LOWBIT_ALGORITHM_ADAMW, fmts[f], LOWBIT_DTYPE_FLOAT32, 0, 0);
+    make(&full, LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0);
+    make(&q2, LOWBIT_ALGORITHM_ADAMW, fmts[f], LOWBIT_DTYPE_FLOAT32, 0, 0);
+    run_steps(&q, 0, 4);
+    /* Tolerance of requantizing dequantized values (a block's absmax element
+     * may itself move by one code, e.g. the signed 8-bit map has no -1):
+     * a fraction of the block absmax, per format. */
+    const float tol[] = {0.02f, 0.15f, 0.07f, 0.f};
+    const lowbit_checkpoint_mode_t modes[] = {LOWBIT_CHECKPOINT_MATERIALIZED_FP32, LOWBIT_CHECKPOINT_COMPRESSED};
+    for (int mi = 0; mi < 2; ++mi) {
+      lowbit_checkpoint_mode_t mode = modes[mi];
+      int64_t size;
+      uint8_t* buf = save(q.opt, mode, &size);
+      assert_int_equal(lowbit_optimizer_load(full.opt, buf, size), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_optimizer_load(q2.opt, buf, size), LOWBIT_SUCCESS);
+      for (int m = 0; m < 2; ++m) {
+        float *a[NP], *b[NP], *c[NP];
+        read_all(q.opt, m, a);
+        read_all(full.opt, m, b);
+        read_all(q2.opt, m, c);
+        for (int i = 0; i < NP; ++i) {
+          assert_memory_equal(a[i], b[i], kSizes[i] * 4); /* fp32 holds the dequantized values exactly */
+          if (mode == LOWBIT_CHECKPOINT_COMPRESSED || f == 3) {
+            assert_memory_equal(a[i], c[i], kSizes[i] * 4); /* same format: the codes themselves */
+          } else {
+            float amax = 0.f, err = 0.f;
+            for (int64_t k = 0; k < kSizes[i]; ++k) {
+              amax = fmaxf(amax, fabsf(a[i][k]));
+              err = fmaxf(err, fabsf(a[i][k] - c[i][k]));
+            }
+            assert_true(err <= tol[f] * amax);
+          }
+          free(a[i]), free(b[i]), free(c[i]);
+        }
+      }
+      free(buf);
+    }
+    /* Continuing from the materialised state gives the same steps as the source. */
+    copy_params(&q2, &q);
+    run_steps(&q, 4, 3);
+    run_steps(&q2, 4, 3);
+    assert_same_params(&q, &q2);
+    lowbit_param_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(lowbit_optimizer_param_info(q2.opt, 0, &info), LOWBIT_SUCCESS);
+    assert_int_equal(info.step, 7);
+    destroy(&q), destroy(&full), destroy(&q2);
+  }
+}
+
+static void test_file_round_trip(void** state) {
+  (void)state;
+  Fixture x, y;
+  make(&x, LOWBIT_ALGORITHM_LION, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_FLOAT32, 0, 0);
+  make(&y, LOWBIT_ALGORITHM_LION, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_FLOAT32, 0, 0);
+  run_steps(&x, 0, 3);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/lowbit_ckpt_%d.bin", (int)g_seed);
+  assert_int_equal(lowbit_optimizer_save_file(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, path), LOWBIT_SUCCESS);
+  copy_params(&y, &x);
+  assert_int_equal(lowbit_optimizer_load_file(y.opt, path), LOWBIT_SUCCESS);
+  run_steps(&x, 3, 2);
+  run_steps(&y, 3, 2);
+  assert_same_params(&x, &y);
+  remove(path);
+  assert_int_equal(lowbit_optimizer_load_file(y.opt, "/nonexistent/dir/ckpt.bin"), LOWBIT_ERROR_IO);
+  assert_non_null(strstr(lowbit_optimizer_last_error(y.opt), "/nonexistent/dir/ckpt.bin"));
+  assert_int_equal(lowbit_optimizer_save_file(y.opt, LOWBIT_CHECKPOINT_COMPRESSED, "/nonexistent/dir/x"),
+                   LOWBIT_ERROR_IO);
+  destroy(&x), destroy(&y);
+}
+
+/* Everything observable about an optimizer, to prove a failed load changed nothing. */
+static uint8_t* snapshot(lowbit_optimizer_t opt, int64_t* size) { return save(opt, LOWBIT_CHECKPOINT_COMPRESSED, size); }
+
+static void expect_rejected(Fixture* y, const uint8_t* bytes, int64_t size, const uint8_t* before, int64_t before_size) {
+  lowbit_status_t s = lowbit_optimizer_load(y->opt, bytes, size);
+  assert_true(s == LOWBIT_ERROR_CORRUPT_DATA || s == LOWBIT_ERROR_VERSION_MISMATCH || s == LOWBIT_ERROR_STATE_MISMATCH);
+  assert_true(strlen(lowbit_optimizer_last_error(y->opt)) > 0);
+  int64_t after_size;
+  uint8_t* after = snapshot(y->opt, &after_size);
+  assert_int_equal(after_size, before_size);
+  assert_memory_equal(after, before, (size_t)before_size);
+  free(after);
+}
+
+static void test_bad_files_change_nothing(void** state) {
+  (void)state;
+  Fixture x, y;
+  make(&x, LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1);
+  make(&y, LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1);
+  run_steps(&x, 0, 3);
+  run_steps(&y, 0, 1);
+  int64_t size, before_size;
+  uint8_t* good = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &size);
+  uint8_t* before = snapshot(y.opt, &before_size);
+
+  /* Truncated at every length. */
+  for (int64_t n = 0; n < size; n += (n < 200 ? 1 : 397)) expect_rejected(&y, good, n, before, before_size);
+  /* Any flipped byte: checksums catch it. */
+  uint8_t* bad = malloc((size_t)size);
+  unsigned s = g_seed;
+  for (int k = 0; k < 300; ++k) {
+    memcpy(bad, good, (size_t)size);
+    int64_t pos = k < 100 ? k : (int64_t)((frand(&s) * 0.5f + 0.5f) * (float)(size - 1));
+    bad[pos] ^= (uint8_t)(1u << (k % 8));
+    expect_rejected(&y, bad, size, before, before_size);
+  }
+  /* Wrong version with a valid checksum: VERSION_MISMATCH. */
+  memcpy(bad, good, (size_t)size);
+  bad[8] = 99;
+  assert_int_equal(lowbit_optimizer_load(y.opt, bad, size), LOWBIT_ERROR_VERSION_MISMATCH);
+  assert_non_null(strstr(lowbit_optimizer_last_error(y.opt), "version"));
+  /* Trailing garbage. */
+  uint8_t* longer = calloc((size_t)size + 8, 1);
+  memcpy(longer, good, (size_t)size);
+  expect_rejected(&y, longer, size + 8, before, before_size);
+  assert_int_equal(lowbit_optimizer_load(y.opt, NULL, size), LOWBIT_ERROR_NULL_POINTER);
+
+  /* Mismatched optimizers: other param count, other sizes, other algorithm. */
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_ADAMW);
+  lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW);
+  lowbit_optimizer_t z;
+  assert_int_equal(lowbit_optimizer_create(&z, &c, &h), LOWBIT_SUCCESS);
+  float* p = calloc(5000, 4);
+  lowbit_param_config_t pc;
+  lowbit_param_config_init(&pc);
+  pc.param = (lowbit_tensor_t){p, 5000, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+  int64_t id;
+  assert_int_equal(lowbit_optimizer_add_param(z, &pc, &id), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_load(z, good, size), LOWBIT_ERROR_STATE_MISMATCH);
+  assert_non_null(strstr(lowbit_optimizer_last_error(z), "params"));
+  lowbit_optimizer_destroy(z);
+  Fixture lion;
+  make(&lion, LOWBIT_ALGORITHM_LION, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1);
+  assert_int_equal(lowbit_optimizer_load(lion.opt, good, size), LOWBIT_ERROR_STATE_MISMATCH);
+  assert_non_null(strstr(lowbit_optimizer_last_error(lion.opt), "algorithm"));
+
+  /* Buffer too small. */
+  int64_t out;
+  uint8_t small[16];
+  assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, small, 16, &out), LOWBIT_ERROR_BUFFER_TOO_SMALL);
+  assert_int_equal(out, size);
+  assert_int_equal(lowbit_optimizer_save(x.opt, (lowbit_checkpoint_mode_t)7, NULL, 0, &out), LOWBIT_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(lowbit_optimizer_last_error(x.opt), "mode"));
+
+  /* And y still steps like x did from the same point. */
+  assert_int_equal(lowbit_optimizer_load(y.opt, good, size), LOWBIT_SUCCESS);
+  copy_params(&y, &x);
+  run_steps(&x, 3, 2);
+  run_steps(&y, 3, 2);
+  assert_same_params(&x, &y);
+  free(good), free(bad), free(longer), free(before), free(p);
+  destroy(&x), destroy(&y), destroy(&lion);
+}
+
+int main(void) {
+  g_seed = (unsigned)time(NULL);
+  printf("test_checkpoint seed %u\n", g_seed);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_resume_is_bit_identical),
+      cmocka_unit_test(test_across_formats),
+      cmocka_unit_test(test_file_round_trip),
+      cmocka_unit_test(test_bad_files_change_nothing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
