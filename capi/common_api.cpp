@@ -29,8 +29,8 @@ LOWBIT_API const char* lowbit_status_string(lowbit_status_t status) {
     case LOWBIT_ERROR_NONFINITE: return "non-finite value";
     case LOWBIT_ERROR_COMMUNICATION: return "communication error";
     case LOWBIT_ERROR_INTERNAL: return "internal error";
+    default: return "unknown status";
   }
-  return "unknown status";
 }
 
 LOWBIT_API const char* lowbit_last_error(void) { return lowbit::thread_error.c_str(); }

@@ -7,7 +7,9 @@
  *     at the end; the library accepts every size it has ever shipped and
  *     rejects sizes it does not know with LOWBIT_ERROR_INVALID_ARGUMENT.
  *     Use the lowbit_*_init() helpers: they fill struct_size and defaults.
- *   - Enum values and status codes are explicit and never reused.
+ *   - Enum values and status codes are explicit and never reused. Every enum
+ *     has a *_FORCE_INT32 member so that it is 32 bits wide and any int32
+ *     value (e.g. a bad one from a caller) is representable; it is never valid.
  *   - Handles are opaque. Create functions take the out-param first; destroy
  *     functions accept NULL.
  *   - No C++ exception, abort() or exit() ever crosses this boundary: every
@@ -75,7 +77,8 @@ typedef enum lowbit_status {
   LOWBIT_ERROR_BUFFER_TOO_SMALL = 11,
   LOWBIT_ERROR_NONFINITE = 12, /* NaN/Inf where a finite value is required */
   LOWBIT_ERROR_COMMUNICATION = 13,
-  LOWBIT_ERROR_INTERNAL = 14
+  LOWBIT_ERROR_INTERNAL = 14,
+  LOWBIT_STATUS_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_status_t;
 
 /* Static, never NULL, "unknown status" for values not listed above. */
@@ -98,12 +101,14 @@ LOWBIT_API int lowbit_has_nccl(void);
 typedef enum lowbit_dtype {
   LOWBIT_DTYPE_FLOAT32 = 1,
   LOWBIT_DTYPE_BFLOAT16 = 2,
-  LOWBIT_DTYPE_FLOAT16 = 3
+  LOWBIT_DTYPE_FLOAT16 = 3,
+  LOWBIT_DTYPE_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_dtype_t;
 
 typedef enum lowbit_device {
   LOWBIT_DEVICE_CPU = 1,
-  LOWBIT_DEVICE_CUDA = 2
+  LOWBIT_DEVICE_CUDA = 2,
+  LOWBIT_DEVICE_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_device_t;
 
 /* A flat, contiguous tensor. The library never owns `data`. */
@@ -126,7 +131,8 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_ADAM = 2,  /* Adam with L2 weight decay (added to the gradient) */
   LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
   LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
-  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5
+  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,
+  LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_algorithm_t;
 
 /* How one optimizer moment is stored. Block layouts (all row-major over the
@@ -146,7 +152,8 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_BF16 = 2,
   LOWBIT_STATE_8BIT = 3,
   LOWBIT_STATE_4BIT = 4,
-  LOWBIT_STATE_FP8 = 5
+  LOWBIT_STATE_FP8 = 5,
+  LOWBIT_STATE_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_state_format_t;
 
 /* Hyper-parameters of one parameter group. All may change between steps. */
@@ -284,7 +291,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, 
 typedef enum lowbit_checkpoint_mode {
   LOWBIT_CHECKPOINT_COMPRESSED = 1,   /* codes + scales, as stored */
   LOWBIT_CHECKPOINT_MATERIALIZED_FP32 = 2, /* fp32 moments */
-  LOWBIT_CHECKPOINT_MATERIALIZED_BF16 = 3  /* bf16 moments */
+  LOWBIT_CHECKPOINT_MATERIALIZED_BF16 = 3, /* bf16 moments */
+  LOWBIT_CHECKPOINT_FORCE_INT32 = 0x7FFFFFFF
 } lowbit_checkpoint_mode_t;
 
 /* Serialises the whole optimizer state (groups, steps, moments, error-

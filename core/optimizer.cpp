@@ -18,8 +18,8 @@ Algo engine_algo(lowbit_algorithm_t a) {
     case LOWBIT_ALGORITHM_ONEBIT_ADAM: return Algo::Adam;
     case LOWBIT_ALGORITHM_LION: return Algo::Lion;
     case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
+    default: return Algo::AdamW;  // validated before use
   }
-  return Algo::AdamW;
 }
 
 bool overlaps(const lowbit_tensor_t& a, const lowbit_tensor_t& b) {

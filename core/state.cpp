@@ -44,8 +44,8 @@ const char* format_name(lowbit_state_format_t format) {
     case LOWBIT_STATE_8BIT: return "8bit";
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
+    default: return "unknown";
   }
-  return "unknown";
 }
 
 const char* dtype_name(lowbit_dtype_t dtype) {
@@ -53,8 +53,8 @@ const char* dtype_name(lowbit_dtype_t dtype) {
     case LOWBIT_DTYPE_FLOAT32: return "float32";
     case LOWBIT_DTYPE_BFLOAT16: return "bfloat16";
     case LOWBIT_DTYPE_FLOAT16: return "float16";
+    default: return "unknown";
   }
-  return "unknown";
 }
 
 int64_t dtype_bytes(lowbit_dtype_t dtype) { return dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }

@@ -76,8 +76,8 @@ inline int moment_count(lowbit_algorithm_t algo, float momentum) {
     case LOWBIT_ALGORITHM_ONEBIT_ADAM: return 2;
     case LOWBIT_ALGORITHM_LION: return 1;
     case LOWBIT_ALGORITHM_SGD: return momentum != 0.f ? 1 : 0;
+    default: return 0;
   }
-  return 0;
 }
 
 }  // namespace lowbit
