@@ -1,0 +1,242 @@
+// The C boundary of the compressed communicator (capi/lowbit_comm.h).
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "boundary.hpp"
+#include "comm/communicator.hpp"
+#include "comm/transport.hpp"
+#include "lowbit_comm.h"
+
+struct lowbit_comm {
+  std::unique_ptr<lowbit::Communicator> impl;
+  std::string last_error;
+};
+
+namespace lowbit {
+
+Communicator& communicator_from_handle(lowbit_comm_t comm) {
+  LOWBIT_REQUIRE(comm != nullptr, LOWBIT_ERROR_NULL_POINTER, "comm is NULL");
+  return *comm->impl;
+}
+
+namespace {
+
+lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config) {
+  lowbit_comm_config_t c{};
+  lowbit_comm_config_init(&c);
+  if (!config) return c;
+  LOWBIT_REQUIRE(config->struct_size == sizeof(lowbit_comm_config_t), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "config.struct_size is ", config->struct_size, " (this library knows ",
+                 sizeof(lowbit_comm_config_t), "; use lowbit_comm_config_init)");
+  c.cuda_aware_mpi = config->cuda_aware_mpi;
+  LOWBIT_REQUIRE(c.cuda_aware_mpi >= -1 && c.cuda_aware_mpi <= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "config.cuda_aware_mpi is ", c.cuda_aware_mpi, " (expected -1 auto, 0 never, 1 always)");
+  return c;
+}
+
+lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    auto h = std::make_unique<lowbit_comm>();
+    h->impl = std::make_unique<Communicator>(make());
+    *out = h.release();
+  });
+}
+
+// An out-struct whose struct_size the caller set: only known sizes.
+template <class T>
+void check_out_struct(const T* out, const char* name) {
+  LOWBIT_REQUIRE(out != nullptr, LOWBIT_ERROR_NULL_POINTER, name, " is NULL");
+  LOWBIT_REQUIRE(out->struct_size == sizeof(T), LOWBIT_ERROR_INVALID_ARGUMENT, name, "->struct_size is ",
+                 out->struct_size, " (this library knows ", sizeof(T), ")");
+}
+
+}  // namespace
+}  // namespace lowbit
+
+using lowbit::Communicator;
+using lowbit::guarded;
+
+extern "C" {
+
+LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(config, "config");
+    std::memset(config, 0, sizeof(*config));
+    config->struct_size = sizeof(*config);
+    config->cuda_aware_mpi = LOWBIT_COMM_CUDA_AWARE_AUTO;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void* mpi_comm,
+                                                  const lowbit_comm_config_t* config) {
+  return lowbit::create(out, [&] {
+    const lowbit_comm_config_t c = lowbit::resolve_config(config);
+    return lowbit::make_mpi_transport(mpi_comm, c.cuda_aware_mpi);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
+                                                          const lowbit_comm_config_t* config) {
+  return lowbit::create(out, [&] {
+    const lowbit_comm_config_t c = lowbit::resolve_config(config);
+    return lowbit::make_mpi_transport_fortran(mpi_fortran_comm, c.cuda_aware_mpi);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(out_id, "out_id");
+    LOWBIT_REQUIRE(capacity >= LOWBIT_NCCL_UNIQUE_ID_BYTES, LOWBIT_ERROR_BUFFER_TOO_SMALL, "capacity is ", capacity,
+                   " (an ncclUniqueId needs ", LOWBIT_NCCL_UNIQUE_ID_BYTES, " bytes)");
+    lowbit::nccl_unique_id(out_id);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_create_nccl(lowbit_comm_t* out, const void* unique_id, int32_t rank,
+                                                   int32_t world, int32_t device_index,
+                                                   const lowbit_comm_config_t* config) {
+  return lowbit::create(out, [&] {
+    lowbit::resolve_config(config);
+    return lowbit::make_nccl_transport(unique_id, rank, world, device_index);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void* nccl_comm,
+                                                        const lowbit_comm_config_t* config) {
+  return lowbit::create(out, [&] {
+    lowbit::resolve_config(config);
+    return lowbit::make_nccl_transport_from_comm(nccl_comm);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm) {
+  return guarded(nullptr, [&] { delete comm; });
+}
+
+LOWBIT_API const char* lowbit_comm_last_error(lowbit_comm_t comm) {
+  if (!comm) return "comm is NULL";
+  return comm->last_error.c_str();
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_rank(lowbit_comm_t comm, int32_t* out) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = c.rank();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_world_size(lowbit_comm_t comm, int32_t* out) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = c.world();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_info_t* out) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    lowbit::check_out_struct(out, "out");
+    *out = c.info();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                            void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    if (!c.compressed_allreduce(tensor, stream)) lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                      void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    c.allreduce_mean(tensor, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_last_nonfinite(lowbit_comm_t comm, int32_t* out) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = c.last_nonfinite() ? 1 : 0;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_error_numel(lowbit_comm_t comm, int64_t* out_worker_numel,
+                                                   int64_t* out_server_numel) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    LOWBIT_REQUIRE(out_worker_numel || out_server_numel, LOWBIT_ERROR_NULL_POINTER,
+                   "out_worker_numel and out_server_numel are both NULL");
+    if (out_worker_numel) *out_worker_numel = c.worker_error_numel();
+    if (out_server_numel) *out_server_numel = c.server_error_numel();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* worker, int64_t worker_numel,
+                                                   float* server, int64_t server_numel, void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    c.read_errors(worker, worker_numel, server, server_numel, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buffer, int64_t capacity,
+                                                   int64_t* out_size, void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    LOWBIT_REQUIRE_PTR(out_size, "out_size");
+    const int64_t n = c.worker_error_numel(), s = c.server_error_numel();
+    const int64_t size = 64 + 4 * (n + s);
+    if (!buffer) {
+      *out_size = size;
+      return;
+    }
+    LOWBIT_REQUIRE(capacity >= size, LOWBIT_ERROR_BUFFER_TOO_SMALL, "capacity is ", capacity,
+                   " bytes, the errors need ", size);
+    const std::vector<uint8_t> blob = c.save_errors(stream);
+    std::memcpy(buffer, blob.data(), blob.size());
+    *out_size = int64_t(blob.size());
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
+                                                   void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    c.load_errors(static_cast<const uint8_t*>(buffer), size, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* stream) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    c.reset_errors(stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    lowbit::check_out_struct(out, "out");
+    *out = c.stats();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm) {
+  return guarded(comm ? &comm->last_error : nullptr, [&] {
+    Communicator& c = lowbit::communicator_from_handle(comm);
+    c.reset_stats();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,242 @@
+/*
+ * lowbit_comm.h: the compressed communicator (1-bit allreduce with error
+ * feedback, the communication scheme of 1-bit Adam, Tang et al. 2021).
+ *
+ * The ABI, threading and stream rules of lowbit.h apply here too: config and
+ * info structs start with `size_t struct_size`; create functions take the
+ * out-param first; lowbit_comm_destroy(NULL) is a no-op; every call returns a
+ * lowbit_status_t and, on failure, sets both lowbit_last_error() (this
+ * thread) and lowbit_comm_last_error(comm) (this handle), naming the argument
+ * and the value at fault. One thread per handle at a time.
+ *
+ * Collectives
+ *   A communicator spans a group of ranks (an MPI communicator or an NCCL
+ *   communicator). lowbit_comm_create_*, lowbit_comm_destroy,
+ *   lowbit_comm_compressed_allreduce and lowbit_comm_allreduce_mean are
+ *   collective: every rank of the group calls them, in the same order, with
+ *   the same numel. Over MPI, each call first agrees on its arguments with a
+ *   32-byte allreduce, so a rank whose arguments are rejected makes every
+ *   rank fail (LOWBIT_ERROR_INVALID_ARGUMENT on the ranks whose own arguments
+ *   were fine, naming the rank at fault) instead of leaving them waiting.
+ *   Over NCCL there is no such agreement (device collectives cannot report to
+ *   the host without a synchronisation): mismatched calls hang, as with any
+ *   NCCL collective.
+ *
+ * The 1-bit compressed allreduce (one flat fp32 buffer of n elements, the
+ * same n on every rank; W ranks)
+ *   Padding: the buffer is padded to N = the smallest multiple of 8*W that is
+ *   >= n, and split into W chunks of C = N/W elements (a multiple of 8);
+ *   rank r is the "server" of chunk r = [r*C, (r+1)*C). Pad elements (index
+ *   >= n) carry no error, count in no norm and are never written.
+ *   Sign rule: sign(v) = +1 if v >= 0 (so +0 and -0 give +1), else -1. A
+ *   sign travels as one bit, 1 = +1, bit k of byte b = element 8b+k.
+ *   Worker (every rank), with its persistent worker error e (n floats):
+ *     x = tensor + e;  s = ||x||_2 / sqrt(n)  (norm over the n real elements,
+ *     accumulated in double, rounded once to fp32);  q = s * sign(x);
+ *     e <- x - q  (exactly the fp32 value every receiver decodes).
+ *     To every rank r it sends the sign bits of chunk r and s.
+ *   Server (rank r, with c_r = the real elements of chunk r, and its
+ *   persistent server error z, c_r floats):
+ *     a_i = (sum over ranks j, in rank order, of s_j * sign_j,i) / W  (fp32);
+ *     y = a + z;  S = ||y||_2 / sqrt(c_r) (S = 0 when c_r == 0);
+ *     o = S * sign(y);  z <- y - o.  It sends the sign bits of o and S to all.
+ *   Result (every rank, identical bits): element i of chunk r = o_i of r.
+ *   Bytes each rank sends: 2 * (W-1) * (4 + C/8) (an all-to-all and an
+ *   all-gather of the packed bits plus one fp32 scale per message), i.e.
+ *   about 2 * (W-1)/W * (1/8 + 4W/N) bytes per element, against
+ *   2 * (W-1)/W * 4 for a fp32 ring allreduce.
+ *   Error feedback: summing the update rules over calls t = 1..T with a fixed
+ *   input g_j on rank j and zero initial errors gives, exactly,
+ *     (1/T) sum_t out_t = mean_j(g_j) - (mean_j(e_j^T) + z^T) / T,
+ *   so the running mean of the outputs converges to the true mean as
+ *   max|errors| / T (plus fp32 rounding).
+ *
+ * Non-finite input
+ *   If any rank's x (tensor + worker error) holds a NaN or an Inf, the call
+ *   changes nothing on any rank: tensor, worker and server errors stay as
+ *   they were, and no rank waits forever.
+ *   - Host (CPU) tensors: every rank returns LOWBIT_ERROR_NONFINITE (the
+ *     message names the first rank at fault) and
+ *     lowbit_comm_last_nonfinite() reports 1.
+ *   - CUDA tensors: the check runs on the device (a NaN scale travels with
+ *     the packed bits), so the call returns LOWBIT_SUCCESS once the work is
+ *     enqueued and lowbit_comm_last_nonfinite() reports the outcome once
+ *     `stream` has reached the call.
+ *
+ * Error buffers and workspaces
+ *   The first lowbit_comm_compressed_allreduce binds the communicator to its
+ *   numel and device: the worker/server error buffers (zero) and every
+ *   workspace are allocated then, once; later calls allocate nothing. A call
+ *   with another numel or device is rejected (tensor.numel / tensor.device)
+ *   until lowbit_comm_reset_errors() (which zeroes the errors and unbinds the
+ *   size; workspaces of the same size are reused).
+ *
+ * Devices
+ *   MPI: host tensors, and CUDA tensors (when built with CUDA) either passed
+ *   to a CUDA-aware MPI (MPIX_Query_cuda_support) or staged through pinned
+ *   host memory. MPI is host-driven: with CUDA tensors the call waits for
+ *   `stream` before each exchange (the scales still never leave the device).
+ *   NCCL: CUDA tensors only, fully asynchronous on `stream`. NCCL is loaded
+ *   at run time (libnccl.so.2, or the path in the environment variable
+ *   LOWBIT_NCCL_LIBRARY); a library built without NCCL support, or a process
+ *   where it cannot be loaded, gets LOWBIT_ERROR_UNSUPPORTED.
+ */
+#ifndef LOWBIT_COMM_H
+#define LOWBIT_COMM_H
+
+#include "lowbit.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lowbit_comm_backend {
+  LOWBIT_COMM_BACKEND_MPI = 1,
+  LOWBIT_COMM_BACKEND_NCCL = 2,
+  LOWBIT_COMM_BACKEND_FORCE_INT32 = 0x7FFFFFFF
+} lowbit_comm_backend_t;
+
+/* How an MPI communicator moves CUDA tensors. */
+typedef enum lowbit_comm_cuda_aware {
+  LOWBIT_COMM_CUDA_AWARE_AUTO = -1,   /* CUDA-aware if MPIX_Query_cuda_support() says so */
+  LOWBIT_COMM_CUDA_AWARE_NEVER = 0,   /* stage through pinned host memory */
+  LOWBIT_COMM_CUDA_AWARE_ALWAYS = 1,  /* pass device pointers to MPI (caller vouches) */
+  LOWBIT_COMM_CUDA_AWARE_FORCE_INT32 = 0x7FFFFFFF
+} lowbit_comm_cuda_aware_t;
+
+typedef struct lowbit_comm_config {
+  size_t struct_size;
+  int32_t cuda_aware_mpi; /* a lowbit_comm_cuda_aware_t; default AUTO */
+} lowbit_comm_config_t;
+
+/* Fills struct_size and the defaults. */
+LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config);
+
+/* Creates a communicator over an MPI communicator (collective over it).
+ * `mpi_comm` points to the caller's MPI_Comm (e.g. &comm, or mpi4py's
+ * MPI._addressof(comm)); the library duplicates it (MPI_Comm_dup), so the
+ * caller's own traffic never mixes with ours. MPI must be initialised.
+ * config may be NULL (defaults). Without MPI support built in:
+ * LOWBIT_ERROR_UNSUPPORTED. */
+LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void* mpi_comm,
+                                                  const lowbit_comm_config_t* config);
+/* The same from a Fortran handle (MPI_Comm_c2f(comm), mpi4py comm.py2f()). */
+LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
+                                                          const lowbit_comm_config_t* config);
+
+#define LOWBIT_NCCL_UNIQUE_ID_BYTES 128
+
+/* Writes a fresh ncclUniqueId (128 bytes) for rank 0 to distribute. */
+LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity);
+/* Creates a communicator over a new NCCL communicator (collective over the
+ * `world` ranks holding the same id); this rank uses CUDA device
+ * `device_index`. The NCCL communicator is owned and destroyed with it. */
+LOWBIT_API lowbit_status_t lowbit_comm_create_nccl(lowbit_comm_t* out, const void* unique_id, int32_t rank,
+                                                   int32_t world, int32_t device_index,
+                                                   const lowbit_comm_config_t* config);
+/* Creates a communicator over an existing ncclComm_t (passed as void*); the
+ * caller keeps ownership and must destroy it after this communicator. Not
+ * collective. */
+LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void* nccl_comm,
+                                                        const lowbit_comm_config_t* config);
+
+/* Collective over MPI (MPI_Comm_free): call before MPI_Finalize. NULL: no-op. */
+LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm);
+
+/* Message of the last failed call on this handle ("" if none; "comm is NULL"
+ * for NULL). */
+LOWBIT_API const char* lowbit_comm_last_error(lowbit_comm_t comm);
+
+LOWBIT_API lowbit_status_t lowbit_comm_rank(lowbit_comm_t comm, int32_t* out);
+LOWBIT_API lowbit_status_t lowbit_comm_world_size(lowbit_comm_t comm, int32_t* out);
+
+typedef struct lowbit_comm_info {
+  size_t struct_size; /* set by the caller */
+  lowbit_comm_backend_t backend;
+  int32_t rank;
+  int32_t world_size;
+  int32_t cuda_aware_mpi;  /* MPI: 1 if CUDA tensors go to MPI directly, 0 if staged */
+  int32_t device_index;    /* NCCL: the CUDA device; MPI: -1 */
+  int64_t bound_numel;     /* numel the error buffers are bound to; 0: unbound */
+  lowbit_device_t bound_device; /* valid when bound_numel > 0 */
+  int64_t padded_numel;    /* N (0 when unbound) */
+  int64_t chunk_numel;     /* C = N / world_size (0 when unbound) */
+} lowbit_comm_info_t;
+
+LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_info_t* out);
+
+/* In place, on every rank: tensor (fp32, contiguous, host or CUDA) <- the
+ * 1-bit compressed average over ranks, with error feedback (see above). */
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                            void* stream);
+
+/* In place, on every rank: tensor (fp32) <- (sum over ranks) / world_size,
+ * uncompressed (for warm-up). Non-finite values propagate. Host CUDA-staged
+ * transfers use a pinned buffer that grows to the largest numel seen. */
+LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                      void* stream);
+
+/* 1 if the last compressed allreduce found a NaN/Inf on some rank and changed
+ * nothing, 0 if it was applied (and 0 before any call). For CUDA tensors,
+ * valid once the stream has reached that call. */
+LOWBIT_API lowbit_status_t lowbit_comm_last_nonfinite(lowbit_comm_t comm, int32_t* out);
+
+/* ---------------------------------------------------------------- error buffers */
+
+/* This rank's error sizes: worker = bound numel, server = the real elements
+ * of its chunk (both 0 when unbound). */
+LOWBIT_API lowbit_status_t lowbit_comm_error_numel(lowbit_comm_t comm, int64_t* out_worker_numel,
+                                                   int64_t* out_server_numel);
+
+/* Copies this rank's worker and server errors into host buffers (either may
+ * be NULL to skip it; the numel given must equal lowbit_comm_error_numel's).
+ * Waits for `stream`. For inspection, tests and simulations. */
+LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* worker, int64_t worker_numel,
+                                                   float* server, int64_t server_numel, void* stream);
+
+/* Serialises this rank's errors (part of a checkpoint; one blob per rank).
+ * Format (little-endian): "LBCOMMER", u32 version (1), u32 header bytes (64),
+ * i32 world, i32 rank, i64 numel, i64 chunk_numel, i64 server_numel,
+ * u64 FNV-1a-64 of the payload, u64 reserved 0, then numel + server_numel
+ * fp32. An unbound communicator saves numel 0. With buffer == NULL only
+ * *out_size is set; otherwise capacity must be >= the size
+ * (LOWBIT_ERROR_BUFFER_TOO_SMALL). Waits for `stream`. */
+LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buffer, int64_t capacity,
+                                                   int64_t* out_size, void* stream);
+
+/* Restores errors saved by the same rank of a communicator with the same
+ * world size. Bound with the same numel: copied in place; otherwise the
+ * communicator is unbound and the errors wait (on the host) for the next
+ * compressed allreduce, which must then have that numel. Errors:
+ * CORRUPT_DATA (truncated, bad magic, checksum), VERSION_MISMATCH,
+ * STATE_MISMATCH (other world size or rank). On any error nothing changes.
+ * numel 0 is the same as lowbit_comm_reset_errors. Waits for `stream`. */
+LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
+                                                   void* stream);
+
+/* Zeroes both errors and unbinds the size (the next compressed allreduce may
+ * use any numel/device). Local, not collective; call it on every rank. */
+LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* stream);
+
+/* ---------------------------------------------------------------- counters */
+
+typedef struct lowbit_comm_stats {
+  size_t struct_size; /* set by the caller */
+  int64_t compressed_calls;      /* applied calls (non-finite ones not counted) */
+  int64_t compressed_elements;   /* sum of their numel */
+  int64_t compressed_bytes_sent; /* payload bytes this rank addressed to other ranks */
+  int64_t mean_calls;
+  int64_t mean_elements;
+  int64_t mean_bytes_sent; /* nominal: 2 * (W-1)/W * 4 * numel (ring allreduce) */
+} lowbit_comm_stats_t;
+
+/* Counters since creation or the last reset. The 32-byte argument agreement
+ * of the MPI transport is not counted. */
+LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out);
+LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOWBIT_COMM_H */
