@@ -6,33 +6,41 @@
 #include "float16.hpp"
 #include "quant.hpp"
 #include "rounding.hpp"
+#include "simd.hpp"
 
 namespace lowbit {
 namespace {
 
 float block_absmax(const float* x, int n) {
   float a = 0.f;
-  for (int i = 0; i < n; ++i) a = std::fmax(a, std::fabs(x[i]));
+  for (int i = 0; i < n; ++i) {
+    float v = std::fabs(x[i]);
+    a = v > a ? v : a;
+  }
   return a;
 }
 
+LOWBIT_VECTOR_CLONES
 void encode_codes8(const QMap& map, const float* x, int n, uint8_t* codes, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
-  for (int i = 0; i < n; ++i) codes[i] = uint8_t(nearest_code(map, normalize(x[i], absmax)));
+  uint8_t c[kBlock8];  // local: stores through uint8_t* could alias the map and block vectorisation
+  for (int i = 0; i < n; ++i) c[i] = uint8_t(bucket_code(map, normalize(x[i], absmax)));
+  std::memcpy(codes, c, size_t(n));
 }
 
 // Codes of elements [first, first + n) of a 4-bit block; `first` is even.
+LOWBIT_VECTOR_CLONES
 void encode_codes4(const QMap& map, const float* x, int n, uint8_t* packed, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
-  for (int i = 0; i < n; i += 2) {
-    int lo = nearest_code(map, normalize(x[i], absmax));
-    int hi = i + 1 < n ? nearest_code(map, normalize(x[i + 1], absmax)) : 0;
-    packed[i / 2] = uint8_t(lo | (hi << 4));
-  }
+  uint8_t c[kBlock4 + 1];
+  for (int i = 0; i < n; ++i) c[i] = uint8_t(bucket_code(map, normalize(x[i], absmax)));
+  c[n] = 0;  // an odd tail leaves the last high nibble zero
+  for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
 }
 
+LOWBIT_VECTOR_CLONES
 void encode_fp8(const float* x, int n, uint8_t* codes, float* scale) {
   float s = block_absmax(x, n) / kFp8Max;
   *scale = s;
@@ -41,6 +49,7 @@ void encode_fp8(const float* x, int n, uint8_t* codes, float* scale) {
 
 }  // namespace
 
+LOWBIT_VECTOR_CLONES
 void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
   switch (mv.format) {
     case LOWBIT_STATE_FP32: std::memcpy(out, static_cast<const float*>(mv.data) + base, sizeof(float) * n); return;
@@ -110,6 +119,7 @@ void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* 
   }
 }
 
+LOWBIT_VECTOR_CLONES
 void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out) {
   if (dtype == LOWBIT_DTYPE_FLOAT32) {
     std::memcpy(out, static_cast<const float*>(data) + base, sizeof(float) * n);
@@ -122,6 +132,7 @@ void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int 
     for (int i = 0; i < n; ++i) out[i] = fp16_to_float(h[i]);
 }
 
+LOWBIT_VECTOR_CLONES
 void load_param_tile(const ParamView& pv, int64_t base, int n, float* out) {
   if (pv.rounding != WeightRounding::ErrorCorrection || pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
     load_tensor_tile(pv.param, pv.param_dtype, base, n, out);
@@ -135,6 +146,7 @@ void load_param_tile(const ParamView& pv, int64_t base, int n, float* out) {
     for (int i = 0; i < n; ++i) out[i] = fp16_ecc_to_float(h[i], e[i]);
 }
 
+LOWBIT_VECTOR_CLONES
 void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in) {
   if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
     std::memcpy(static_cast<float*>(pv.param) + base, in, sizeof(float) * n);

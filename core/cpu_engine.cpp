@@ -10,6 +10,7 @@
 #include "codec.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "simd.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -19,7 +20,7 @@ namespace lowbit {
 namespace {
 
 template <Algo A>
-void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g, float* __restrict m,
+LOWBIT_VECTOR_CLONES void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g, float* __restrict m,
                  float* __restrict v) {
   for (int i = 0; i < n; ++i) update_element<A>(s, p[i], g[i], m[i], v[i]);
 }
@@ -48,6 +49,7 @@ void step_chunk(Algo algo, const ParamView& pv, const Chunk& c) {
   }
 }
 
+LOWBIT_VECTOR_CLONES
 bool chunk_has_nonfinite(const ParamView& pv, const Chunk& c) {
   if (pv.grad_dtype == LOWBIT_DTYPE_FLOAT32) {
     const uint32_t* g = static_cast<const uint32_t*>(pv.grad);

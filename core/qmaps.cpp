@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 namespace lowbit {
@@ -25,6 +26,32 @@ std::vector<double> dynamic_map(int levels, bool is_signed, int extra_bits) {
   return values;
 }
 
+float bucket_lower(int b) {
+  return b == 0 ? 0.f : bits_float(uint32_t(b + (kQMinExp << kQMantBits)) << (23 - kQMantBits));
+}
+float bucket_upper(int b) {
+  return b == kQBuckets - 1 ? INFINITY : bits_float(uint32_t(b + 1 + (kQMinExp << kQMantBits)) << (23 - kQMantBits));
+}
+
+void build_bucket_tables(QMap& map) {
+  const int nm = map.n - 1;
+  for (int b = 0; b < kQBuckets; ++b) {
+    float lo = bucket_lower(b), hi = bucket_upper(b);
+    int below_lo = 0, at_or_below_neg_hi = 0, in_pos = 0, in_neg = 0;
+    for (int j = 0; j < nm; ++j) {
+      float d = map.midpoints[j];
+      below_lo += d < lo;
+      at_or_below_neg_hi += d <= -hi;
+      in_pos += d >= lo && d < hi;
+      in_neg += d > -hi && d <= -lo;
+    }
+    if (in_pos > kQMaxScan || in_neg > kQMaxScan || below_lo > 255 || at_or_below_neg_hi > 255)
+      throw std::logic_error("quantization map too dense for the bucket search");
+    map.below[0][b] = uint8_t(below_lo);
+    map.below[1][b] = uint8_t(at_or_below_neg_hi);
+  }
+}
+
 QMap make_map(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   QMap map{};
@@ -37,6 +64,8 @@ QMap make_map(std::vector<double> values) {
     if (double(f) > mid) f = std::nextafter(f, -INFINITY);
     map.midpoints[i] = f;
   }
+  for (int i = map.n - 1; i < 256; ++i) map.midpoints[i] = INFINITY;
+  build_bucket_tables(map);
   return map;
 }
 

@@ -1,8 +1,8 @@
 // Block quantization of optimizer moments, shared by the CPU engine and the
-// CUDA kernels. A code is the nearest map value to x / absmax, found by a
-// branchless binary search over the midpoints between adjacent codes; the
-// midpoints are rounded down to float so that `x > mid` in float is exactly
-// `x > true midpoint`: ties go to the lower code.
+// CUDA kernels. A code is the nearest map value to x / absmax: the number of
+// midpoints between adjacent codes that lie below x. The midpoints are
+// rounded down to float so that `x > mid` in float is exactly `x > true
+// midpoint`: ties go to the lower code.
 #pragma once
 #include <cstdint>
 
@@ -16,19 +16,52 @@ constexpr int kBlock4 = 128;   // 4-bit block
 constexpr int kTile = 256;     // engine tile: a multiple of every block
 constexpr float kFp8Max = 448.f;
 
-// One quantization map: n sorted values and the n-1 midpoints between them.
+// Bucket search: |x| picks a bucket from its exponent and top kQMantBits
+// mantissa bits; per bucket and sign a table holds how many midpoints lie
+// entirely below it, and at most kQMaxScan more fall inside one bucket, so a
+// fixed scan of kQMaxScan compares finishes the count. qmaps.cpp builds the
+// tables and checks that bound for every map.
+constexpr int kQMantBits = 6;
+constexpr int kQMinExp = 103;  // biased exponent of bucket 1's octave: |x| < 2^-24 all share bucket 0
+constexpr int kQMaxExp = 127;  // [1, 2) is the last octave; anything larger clamps into the last bucket
+constexpr int kQBuckets = (kQMaxExp - kQMinExp + 1) << kQMantBits;
+constexpr int kQMaxScan = 2;
+
+// One quantization map: n sorted values, the n-1 midpoints between them, and
+// the bucket tables of the fast search.
 struct QMap {
   int n;
   float values[256];
-  float midpoints[255];
+  float midpoints[256];  // n - 1 midpoints, then +Inf
+  uint8_t below[2][kQBuckets];  // [0]: x >= 0 in bucket b: #{midpoints < lower edge of b}
+                                // [1]: x <  0 in bucket b: #{midpoints <= -upper edge of b}
 };
 
-// Index of the nearest code for x (already divided by absmax).
+// Index of the nearest code for x (already divided by absmax): the number of
+// midpoints strictly below x, by binary search. The reference definition.
 LOWBIT_HD int nearest_code(const QMap& map, float x) {
   int pos = 0;
   for (int step = map.n >> 1; step >= 1; step >>= 1)
     if (x > map.midpoints[pos + step - 1]) pos += step;
   return pos;
+}
+
+LOWBIT_HD int q_bucket(uint32_t abs_bits) {
+  int b = int(abs_bits >> (23 - kQMantBits)) - (kQMinExp << kQMantBits);
+  return b < 0 ? 0 : (b >= kQBuckets ? kQBuckets - 1 : b);
+}
+
+// Same result as nearest_code() for every float (NaN -> 0), in two table
+// lookups and kQMaxScan compares.
+LOWBIT_HD int bucket_code(const QMap& map, float x) {
+  uint32_t u = float_bits(x);
+  uint32_t a = u & 0x7FFFFFFFu;
+  int c = map.below[u >> 31][q_bucket(a)];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < kQMaxScan; ++k) c += map.midpoints[c] < x;  // midpoints[n - 1] = +Inf stops the scan
+  return a > 0x7F800000u ? 0 : c;  // NaN: no midpoint is below it
 }
 
 // Scaled input of the code search; an all-zero block (absmax 0) maps to 0.

@@ -65,18 +65,35 @@ LOWBIT_HD int fp16_ulp_log2(uint16_t w) {
   return (e > 1 ? e : 1) - 25;
 }
 
+// 2^k for k in [-126, 127], from the bits.
+LOWBIT_HD float pow2i(int k) { return bits_float(uint32_t(k + 127) << 23); }
+
+// x * 2^k for k in [-252, 254] with a single rounding (as ldexpf): the first
+// factor keeps |x| >= 2^-126 when scaling a value >= 1 down, so only the
+// second multiply can round. Used instead of ldexpf so the loops vectorise.
+LOWBIT_HD float scale_pow2(float x, int k) {
+  int half = k / 2;
+  return x * pow2i(half) * pow2i(k - half);
+}
+
+// Round to nearest even for |x| < 2^22 (the default rounding mode does it).
+LOWBIT_HD float round_small(float x) {
+  const float magic = 12582912.f;  // 1.5 * 2^23
+  return x >= 0.f ? (x + magic) - magic : (x - magic) + magic;
+}
+
 LOWBIT_HD uint8_t residual_byte(float exact, float rounded, int ulp_log2) {
   if (!is_finite_bits(float_bits(exact)) || !is_finite_bits(float_bits(rounded))) return 0;
-  float q = rintf(ldexpf(exact - rounded, 8 - ulp_log2));  // exact - rounded is exact (Sterbenz)
+  float q = round_small(scale_pow2(exact - rounded, 8 - ulp_log2));  // exact - rounded is exact (Sterbenz)
   q = q > 127.f ? 127.f : (q < -128.f ? -128.f : q);
   return uint8_t(int8_t(q));
 }
 
 LOWBIT_HD float bf16_ecc_to_float(uint16_t w, uint8_t e) {
-  return bf16_to_float(w) + ldexpf(float(int8_t(e)), bf16_ulp_log2(w) - 8);
+  return bf16_to_float(w) + scale_pow2(float(int8_t(e)), bf16_ulp_log2(w) - 8);
 }
 LOWBIT_HD float fp16_ecc_to_float(uint16_t w, uint8_t e) {
-  return fp16_to_float(w) + ldexpf(float(int8_t(e)), fp16_ulp_log2(w) - 8);
+  return fp16_to_float(w) + scale_pow2(float(int8_t(e)), fp16_ulp_log2(w) - 8);
 }
 
 LOWBIT_HD void float_to_bf16_ecc(float f, uint16_t& w, uint8_t& e) {

@@ -78,8 +78,9 @@ void test_nearest_code_is_brute_force(void**) {
     const QMap& map = qmap(MapId(id));
     int ties = 0;
     for (float x : interesting_inputs(map)) {
-      int got = nearest_code(map, x), want = brute_nearest(map, x);
+      int got = nearest_code(map, x), want = brute_nearest(map, x), fast = bucket_code(map, x);
       if (got != want) fail_msg("map %d: x = %.9g -> code %d, brute force %d", id, double(x), got, want);
+      if (fast != want) fail_msg("map %d: x = %.9g -> bucket code %d, brute force %d", id, double(x), fast, want);
       if (got + 1 < map.n &&
           std::fabs(double(x) - map.values[got]) == std::fabs(double(x) - map.values[got + 1]))
         ++ties;
@@ -100,6 +101,28 @@ std::vector<float> random_block(int n, int kind) {
   if (kind == 3)
     for (float& v : x) v = from_bits(uint32_t(rng() % 0x007FFFFFu)) * (rng() & 1 ? 1.f : -1.f);  // denormals
   return x;
+}
+
+// The bucket search equals the binary search on every float of each bucket's
+// edges and on random bit patterns (NaN included).
+void test_bucket_search_everywhere(void**) {
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int id = 0; id < 4; ++id) {
+    const QMap& map = qmap(MapId(id));
+    for (int i = 0; i < 2000000; ++i) {
+      float x = from_bits(bits(rng));
+      if (std::isnan(x)) assert_int_equal(bucket_code(map, x), 0);
+      else if (bucket_code(map, x) != nearest_code(map, x)) fail_msg("map %d x %.9g", id, double(x));
+    }
+    for (int b = 0; b < kQBuckets; ++b)
+      for (int d = -2; d <= 2; ++d) {
+        uint32_t edge = uint32_t(b + (kQMinExp << kQMantBits)) << (23 - kQMantBits);
+        for (uint32_t sign : {0u, 0x80000000u}) {
+          float x = from_bits((edge + uint32_t(d)) | sign);
+          if (!std::isnan(x) && bucket_code(map, x) != nearest_code(map, x)) fail_msg("map %d edge x %.9g", id, double(x));
+        }
+      }
+  }
 }
 
 void test_block_encoding_is_brute_force(void**) {
@@ -214,6 +237,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_maps_match_golden),
       cmocka_unit_test(test_nearest_code_is_brute_force),
+      cmocka_unit_test(test_bucket_search_everywhere),
       cmocka_unit_test(test_block_encoding_is_brute_force),
       cmocka_unit_test(test_e4m3),
       cmocka_unit_test(test_16bit_rounding),
