@@ -13,9 +13,9 @@ namespace {
 
 Algo engine_algo(lowbit_algorithm_t a) {
   switch (a) {
-    case LOWBIT_ALGORITHM_ADAMW: return Algo::AdamW;
-    case LOWBIT_ALGORITHM_ADAM:
-    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return Algo::Adam;
+    case LOWBIT_ALGORITHM_ADAMW:
+    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return Algo::AdamW;  // decoupled decay, as DeepSpeed's 1-bit Adam
+    case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
     case LOWBIT_ALGORITHM_LION: return Algo::Lion;
     case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
     default: return Algo::AdamW;  // validated before use
@@ -206,22 +206,18 @@ void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stre
     for (size_t i = 0; i < params_.size(); ++i)
       if (grads[i].data) check_grad(grads[i], params_[i], concat("grads[", i, "]").c_str());
   }
-  if (config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM) {
-    LOWBIT_REQUIRE(comm_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
-                   "step: a 1-bit Adam optimizer needs a communicator (lowbit_optimizer_set_comm)");
-  }
   for (size_t i = 0; i < params_.size(); ++i)
     views_[i] = param_view(params_[i], int64_t(i), grads ? grads[i] : params_[i].grad);
+  if (config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM) {
+    step_onebit(stream);  // its non-finite check must agree across ranks
+    return;
+  }
   const int64_t n = int64_t(chunks_.size());
   if (config_.skip_nonfinite && engine_->any_nonfinite(views_.data(), chunks_.data(), n, stream)) {
     last_step_skipped_ = true;
     return;
   }
   last_step_skipped_ = false;
-  if (config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM) {
-    step_onebit(stream);
-    return;
-  }
   engine_->step(algo_, views_.data(), chunks_.data(), n, stream);
   for (size_t i = 0; i < params_.size(); ++i)
     if (views_[i].grad) ++params_[i].step;
