@@ -107,7 +107,7 @@ void Optimizer::step_onebit(void* stream) {
     ParamView v = views_[i];
     ParamState& p = params_[i];
     // The frozen variance keeps the bias correction of the step it froze at.
-    if (p.step > 0 && groups_[size_t(p.group)].bias_correction) {
+    if (config_.freeze_step > 0 && groups_[size_t(p.group)].bias_correction) {
       double beta2 = groups_[size_t(p.group)].beta2;
       v.scalars.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(beta2, double(config_.freeze_step))));
     }
