@@ -222,9 +222,11 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* st
 
 typedef struct lowbit_comm_stats {
   size_t struct_size; /* set by the caller */
-  int64_t compressed_calls;      /* applied calls (non-finite ones not counted) */
+  int64_t compressed_calls;      /* calls that exchanged data (all of them but those
+                                    stopped before the exchange: bad arguments, and
+                                    non-finite host input over MPI) */
   int64_t compressed_elements;   /* sum of their numel */
-  int64_t compressed_bytes_sent; /* payload bytes this rank addressed to other ranks */
+  int64_t compressed_bytes_sent; /* bytes this rank addressed to other ranks */
   int64_t mean_calls;
   int64_t mean_elements;
   int64_t mean_bytes_sent; /* nominal: 2 * (W-1)/W * 4 * numel (ring allreduce) */

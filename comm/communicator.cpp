@@ -169,7 +169,11 @@ struct Communicator::Impl {
 
   Arg check_tensor(const lowbit_tensor_t* tensor) const;
   int agree(lowbit_status_t status, const std::string& message, int64_t n, bool nonfinite);
-  void bind(const Arg& a, void* stream);
+  // Checks that `a` fits the binding and allocates what it needs; changes no
+  // observable state (errors, pending errors, binding).
+  void prepare(const Arg& a, void* stream);
+  // Binds: the errors become the pending ones, or zero. After prepare(a).
+  void activate(const Arg& a, void* stream);
   void exchange(bool gather, const uint8_t* dsend, uint8_t* drecv, uint8_t* hsend, uint8_t* hrecv, void* stream);
   int64_t error_numel() const { return bound ? buf.n : (has_pending ? pending_n : 0); }
   void copy_errors_out(float* worker, float* server, void* stream) const;
@@ -239,7 +243,7 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
   return v[1] != 0 ? int(W - v[1]) : -1;
 }
 
-void Communicator::Impl::bind(const Arg& a, void* stream) {
+void Communicator::Impl::prepare(const Arg& a, void* stream) {
   if (bound) {
     LOWBIT_REQUIRE(a.n == buf.n, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", a.n,
                    ", but this communicator's error buffers are bound to numel ", buf.n,
@@ -296,6 +300,15 @@ void Communicator::Impl::bind(const Arg& a, void* stream) {
     b.valid = true;
     buf = std::move(b);
   }
+}
+
+void Communicator::Impl::activate(const Arg& a, void* stream) {
+  if (bound) return;
+  const bool cuda = a.device == LOWBIT_DEVICE_CUDA;
+#ifdef LOWBIT_COMM_WITH_CUDA
+  std::unique_ptr<onebit::dev::DeviceGuard> guard;
+  if (cuda) guard = std::make_unique<onebit::dev::DeviceGuard>(a.index);
+#endif
   const size_t wbytes = size_t(a.n) * 4;
   const size_t sbytes = size_t(buf.layout.server_numel()) * 4;
   if (!cuda) {
@@ -470,9 +483,11 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
   bool nonfinite = false;
   try {
     a = I.check_tensor(tensor);
-    I.bind(a, stream);
+    I.prepare(a, stream);
     if (a.device == LOWBIT_DEVICE_CPU) {
-      sumsq = onebit::host_worker_sum(a.data, I.buf.err.as<float>(), I.buf.ws_err.as<float>(), a.n);
+      // x = tensor + the errors this call will use (bound, pending or zero).
+      const float* e = I.bound ? I.buf.err.as<float>() : (I.has_pending ? I.pending_worker.data() : nullptr);
+      sumsq = onebit::host_worker_sum(a.data, e, I.buf.ws_err.as<float>(), a.n);
       nonfinite = !std::isfinite(sumsq);
     }
   } catch (const Error& e) {
@@ -491,6 +506,7 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
                                  " holds a NaN or an Inf; nothing was updated on any rank");
     return false;
   }
+  I.activate(a, stream);
   Buffers& B = I.buf;
   const Layout& L = B.layout;
   if (a.device == LOWBIT_DEVICE_CPU) {
@@ -579,7 +595,8 @@ void Communicator::reserve(int64_t n, lowbit_device_t device, int32_t device_ind
 #endif
     LOWBIT_REQUIRE(device == LOWBIT_DEVICE_CUDA, LOWBIT_ERROR_INVALID_ARGUMENT, "device is ", int(device));
   }
-  I.bind(a, stream);
+  I.prepare(a, stream);
+  I.activate(a, stream);
 }
 
 int64_t Communicator::worker_error_numel() const { return impl_->error_numel(); }

@@ -23,6 +23,16 @@ float get_scale(const uint8_t* msg) {
 }
 
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
+  if (!e) {
+    // No error yet: x = t + 0 (the same lanes and order as below).
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = t[i] + 0.0f;
+      x_out[i] = x;
+      acc[i & 7] += double(x) * double(x);
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  }
   // Eight independent lanes (a fixed order, so the result is reproducible).
   double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;

@@ -13,7 +13,8 @@ namespace onebit {
 void put_scale(uint8_t* msg, float scale);
 float get_scale(const uint8_t* msg);
 
-// x = t + e into x_out (n floats); returns sum of x^2 (non-finite iff some x is).
+// x = t + e into x_out (n floats; e == nullptr: zero error); returns sum of
+// x^2 (non-finite iff some x is).
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n);
 
 // Scale from a sum of squares over `count` elements: sqrt(sumsq / count)
