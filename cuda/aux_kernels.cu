@@ -1,0 +1,95 @@
+// The small kernels around a step: the per-step table upload (values travel
+// as kernel parameters), the non-finite gradient check, and the step-count
+// update of the device-scalar mode.
+#include <cuda_runtime.h>
+
+#include "cuda/tables.hpp"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+__global__ void __launch_bounds__(kThreads) upload_kernel(const __grid_constant__ UploadBatch b) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < b.dyn_count) b.dyn_dst[b.dyn_first + i] = b.dyn[i];
+  if (i < b.scalars_count) b.scalars_dst[b.scalars_first + i] = b.scalars[i];
+}
+
+__device__ __forceinline__ uint32_t nonfinite16(uint32_t w, uint32_t mask) {
+  return uint32_t((w & mask) == mask) | uint32_t(((w >> 16) & mask) == mask);
+}
+
+__device__ __forceinline__ uint32_t nonfinite_words(const uint4& v, bool wide, uint32_t mask) {
+  if (wide) {
+    return uint32_t((v.x & 0x7F800000u) == 0x7F800000u) | uint32_t((v.y & 0x7F800000u) == 0x7F800000u) |
+           uint32_t((v.z & 0x7F800000u) == 0x7F800000u) | uint32_t((v.w & 0x7F800000u) == 0x7F800000u);
+  }
+  return nonfinite16(v.x, mask) | nonfinite16(v.y, mask) | nonfinite16(v.z, mask) | nonfinite16(v.w, mask);
+}
+
+// Block b scans part b % kSplit of chunk b / kSplit: 16-byte loads when the
+// gradient base is 16-byte aligned, element loads for the rest.
+__global__ void __launch_bounds__(kThreads) check_kernel(const CheckArgs a) {
+  const DevChunk ch = a.chunks[blockIdx.x / kSplit];
+  const int part = int(blockIdx.x % kSplit);
+  const DevDyn dyn = a.dyn[ch.param];
+  if (dyn.grad == nullptr) return;
+  const int64_t len = ch.end - ch.begin;
+  const int64_t per = ((len + kSplit - 1) / kSplit + 7) / 8 * 8;
+  const int64_t b = ch.begin + per * part;
+  const int64_t e = b + per < ch.end ? b + per : ch.end;
+  const bool wide = dyn.gdtype == kF32;
+  const uint32_t mask16 = dyn.gdtype == kBF16 ? 0x7F80u : 0x7C00u;
+  uint32_t bad = 0;
+  int64_t scalar_from = b;
+  if (dyn.grad_al16 && b < e) {
+    // b is a multiple of 8 elements, so b and every 8th element after it are 16-byte aligned.
+    const int64_t groups = (e - b) / 8;
+    if (wide) {
+      const uint4* g = reinterpret_cast<const uint4*>(static_cast<const float*>(dyn.grad) + b);
+      for (int64_t k = threadIdx.x; k < groups; k += kThreads)
+        bad |= nonfinite_words(__ldg(g + 2 * k), true, 0) | nonfinite_words(__ldg(g + 2 * k + 1), true, 0);
+    } else {
+      const uint4* g = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dyn.grad) + b);
+      for (int64_t k = threadIdx.x; k < groups; k += kThreads) bad |= nonfinite_words(__ldg(g + k), false, mask16);
+    }
+    scalar_from = b + groups * 8;
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < e; i += kThreads) {
+    if (wide)
+      bad |= uint32_t((static_cast<const uint32_t*>(dyn.grad)[i] & 0x7F800000u) == 0x7F800000u);
+    else
+      bad |= uint32_t((static_cast<const uint16_t*>(dyn.grad)[i] & mask16) == mask16);
+  }
+  if (__syncthreads_or(int(bad)) && threadIdx.x == 0) *a.flag = 1;
+}
+
+__global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.num_params || (a.skip_flag && *a.skip_flag != 0)) return;
+  if (a.dyn[i].grad != nullptr) a.steps[i] += 1;
+}
+
+}  // namespace
+
+void launch_upload(const UploadBatch& batch, void* stream) {
+  const int n = batch.dyn_count > batch.scalars_count ? batch.dyn_count : batch.scalars_count;
+  if (n <= 0) return;
+  upload_kernel<<<dim3(unsigned((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                  static_cast<cudaStream_t>(stream)>>>(batch);
+}
+
+void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream) {
+  if (num_chunks <= 0) return;
+  check_kernel<<<dim3(unsigned(num_chunks * kSplit)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+void launch_finalize(const FinalizeArgs& args, void* stream) {
+  const int64_t n = args.num_params;
+  if (n <= 0) return;
+  finalize_kernel<<<dim3(unsigned((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                    static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+}  // namespace cuda
+}  // namespace lowbit

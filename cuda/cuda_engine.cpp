@@ -1,0 +1,465 @@
+#include "cuda/cuda_engine.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "core/qmaps.hpp"
+#include "core/state.hpp"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+[[noreturn]] void fail_cuda(cudaError_t e, const char* what) {
+  lowbit_status_t status = e == cudaErrorMemoryAllocation ? LOWBIT_ERROR_OUT_OF_MEMORY : LOWBIT_ERROR_CUDA;
+  fail(status, what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail_cuda(e, what);
+}
+
+// Makes `device` current for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device_) check(cudaSetDevice(device_), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    if (prev_ != device_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int device_;
+  int prev_ = 0;
+};
+
+template <class T>
+void device_alloc(T** out, size_t count, const char* what) {
+  void* p = nullptr;
+  if (count == 0) count = 1;
+  cudaError_t e = cudaMalloc(&p, count * sizeof(T));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so later launches do not report it
+    fail_cuda(e, what);
+  }
+  *out = static_cast<T*>(p);
+}
+
+void device_free(void* p) noexcept {
+  if (p) cudaFree(p);
+}
+
+uint8_t dtype_code(lowbit_dtype_t d, const char* what) {
+  switch (d) {
+    case LOWBIT_DTYPE_FLOAT32: return kF32;
+    case LOWBIT_DTYPE_BFLOAT16: return kBF16;
+    case LOWBIT_DTYPE_FLOAT16: return kF16;
+    default: break;
+  }
+  fail(LOWBIT_ERROR_INVALID_ARGUMENT, what, " dtype = ", int(d), " is not a lowbit_dtype_t value");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+uint8_t map_code(const QMap* map, lowbit_state_format_t format, int64_t param) {
+  for (int id = 0; id < 4; ++id)
+    if (map == &qmap(MapId(id))) {
+      const int want = format == LOWBIT_STATE_8BIT ? 256 : 16;
+      LOWBIT_REQUIRE(map->n == want, LOWBIT_ERROR_INTERNAL, "param ", param, ": a ", format_name(format),
+                     " moment needs a ", want, "-code map, got ", map->n);
+      return uint8_t(id);
+    }
+  fail(LOWBIT_ERROR_INTERNAL, "param ", param, ": the ", format_name(format),
+       " moment's map is not one of the built-in quantization maps");
+}
+
+DevParam describe(const ParamView& v, int64_t id, int32_t group) {
+  DevParam d;
+  std::memset(&d, 0, sizeof d);  // padding too: tables are compared with memcmp
+  d.param = v.param;
+  d.ecc = v.ecc;
+  d.numel = v.numel;
+  d.group = group;
+  d.pdtype = dtype_code(v.param_dtype, "param");
+  d.rounding = uint8_t(v.rounding);
+  d.num_moments = uint8_t(v.num_moments);
+  d.param_al16 = aligned16(v.param);
+  LOWBIT_REQUIRE(v.param != nullptr && v.numel > 0, LOWBIT_ERROR_INTERNAL, "param ", id, ": no data");
+  LOWBIT_REQUIRE(v.num_moments >= 0 && v.num_moments <= 2, LOWBIT_ERROR_INTERNAL, "param ", id, ": ",
+                 v.num_moments, " moments");
+  LOWBIT_REQUIRE(v.param_dtype == LOWBIT_DTYPE_FLOAT32 || v.rounding != WeightRounding::ErrorCorrection ||
+                     v.ecc != nullptr,
+                 LOWBIT_ERROR_INTERNAL, "param ", id, ": error correction without error-correction bytes");
+  d.map[0] = d.map[1] = kNoMap;
+  for (int k = 0; k < v.num_moments; ++k) {
+    const MomentView& m = v.moment[k];
+    LOWBIT_REQUIRE(m.format >= LOWBIT_STATE_FP32 && m.format <= LOWBIT_STATE_FP8 && m.data != nullptr,
+                   LOWBIT_ERROR_INTERNAL, "param ", id, ": moment ", k, " has format ", int(m.format),
+                   m.data ? "" : " and no data");
+    d.format[k] = uint8_t(m.format);
+    d.mdata[k] = m.data;
+    d.mscale[k] = m.scales;
+    if (is_quantized(m.format))
+      LOWBIT_REQUIRE(m.scales != nullptr, LOWBIT_ERROR_INTERNAL, "param ", id, ": moment ", k, " has no scales");
+    if (m.format == LOWBIT_STATE_8BIT || m.format == LOWBIT_STATE_4BIT) d.map[k] = map_code(m.map, m.format, id);
+  }
+  return d;
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(int device_index) : device_(device_index), batch_(new UploadBatch) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(LOWBIT_ERROR_CUDA, "device: no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorName(e), ", ",
+         cudaGetErrorString(e), ")");
+  }
+  LOWBIT_REQUIRE(device_index >= 0 && device_index < count, LOWBIT_ERROR_INVALID_ARGUMENT, "device_index = ",
+                 device_index, " but ", count, " CUDA device(s) are visible");
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index), "cudaDeviceGetAttribute");
+  LOWBIT_REQUIRE(major >= 8, LOWBIT_ERROR_UNSUPPORTED, "device_index = ", device_index, ": compute capability ",
+                 major, ".", minor, " is below 8.0, the oldest this build has kernels for");
+
+  DeviceGuard guard(device_);
+  try {
+    auto host_maps = std::make_unique<DevMaps>();
+    std::memset(host_maps.get(), 0, sizeof(DevMaps));
+    for (int id = 0; id < 4; ++id) host_maps->map[id] = qmap(MapId(id));
+    for (int id = 0; id < 2; ++id) host_maps->table[id] = build_bucket_table(host_maps->map[id]);
+    device_alloc(&maps_, 1, "allocating the quantization maps");
+    check(cudaMemcpy(maps_, host_maps.get(), sizeof(DevMaps), cudaMemcpyHostToDevice), "uploading the quantization maps");
+    device_alloc(&flag_, 1, "allocating the step flag");
+    check(cudaMemset(flag_, 0, sizeof(int32_t)), "cudaMemset");
+    void* pinned = nullptr;
+    check(cudaHostAlloc(&pinned, sizeof(int32_t), cudaHostAllocDefault), "cudaHostAlloc");
+    host_flag_ = static_cast<int32_t*>(pinned);
+    *host_flag_ = 0;
+    check(cudaDeviceSynchronize(), "initialising the CUDA engine");
+  } catch (...) {
+    device_free(maps_);
+    device_free(flag_);
+    if (host_flag_) cudaFreeHost(host_flag_);
+    throw;
+  }
+}
+
+CudaEngine::~CudaEngine() {
+  int prev = 0;
+  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();
+  for (void* p : {static_cast<void*>(maps_), static_cast<void*>(flag_), static_cast<void*>(params_),
+                  static_cast<void*>(dyn_), static_cast<void*>(scalars_), static_cast<void*>(steps_),
+                  static_cast<void*>(chunks_)})
+    device_free(p);
+  if (host_flag_) cudaFreeHost(host_flag_);
+  if (restore) cudaSetDevice(prev);
+}
+
+void* CudaEngine::allocate_zeroed(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail(e == cudaErrorMemoryAllocation ? LOWBIT_ERROR_OUT_OF_MEMORY : LOWBIT_ERROR_CUDA, "could not allocate ", bytes,
+         " bytes of optimizer state on CUDA device ", device_, ": ", cudaGetErrorString(e));
+  }
+  e = cudaMemset(p, 0, bytes);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    fail_cuda(e, "zeroing optimizer state");
+  }
+  return p;
+}
+
+void CudaEngine::release(void* ptr) noexcept {
+  if (!ptr) return;
+  int prev = 0;
+  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
+  cudaSetDevice(device_);
+  cudaDeviceSynchronize();  // no step may still use it
+  cudaFree(ptr);
+  if (restore) cudaSetDevice(prev);
+}
+
+void CudaEngine::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  DeviceGuard guard(device_);
+  check(cudaDeviceSynchronize(), "waiting for the device before reading optimizer state");
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copying optimizer state to the host");
+}
+
+void CudaEngine::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  DeviceGuard guard(device_);
+  check(cudaDeviceSynchronize(), "waiting for the device before writing optimizer state");
+  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copying optimizer state to the device");
+}
+
+void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
+  if (num_params > param_cap_) {
+    int64_t cap = std::max<int64_t>(num_params, param_cap_ * 2);
+    DevParam* p = nullptr;
+    DevDyn* d = nullptr;
+    StepScalars* s = nullptr;
+    int64_t* t = nullptr;
+    try {
+      device_alloc(&p, size_t(cap), "allocating the parameter table");
+      device_alloc(&d, size_t(cap), "allocating the per-step table");
+      device_alloc(&s, size_t(cap), "allocating the scalar table");
+      device_alloc(&t, size_t(cap), "allocating the step counts");
+      check(cudaMemset(t, 0, size_t(cap) * sizeof(int64_t)), "cudaMemset");
+      if (steps_ && param_cap_ > 0)
+        check(cudaMemcpy(t, steps_, size_t(param_cap_) * sizeof(int64_t), cudaMemcpyDeviceToDevice),
+              "copying the step counts");
+    } catch (...) {
+      device_free(p);
+      device_free(d);
+      device_free(s);
+      device_free(t);
+      throw;
+    }
+    device_free(params_);
+    device_free(dyn_);
+    device_free(scalars_);
+    device_free(steps_);
+    params_ = p;
+    dyn_ = d;
+    scalars_ = s;
+    steps_ = t;
+    param_cap_ = cap;
+    dyn_valid_ = false;
+  }
+  if (num_chunks > chunk_cap_) {
+    int64_t cap = std::max<int64_t>(num_chunks, chunk_cap_ * 2);
+    DevChunk* c = nullptr;
+    device_alloc(&c, size_t(cap), "allocating the chunk table");
+    device_free(chunks_);
+    chunks_ = c;
+    chunk_cap_ = cap;
+  }
+}
+
+void CudaEngine::bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
+                      const int32_t* param_group) {
+  LOWBIT_REQUIRE(num_params >= 0 && num_chunks >= 0 && (params || !num_params) && (chunks || !num_chunks),
+                 LOWBIT_ERROR_INTERNAL, "bind: bad table sizes");
+  LOWBIT_REQUIRE(num_params < (int64_t(1) << 31) && num_chunks * kSplit < (int64_t(1) << 31),
+                 LOWBIT_ERROR_UNSUPPORTED, "bind: ", num_params, " params in ", num_chunks,
+                 " chunks exceed the launch limits");
+  std::vector<DevParam> ps(static_cast<size_t>(num_params));
+  for (int64_t i = 0; i < num_params; ++i) ps[size_t(i)] = describe(params[i], i, param_group ? param_group[i] : 0);
+  std::vector<DevChunk> cs(static_cast<size_t>(num_chunks));
+  for (int64_t k = 0; k < num_chunks; ++k) {
+    const Chunk& c = chunks[k];
+    LOWBIT_REQUIRE(c.param >= 0 && c.param < num_params && c.begin >= 0 && c.begin < c.end &&
+                       c.end <= params[c.param].numel && c.begin % kTile == 0,
+                   LOWBIT_ERROR_INTERNAL, "bind: chunk ", k, " [", c.begin, ", ", c.end, ") of param ", c.param,
+                   " is not a tile-aligned range of a registered parameter");
+    DevChunk d;
+    std::memset(&d, 0, sizeof d);
+    d.begin = c.begin;
+    d.end = c.end;
+    d.param = c.param;
+    cs[size_t(k)] = d;
+  }
+  std::vector<int32_t> groups(param_group ? param_group : nullptr, param_group ? param_group + num_params : nullptr);
+  const bool same = ps.size() == bound_params_.size() && cs.size() == bound_chunks_.size() &&
+                    groups == bound_groups_ &&
+                    (ps.empty() || std::memcmp(ps.data(), bound_params_.data(), ps.size() * sizeof(DevParam)) == 0) &&
+                    (cs.empty() || std::memcmp(cs.data(), bound_chunks_.data(), cs.size() * sizeof(DevChunk)) == 0);
+  if (same) return;
+  DeviceGuard guard(device_);
+  // Steps in flight may still read the old tables.
+  check(cudaDeviceSynchronize(), "waiting for the device before updating the parameter tables");
+  grow(num_params, num_chunks);
+  if (num_params)
+    check(cudaMemcpy(params_, ps.data(), ps.size() * sizeof(DevParam), cudaMemcpyHostToDevice),
+          "uploading the parameter table");
+  if (num_chunks)
+    check(cudaMemcpy(chunks_, cs.data(), cs.size() * sizeof(DevChunk), cudaMemcpyHostToDevice),
+          "uploading the chunk table");
+  // Parameters beyond the previously bound ones start at step 0.
+  if (num_params > int64_t(bound_params_.size()))
+    check(cudaMemset(steps_ + bound_params_.size(), 0, size_t(num_params - int64_t(bound_params_.size())) * 8),
+          "cudaMemset");
+  check(cudaDeviceSynchronize(), "uploading the parameter tables");
+  bound_params_ = std::move(ps);
+  bound_chunks_ = std::move(cs);
+  bound_groups_ = std::move(groups);
+}
+
+void CudaEngine::sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks) {
+  int64_t num_params = 0;
+  for (int64_t k = 0; k < num_chunks; ++k) num_params = std::max<int64_t>(num_params, int64_t(chunks[k].param) + 1);
+  bind(params, num_params, chunks, num_chunks, bound_groups_.size() == size_t(num_params) ? bound_groups_.data() : nullptr);
+}
+
+void CudaEngine::set_device_scalars(const lowbit_hparams_t* device_hparams, uint64_t seed) {
+  device_hparams_ = device_hparams;
+  seed_ = seed;
+}
+
+void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream) {
+  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "step: ", num_params,
+                 " params given but ", bound_params_.size(), " bound");
+  dyn_host_.resize(size_t(num_params));
+  scalars_host_.clear();
+  for (int64_t i = 0; i < num_params; ++i) {
+    const ParamView& v = params[i];
+    DevDyn d;
+    std::memset(&d, 0, sizeof d);
+    if (v.grad) {
+      d.grad = v.grad;
+      d.gdtype = dtype_code(v.grad_dtype, "grad");
+      d.grad_al16 = aligned16(v.grad);
+      if (host_scalars) {
+        d.key = v.rounding_key;
+        // Parameters of one group at the same step share their scalars:
+        // reuse the last few entries before appending.
+        int32_t idx = -1;
+        const int32_t n = int32_t(scalars_host_.size());
+        for (int32_t k = n - 1; k >= 0 && k >= n - 8; --k)
+          if (std::memcmp(&scalars_host_[size_t(k)], &v.scalars, sizeof(StepScalars)) == 0) {
+            idx = k;
+            break;
+          }
+        if (idx < 0) {
+          idx = n;
+          scalars_host_.push_back(v.scalars);
+        }
+        d.scalar_idx = idx;
+      }
+    }
+    dyn_host_[size_t(i)] = d;
+  }
+  if (dyn_valid_ && dyn_host_.size() == dyn_uploaded_.size() && scalars_host_.size() == scalars_uploaded_.size() &&
+      (dyn_host_.empty() ||
+       std::memcmp(dyn_host_.data(), dyn_uploaded_.data(), dyn_host_.size() * sizeof(DevDyn)) == 0) &&
+      (scalars_host_.empty() || std::memcmp(scalars_host_.data(), scalars_uploaded_.data(),
+                                            scalars_host_.size() * sizeof(StepScalars)) == 0))
+    return;  // the device already holds exactly these tables
+  const int64_t nd = int64_t(dyn_host_.size()), ns = int64_t(scalars_host_.size());
+  const int64_t batches = std::max((nd + kUploadDyn - 1) / kUploadDyn, (ns + kUploadScalars - 1) / kUploadScalars);
+  dyn_valid_ = false;
+  UploadBatch& b = *batch_;
+  for (int64_t k = 0; k < batches; ++k) {
+    b.dyn_dst = dyn_;
+    b.scalars_dst = scalars_;
+    b.dyn_first = int32_t(std::min<int64_t>(k * kUploadDyn, nd));
+    b.dyn_count = int32_t(std::min<int64_t>(kUploadDyn, nd - b.dyn_first));
+    b.scalars_first = int32_t(std::min<int64_t>(k * kUploadScalars, ns));
+    b.scalars_count = int32_t(std::min<int64_t>(kUploadScalars, ns - b.scalars_first));
+    if (b.dyn_count > 0) std::memcpy(b.dyn, dyn_host_.data() + b.dyn_first, size_t(b.dyn_count) * sizeof(DevDyn));
+    if (b.scalars_count > 0)
+      std::memcpy(b.scalars, scalars_host_.data() + b.scalars_first, size_t(b.scalars_count) * sizeof(StepScalars));
+    launch_upload(b, stream);
+    check(cudaGetLastError(), "launching the per-step table upload");
+  }
+  dyn_uploaded_ = dyn_host_;
+  scalars_uploaded_ = scalars_host_;
+  dyn_valid_ = true;
+}
+
+void CudaEngine::enqueue_check(void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), s), "cudaMemsetAsync");
+  launch_check(CheckArgs{params_, dyn_, chunks_, flag_}, int64_t(bound_chunks_.size()), stream);
+  check(cudaGetLastError(), "launching the non-finite check");
+  check(cudaMemcpyAsync(host_flag_, flag_, sizeof(int32_t), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+}
+
+void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars, void* stream) {
+  const int64_t num_chunks = int64_t(bound_chunks_.size());
+  if (check_nonfinite) enqueue_check(stream);
+  StepArgs a;
+  std::memset(&a, 0, sizeof a);
+  a.params = params_;
+  a.dyn = dyn_;
+  a.scalars = scalars_;
+  a.chunks = chunks_;
+  a.maps = maps_;
+  a.skip_flag = check_nonfinite ? flag_ : nullptr;
+  a.hparams = device_hparams_;
+  a.steps = steps_;
+  a.seed = seed_;
+  a.device_scalars = device_scalars ? 1 : 0;
+  switch (algo) {
+    case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
+    case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
+    case Algo::Lion: launch_step<Algo::Lion>(a, num_chunks, stream); break;
+    case Algo::Sgd: launch_step<Algo::Sgd>(a, num_chunks, stream); break;
+  }
+  check(cudaGetLastError(), "launching the step kernel");
+  if (device_scalars) {
+    launch_finalize(FinalizeArgs{dyn_, steps_, a.skip_flag, int64_t(bound_params_.size())}, stream);
+    check(cudaGetLastError(), "launching the step-count update");
+  }
+}
+
+bool CudaEngine::any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
+  DeviceGuard guard(device_);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture), "cudaStreamIsCapturing");
+  LOWBIT_REQUIRE(capture == cudaStreamCaptureStatusNone, LOWBIT_ERROR_UNSUPPORTED,
+                 "stream: with skip_nonfinite = 1 a step waits for the non-finite check on the host, which a CUDA "
+                 "graph capture does not allow; capture with skip_nonfinite = 0");
+  sync_tables(params, chunks, num_chunks);
+  upload_dyn(params, int64_t(bound_params_.size()), true, stream);
+  enqueue_check(stream);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the non-finite check");
+  return *host_flag_ != 0;
+}
+
+void CudaEngine::step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
+  DeviceGuard guard(device_);
+  sync_tables(params, chunks, num_chunks);
+  upload_dyn(params, int64_t(bound_params_.size()), true, stream);
+  launch_all(algo, false, false, stream);
+}
+
+void CudaEngine::enqueue_step(Algo algo, const ParamView* params, int64_t num_params, bool check_nonfinite,
+                              void* stream) {
+  DeviceGuard guard(device_);
+  const bool device_scalars = device_hparams_ != nullptr;
+  upload_dyn(params, num_params, !device_scalars, stream);
+  launch_all(algo, check_nonfinite, device_scalars, stream);
+}
+
+void CudaEngine::read_steps(int64_t* out, int64_t num_params) {
+  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "read_steps: ", num_params,
+                 " params asked, ", bound_params_.size(), " bound");
+  if (!num_params) return;
+  DeviceGuard guard(device_);
+  check(cudaDeviceSynchronize(), "waiting for the device before reading step counts");
+  check(cudaMemcpy(out, steps_, size_t(num_params) * sizeof(int64_t), cudaMemcpyDeviceToHost), "reading step counts");
+}
+
+void CudaEngine::write_steps(const int64_t* in, int64_t num_params) {
+  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "write_steps: ", num_params,
+                 " params given, ", bound_params_.size(), " bound");
+  if (!num_params) return;
+  DeviceGuard guard(device_);
+  check(cudaDeviceSynchronize(), "waiting for the device before writing step counts");
+  check(cudaMemcpy(steps_, in, size_t(num_params) * sizeof(int64_t), cudaMemcpyHostToDevice), "writing step counts");
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Engine> make_cuda_engine(int device_index) {
+  return std::make_unique<cuda::CudaEngine>(device_index);
+}
+
+}  // namespace lowbit

@@ -1,0 +1,469 @@
+// The fused multi-tensor step kernel. One launch covers every parameter: CUDA
+// block b works on part b % kSplit of chunk b / kSplit of the chunk table
+// (chunks are <= 64K elements of one parameter, begin a multiple of 64K).
+// Inside a block each warp takes whole tiles of 256 elements, 8 consecutive
+// elements per lane, so
+//   - a tile is exactly one 8-bit / FP8 block or two 4-bit blocks (lanes
+//     0-15 and 16-31): block absmax is a warp (or half-warp) shuffle max;
+//   - a 16-bit tensor moves as one 16-byte load per lane, an fp32 one as two,
+//     8-bit codes as 8 bytes, 4-bit codes as 4 bytes, always aligned for the
+//     state (cudaMalloc) and for params/grads whose base is 16-byte aligned;
+//     other bases and the partial last 8 elements of a parameter take a
+//     scalar path into the same register layout.
+// The per-element math is core/update_rules.hpp, the codec is core/codec.cpp
+// step for step (same operations in the same order, no FMA contraction: the
+// CUDA sources are built with --fmad=false), so results match the CPU engine
+// bit for bit. Each lane first issues all loads of a tile, then decodes, so
+// the loads of one tile are in flight together.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "core/float16.hpp"
+#include "core/quant.hpp"
+#include "core/rounding.hpp"
+#include "core/update_rules.hpp"
+#include "cuda/qsearch.hpp"
+#include "cuda/tables.hpp"
+
+namespace lowbit {
+namespace cuda {
+
+struct SharedMap {
+  float values[256];
+  float mids[256];
+  QBucketTable table;
+};
+
+// Raw storage of the 8 elements of one lane (at most 32 bytes).
+struct Raw {
+  uint32_t w[8];
+};
+
+__device__ __forceinline__ void zero(Raw& r) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) r.w[i] = 0u;
+}
+
+__device__ __forceinline__ void ld16(uint32_t* w, const void* p) {
+  uint4 v = __ldcs(static_cast<const uint4*>(p));
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+}
+
+__device__ __forceinline__ void st16(void* p, const uint32_t* w) {
+  __stcs(static_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+}
+
+// Elements [e0, e0 + n) (n <= 8) of a tensor of 4-byte (`wide`) or 2-byte
+// elements into r: element j in word j (wide) or halfword j.
+__device__ __forceinline__ void load_elems(Raw& r, const void* base, bool wide, int64_t e0, int n, bool vec) {
+  if (n == 8 && vec) {
+    if (wide) {
+      const uint32_t* p = static_cast<const uint32_t*>(base) + e0;
+      ld16(r.w, p);
+      ld16(r.w + 4, p + 4);
+    } else {
+      ld16(r.w, static_cast<const uint16_t*>(base) + e0);
+    }
+  } else if (n > 0) {
+    if (wide) {
+      const uint32_t* p = static_cast<const uint32_t*>(base) + e0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) r.w[j] = p[j];
+    } else {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + e0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) r.w[j >> 1] |= uint32_t(p[j]) << (16 * (j & 1));
+    }
+  }
+}
+
+__device__ __forceinline__ void store_elems(void* base, bool wide, int64_t e0, int n, bool vec, const Raw& r) {
+  if (n == 8 && vec) {
+    if (wide) {
+      uint32_t* p = static_cast<uint32_t*>(base) + e0;
+      st16(p, r.w);
+      st16(p + 4, r.w + 4);
+    } else {
+      st16(static_cast<uint16_t*>(base) + e0, r.w);
+    }
+  } else if (n > 0) {
+    if (wide) {
+      uint32_t* p = static_cast<uint32_t*>(base) + e0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) p[j] = r.w[j];
+    } else {
+      uint16_t* p = static_cast<uint16_t*>(base) + e0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) p[j] = uint16_t(r.w[j >> 1] >> (16 * (j & 1)));
+    }
+  }
+}
+
+// `nbytes` bytes at p into r.w[0..1]; `full` (8 or 4) bytes are one aligned load.
+__device__ __forceinline__ void load_bytes(Raw& r, const uint8_t* p, int nbytes, int full) {
+  if (nbytes == full) {
+    if (full == 8) {
+      uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+      r.w[0] = v.x;
+      r.w[1] = v.y;
+    } else {
+      r.w[0] = __ldcs(reinterpret_cast<const unsigned int*>(p));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < nbytes) r.w[j >> 2] |= uint32_t(p[j]) << (8 * (j & 3));
+  }
+}
+
+__device__ __forceinline__ void store_bytes(uint8_t* p, int nbytes, int full, const Raw& r) {
+  if (nbytes == full) {
+    if (full == 8)
+      __stcs(reinterpret_cast<uint2*>(p), make_uint2(r.w[0], r.w[1]));
+    else
+      __stcs(reinterpret_cast<unsigned int*>(p), r.w[0]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < nbytes) p[j] = uint8_t(r.w[j >> 2] >> (8 * (j & 3)));
+  }
+}
+
+__device__ __forceinline__ uint32_t half_at(const Raw& r, int j) { return (r.w[j >> 1] >> (16 * (j & 1))) & 0xFFFFu; }
+__device__ __forceinline__ uint32_t byte_at(const Raw& r, int j) { return (r.w[j >> 2] >> (8 * (j & 3))) & 0xFFu; }
+
+__device__ __forceinline__ void tensor_to_float(uint8_t dtype, const Raw& r, float (&x)[8]) {
+  if (dtype == kF32) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = bits_float(r.w[j]);
+  } else if (dtype == kBF16) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = bf16_to_float(uint16_t(half_at(r, j)));
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = fp16_to_float(uint16_t(half_at(r, j)));
+  }
+}
+
+// ---- moments ----------------------------------------------------------------
+
+struct MomentRef {
+  uint8_t format;  // 0: none
+  void* data;
+  float* scales;
+};
+
+__device__ __forceinline__ void load_moment(Raw& r, float& scale, const MomentRef& mr, int64_t e0, int64_t tile_off,
+                                            int n, int lane) {
+  zero(r);
+  scale = 0.f;
+  if (n == 0) return;
+  switch (mr.format) {
+    case LOWBIT_STATE_FP32: load_elems(r, mr.data, true, e0, n, true); break;
+    case LOWBIT_STATE_BF16: load_elems(r, mr.data, false, e0, n, true); break;
+    case LOWBIT_STATE_8BIT:
+    case LOWBIT_STATE_FP8:
+      load_bytes(r, static_cast<const uint8_t*>(mr.data) + e0, n, 8);
+      scale = __ldcs(mr.scales + tile_off / kBlock8);
+      break;
+    case LOWBIT_STATE_4BIT:
+      load_bytes(r, static_cast<const uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4);
+      scale = __ldcs(mr.scales + tile_off / kBlock4 + (lane >> 4));
+      break;
+    default: break;
+  }
+}
+
+__device__ __forceinline__ void decode_moment(float (&x)[8], uint8_t format, const Raw& r, float scale,
+                                              const SharedMap& sm) {
+  switch (format) {
+    case LOWBIT_STATE_FP32:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = bits_float(r.w[j]);
+      break;
+    case LOWBIT_STATE_BF16:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = bf16_to_float(uint16_t(half_at(r, j)));
+      break;
+    case LOWBIT_STATE_8BIT:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = sm.values[byte_at(r, j)] * scale;
+      break;
+    case LOWBIT_STATE_4BIT:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = sm.values[(r.w[0] >> (4 * j)) & 0xFu] * scale;
+      break;
+    case LOWBIT_STATE_FP8:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = e4m3_to_float(uint8_t(byte_at(r, j))) * scale;
+      break;
+    default:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = 0.f;
+      break;
+  }
+}
+
+// Max of |x[j]| over the valid elements of the lanes of one block: the whole
+// warp (first_offset 16) or each half-warp (first_offset 8). Every lane of
+// the warp must call it.
+__device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int first_offset) {
+  float a = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < n) a = fmaxf(a, fabsf(x[j]));
+  for (int off = first_offset; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+  return a;
+}
+
+// nearest_code() on the 16-entry maps: the same branchless binary search.
+__device__ __forceinline__ int nearest_code16(const float* mids, float x) {
+  int pos = 0;
+#pragma unroll
+  for (int step = 8; step >= 1; step >>= 1)
+    if (x > mids[pos + step - 1]) pos += step;
+  return pos;
+}
+
+__device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const SharedMap& sm, const float (&x)[8],
+                                                    int64_t e0, int64_t tile_off, int n, int lane) {
+  Raw r;
+  zero(r);
+  switch (mr.format) {
+    case LOWBIT_STATE_FP32:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.w[j] = float_bits(x[j]);
+      store_elems(mr.data, true, e0, n, true, r);
+      break;
+    case LOWBIT_STATE_BF16:
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.w[j >> 1] |= uint32_t(float_to_bf16(x[j])) << (16 * (j & 1));
+      store_elems(mr.data, false, e0, n, true, r);
+      break;
+    case LOWBIT_STATE_8BIT: {
+      float absmax = block_absmax(x, n, 16);
+      if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t c = uint32_t(bucket_code(sm.mids, 256, sm.table.below_pos, sm.table.below_neg, normalize(x[j], absmax)));
+        r.w[j >> 2] |= c << (8 * (j & 3));
+      }
+      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
+      break;
+    }
+    case LOWBIT_STATE_4BIT: {
+      float absmax = block_absmax(x, n, 8);
+      if ((lane & 15) == 0 && n > 0) mr.scales[tile_off / kBlock4 + (lane >> 4)] = absmax;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // Past the end of the tensor the high nibble of the last byte is 0.
+        uint32_t c = j < n ? uint32_t(nearest_code16(sm.mids, normalize(x[j], absmax))) : 0u;
+        r.w[0] |= c << (4 * j);
+      }
+      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
+      break;
+    }
+    case LOWBIT_STATE_FP8: {
+      float s = block_absmax(x, n, 16) / kFp8Max;
+      if (lane == 0) mr.scales[tile_off / kBlock8] = s;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t c = s > 0.f ? uint32_t(float_to_e4m3(x[j] / s)) : 0u;
+        r.w[j >> 2] |= c << (8 * (j & 3));
+      }
+      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
+      break;
+    }
+    default: break;
+  }
+}
+
+// ---- params -------------------------------------------------------------------
+
+__device__ __forceinline__ void param_to_float(float (&p)[8], uint8_t dtype, bool ecc, const Raw& r, const Raw& e) {
+  if (dtype == kF32) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = bits_float(r.w[j]);
+  } else if (dtype == kBF16) {
+    if (ecc) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) p[j] = bf16_ecc_to_float(uint16_t(half_at(r, j)), uint8_t(byte_at(e, j)));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) p[j] = bf16_to_float(uint16_t(half_at(r, j)));
+    }
+  } else {
+    if (ecc) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) p[j] = fp16_ecc_to_float(uint16_t(half_at(r, j)), uint8_t(byte_at(e, j)));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) p[j] = fp16_to_float(uint16_t(half_at(r, j)));
+    }
+  }
+}
+
+__device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[8], int64_t e0, int n, uint64_t key) {
+  Raw r;
+  zero(r);
+  if (P.pdtype == kF32) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.w[j] = float_bits(p[j]);
+    store_elems(P.param, true, e0, n, P.param_al16, r);
+    return;
+  }
+  const bool bf16 = P.pdtype == kBF16;
+  if (P.rounding == kEcc) {
+    Raw e;
+    zero(e);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint16_t h;
+      uint8_t b;
+      if (bf16)
+        float_to_bf16_ecc(p[j], h, b);
+      else
+        float_to_fp16_ecc(p[j], h, b);
+      r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
+      e.w[j >> 2] |= uint32_t(b) << (8 * (j & 3));
+    }
+    store_elems(P.param, false, e0, n, P.param_al16, r);
+    if (n > 0) store_bytes(P.ecc + e0, n, 8, e);
+    return;
+  }
+  if (P.rounding == kStochastic) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t bits = random_bits(key, uint64_t(e0 + j));
+      uint16_t h = bf16 ? float_to_bf16_sr(p[j], bits) : float_to_fp16_sr(p[j], bits);
+      r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint16_t h = bf16 ? float_to_bf16(p[j]) : float_to_fp16(p[j]);
+      r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
+    }
+  }
+  store_elems(P.param, false, e0, n, P.param_al16, r);
+}
+
+// ---- scalars -----------------------------------------------------------------
+
+// Optimizer::step_scalars on the device, from the group's hyper-parameters and
+// the parameter's step count (pow/sqrt in double, rounded once to float).
+template <Algo A>
+__device__ __forceinline__ StepScalars device_scalars(const lowbit_hparams_t& h, int64_t t) {
+  StepScalars s{};
+  s.lr = h.lr;
+  s.beta1 = h.beta1;
+  s.beta2 = h.beta2;
+  s.eps = h.eps;
+  s.weight_decay = h.weight_decay;
+  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
+  const bool bc = h.bias_correction && A != Algo::Lion;
+  s.step_size = float(bc ? double(h.lr) / (1.0 - pow(double(h.beta1), double(t))) : double(h.lr));
+  s.inv_sqrt_bc2 = float(bc ? 1.0 / sqrt(1.0 - pow(double(h.beta2), double(t))) : 1.0);
+  s.momentum = h.momentum;
+  s.dampening = h.dampening;
+  s.nesterov = h.nesterov;
+  s.first_step = t == 1;
+  return s;
+}
+
+// ---- the kernel ----------------------------------------------------------------
+
+template <Algo A>
+__global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) {
+  __shared__ SharedMap smap[2];
+  __shared__ StepScalars sscalars;
+  __shared__ uint64_t skey;
+
+  if (args.skip_flag && *static_cast<const volatile int32_t*>(args.skip_flag) != 0) return;
+  const DevChunk ch = args.chunks[blockIdx.x / kSplit];
+  const int part = int(blockIdx.x % kSplit);
+  const DevDyn dyn = args.dyn[ch.param];
+  if (dyn.grad == nullptr) return;
+  const int64_t ntiles = (ch.end - ch.begin + kTile - 1) / kTile;
+  const int64_t t_begin = ntiles * part / kSplit, t_end = ntiles * (part + 1) / kSplit;
+  if (t_begin >= t_end) return;  // all exits so far are uniform over the block
+  const DevParam P = args.params[ch.param];
+
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const uint8_t id = P.map[k];
+    if (k >= P.num_moments || id == kNoMap) continue;
+    const QMap& src = args.maps->map[id];
+    const int n = src.n;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      smap[k].values[i] = src.values[i];
+      if (i < n - 1) smap[k].mids[i] = src.midpoints[i];
+    }
+    if (n == 256) {
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(&args.maps->table[id]);
+      uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k].table);
+      for (int i = threadIdx.x; i < int(sizeof(QBucketTable) / 4); i += kThreads) to[i] = from[i];
+    }
+  }
+  if (threadIdx.x == 0) {
+    if (args.device_scalars) {
+      const int64_t t = args.steps[ch.param] + 1;
+      sscalars = device_scalars<A>(args.hparams[P.group], t);
+      skey = rounding_key(args.seed, uint64_t(ch.param), uint64_t(t));
+    } else {
+      sscalars = args.scalars[dyn.scalar_idx];
+      skey = dyn.key;
+    }
+  }
+  __syncthreads();
+  const StepScalars s = sscalars;
+  const uint64_t key = skey;
+
+  const MomentRef mom0{P.num_moments > 0 ? P.format[0] : uint8_t(0), P.mdata[0], P.mscale[0]};
+  const MomentRef mom1{P.num_moments > 1 ? P.format[1] : uint8_t(0), P.mdata[1], P.mscale[1]};
+  const bool ecc = P.pdtype != kF32 && P.rounding == kEcc;
+  const int lane = int(threadIdx.x & 31u);
+  const int warp = int(threadIdx.x >> 5);
+
+  for (int64_t t = t_begin + warp; t < t_end; t += kWarps) {
+    const int64_t tile_off = ch.begin + t * kTile;
+    const int64_t e0 = tile_off + lane * kElemsPerThread;
+    const int64_t left = ch.end - e0;
+    const int n = left >= 8 ? 8 : (left > 0 ? int(left) : 0);
+
+    // Loads of the whole tile first.
+    Raw graw, praw, eraw, mraw, vraw;
+    float mscale, vscale;
+    zero(graw);
+    zero(praw);
+    zero(eraw);
+    load_elems(graw, dyn.grad, dyn.gdtype == kF32, e0, n, dyn.grad_al16);
+    load_elems(praw, P.param, P.pdtype == kF32, e0, n, P.param_al16);
+    if (ecc && n > 0) load_bytes(eraw, P.ecc + e0, n, 8);
+    load_moment(mraw, mscale, mom0, e0, tile_off, n, lane);
+    load_moment(vraw, vscale, mom1, e0, tile_off, n, lane);
+
+    float g[8], p[8], m[8], v[8];
+    tensor_to_float(dyn.gdtype, graw, g);
+    param_to_float(p, P.pdtype, ecc, praw, eraw);
+    decode_moment(m, mom0.format, mraw, mscale, smap[0]);
+    decode_moment(v, mom1.format, vraw, vscale, smap[1]);
+
+#pragma unroll
+    for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
+
+    encode_store_moment(mom0, smap[0], m, e0, tile_off, n, lane);
+    encode_store_moment(mom1, smap[1], v, e0, tile_off, n, lane);
+    store_param(P, p, e0, n, key);
+  }
+}
+
+}  // namespace cuda
+}  // namespace lowbit

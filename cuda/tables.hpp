@@ -1,0 +1,129 @@
+// What the CUDA kernels read: per-parameter tables (static ones uploaded when
+// the registered set changes, per-step ones uploaded each step through kernel
+// parameters), the block-to-chunk map, and the quantization maps. Plain
+// structs shared by the host code (cuda_engine.cpp, built by the C++
+// compiler) and the kernels (*.cu).
+#pragma once
+#include <cstdint>
+
+#include "core/quant.hpp"
+#include "core/update_rules.hpp"
+#include "cuda/qsearch.hpp"
+#include "lowbit.h"
+
+namespace lowbit {
+namespace cuda {
+
+constexpr int kThreads = 256;                  // threads per CUDA block
+constexpr int kWarps = kThreads / 32;          // one warp updates one tile of kTile = 256 elements
+constexpr int kElemsPerThread = kTile / 32;    // 8: one 16-byte load of a 16-bit tensor
+constexpr int kSplit = 2;                      // CUDA blocks per chunk (a chunk is <= 64K elements)
+static_assert(kElemsPerThread == 8, "the load/store paths assume 8 elements per thread");
+static_assert(kTile == 256 && kBlock8 == 256 && kBlock4 == 128, "a tile is one 8-bit block or two 4-bit blocks");
+
+enum DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum Round : uint8_t { kNearest = 0, kStochastic = 1, kEcc = 2 };
+constexpr uint8_t kNoMap = 255;
+
+// Static description of one parameter: changes only when params are
+// registered (or, defensively, if any of these fields differ between steps).
+struct DevParam {
+  void* param;
+  uint8_t* ecc;
+  void* mdata[2];
+  float* mscale[2];
+  int64_t numel;
+  int32_t group;        // device-scalar mode: index into the group hparams
+  uint8_t pdtype;       // DType
+  uint8_t rounding;     // Round (only for 16-bit params)
+  uint8_t num_moments;  // 0, 1, 2
+  uint8_t param_al16;   // param base is 16-byte aligned
+  uint8_t format[2];    // lowbit_state_format_t of each moment
+  uint8_t map[2];       // MapId of each quantized moment or kNoMap
+  uint8_t pad_[4];
+};
+static_assert(sizeof(DevParam) == 72, "DevParam layout (no implicit padding: tables are compared bytewise)");
+
+// Per-step description of one parameter.
+struct DevDyn {
+  const void* grad;     // nullptr: the parameter is not updated this step
+  uint64_t key;         // stochastic rounding key (host-scalar mode)
+  int32_t scalar_idx;   // index into the step's scalar table (host-scalar mode)
+  uint8_t gdtype;       // DType
+  uint8_t grad_al16;    // grad base is 16-byte aligned
+  uint8_t pad_[2];
+};
+static_assert(sizeof(DevDyn) == 24, "DevDyn layout");
+
+struct DevChunk {
+  int64_t begin, end;  // element range of the parameter; begin is a multiple of kChunkElements
+  int32_t param;
+  int32_t pad_;
+};
+static_assert(sizeof(DevChunk) == 24, "DevChunk layout");
+static_assert(sizeof(StepScalars) == 48, "StepScalars layout (compared bytewise)");
+
+// The four maps of core/qmaps.cpp and the bucket tables of the two 256-code ones.
+struct DevMaps {
+  QMap map[4];
+  QBucketTable table[2];
+};
+
+// Everything the step kernel needs, passed by value.
+struct StepArgs {
+  const DevParam* params;
+  const DevDyn* dyn;
+  const StepScalars* scalars;  // host-scalar mode
+  const DevChunk* chunks;
+  const DevMaps* maps;
+  const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
+  // Device-scalar mode (device_scalars != 0): the scalars of parameter i come
+  // from hparams[params[i].group] and step count steps[i] + 1, as
+  // Optimizer::step_scalars computes them, and the rounding key from seed.
+  const lowbit_hparams_t* hparams;
+  const int64_t* steps;
+  uint64_t seed;
+  int32_t device_scalars;
+  int32_t pad_;
+};
+
+// Per-step tables go to the device as kernel parameters (no staging memory,
+// no host sync, and a captured graph holds the values of the captured step).
+constexpr int kUploadDyn = 1024;
+constexpr int kUploadScalars = 64;
+struct UploadBatch {
+  DevDyn* dyn_dst;
+  StepScalars* scalars_dst;
+  int32_t dyn_first, dyn_count;
+  int32_t scalars_first, scalars_count;
+  DevDyn dyn[kUploadDyn];
+  StepScalars scalars[kUploadScalars];
+};
+static_assert(sizeof(UploadBatch) < 32000, "kernel parameters are limited to 32764 bytes");
+
+struct CheckArgs {
+  const DevParam* params;
+  const DevDyn* dyn;
+  const DevChunk* chunks;
+  int32_t* flag;  // set to 1 when a non-finite gradient element is found
+};
+
+// Device-scalar mode: +1 on the step count of every updated parameter unless
+// the step was skipped.
+struct FinalizeArgs {
+  const DevDyn* dyn;
+  int64_t* steps;
+  const int32_t* skip_flag;  // may be null
+  int64_t num_params;
+};
+
+// Launchers (step_*.cu, aux_kernels.cu). They only enqueue; errors are read
+// by the caller with cudaGetLastError.
+template <Algo A>
+void launch_step(const StepArgs& args, int64_t num_chunks, void* stream);
+void launch_upload(const UploadBatch& batch, void* stream);
+void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
+void launch_finalize(const FinalizeArgs& args, void* stream);
+
+}  // namespace cuda
+}  // namespace lowbit
