@@ -91,7 +91,7 @@ class CpuEngine final : public Engine {
 
   bool any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
     int found = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found) if (num_chunks > 1)
     for (int64_t k = 0; k < num_chunks; ++k) {
       const ParamView& pv = params[chunks[k].param];
       if (pv.grad && chunk_has_nonfinite(pv, chunks[k])) found |= 1;
@@ -100,7 +100,7 @@ class CpuEngine final : public Engine {
   }
 
   void step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (num_chunks > 1)
     for (int64_t k = 0; k < num_chunks; ++k) {
       const ParamView& pv = params[chunks[k].param];
       if (pv.grad) step_chunk(algo, pv, chunks[k]);
