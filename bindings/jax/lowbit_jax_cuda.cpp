@@ -1,0 +1,107 @@
+// XLA FFI handler of the fused step on CUDA ("lowbit_step" on platform CUDA).
+// Built only when the library has a CUDA engine (LOWBIT_CUDA_ENGINE): the
+// buffers are device memory and the work is enqueued on XLA's stream.
+//
+// The step scalars (bias corrections, lr) are computed on the host like the
+// C API does, so lr, count and layout (a few bytes) are copied to the host
+// and the stream synchronised once per step, before any work is enqueued.
+#ifdef LOWBIT_CUDA_ENGINE
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+
+#include "bindings/jax/step_common.hpp"
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* LowbitStepCuda(XLA_FFI_CallFrame* call_frame);
+
+namespace lowbit {
+namespace jaxffi {
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  LOWBIT_REQUIRE(e == cudaSuccess, LOWBIT_ERROR_CUDA, what, ": ", cudaGetErrorString(e));
+}
+
+Engine& cuda_engine() {
+  int device = 0;
+  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+  thread_local std::map<int, std::unique_ptr<Engine>> engines;
+  std::unique_ptr<Engine>& e = engines[device];
+  if (!e) e = make_cuda_engine(device);
+  return *e;
+}
+
+ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layout,
+                    ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets,
+                    int32_t algorithm, float beta1, float beta2, float eps, float momentum, float dampening,
+                    int32_t nesterov, int32_t bias_correction, ffi::Span<const float> weight_decay,
+                    ffi::Span<const int32_t> formats, ffi::Span<const int32_t> rounding, uint64_t seed,
+                    int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names) {
+  return guarded("step", [&] {
+    check_scalar(lr, ffi::DataType::F32, "lr");
+    check_scalar(count, ffi::DataType::S32, "state.count");
+    check_scalar(*count_out, ffi::DataType::S32, "the count output");
+    LOWBIT_REQUIRE(layout.element_type() == ffi::DataType::S32, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "state.layout must be int32, got ", ffi_dtype_name(layout.element_type()));
+    float host_lr = 0.f;
+    int32_t host_count = 0;
+    thread_local std::vector<int32_t> host_layout;
+    host_layout.resize(layout.element_count());
+    cuda_check(cudaMemcpyAsync(&host_lr, lr.untyped_data(), 4, cudaMemcpyDeviceToHost, stream), "copying lr");
+    cuda_check(cudaMemcpyAsync(&host_count, count.untyped_data(), 4, cudaMemcpyDeviceToHost, stream),
+               "copying count");
+    if (!host_layout.empty())
+      cuda_check(cudaMemcpyAsync(host_layout.data(), layout.untyped_data(), layout.size_bytes(),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "copying layout");
+    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+
+    StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
+                weight_decay, formats,   rounding, seed, skip_nonfinite, names};
+    thread_local PreparedStep prep;
+    StepDecoder decoder(a, args, rets);
+    decoder.prepare(host_lr, host_count, host_layout.data(), layout.dimensions(), prep);
+    for (const PreparedStep::Copy& c : prep.copies)
+      cuda_check(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream), "copying state");
+    Engine& engine = cuda_engine();
+    const int64_t num_chunks = int64_t(prep.chunks.size());
+    bool skip = skip_nonfinite && engine.any_nonfinite(prep.views.data(), prep.chunks.data(), num_chunks, stream);
+    if (!skip) engine.step(prep.algo, prep.views.data(), prep.chunks.data(), num_chunks, stream);
+    int32_t next = skip ? host_count : host_count + 1;  // pageable source: staged before the call returns
+    cuda_check(cudaMemcpyAsync(count_out->untyped_data(), &next, 4, cudaMemcpyHostToDevice, stream), "writing count");
+  });
+}
+
+}  // namespace
+}  // namespace jaxffi
+}  // namespace lowbit
+
+namespace ffi = ::xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitStepCuda, lowbit::jaxffi::StepCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // lr
+                                  .Arg<ffi::AnyBuffer>()  // count
+                                  .Arg<ffi::AnyBuffer>()  // layout
+                                  .RemainingArgs()
+                                  .Ret<ffi::AnyBuffer>()  // count
+                                  .RemainingRets()
+                                  .Attr<int32_t>("algorithm")
+                                  .Attr<float>("beta1")
+                                  .Attr<float>("beta2")
+                                  .Attr<float>("eps")
+                                  .Attr<float>("momentum")
+                                  .Attr<float>("dampening")
+                                  .Attr<int32_t>("nesterov")
+                                  .Attr<int32_t>("bias_correction")
+                                  .Attr<ffi::Span<const float>>("weight_decay")
+                                  .Attr<ffi::Span<const int32_t>>("formats")
+                                  .Attr<ffi::Span<const int32_t>>("rounding")
+                                  .Attr<uint64_t>("seed")
+                                  .Attr<int32_t>("skip_nonfinite")
+                                  .Attr<int32_t>("num_threads")
+                                  .Attr<std::string_view>("names"));
+
+#endif  // LOWBIT_CUDA_ENGINE

@@ -1,0 +1,416 @@
+// The device-independent part of the JAX fused step: decoding the FFI call
+// frame into lowbit::ParamViews over the XLA buffers, with every check made
+// before anything is written, then one call of the engine's step (the same
+// engine and per-element code as lowbit_optimizer_step).
+//
+// Call protocol (kept in sync with bindings/lowbit/jax.py, kProtocolVersion):
+//   inputs   0: lr      f32[]          learning rate of this step (a buffer so
+//                                      that a schedule can produce it under jit)
+//            1: count   s32[]          steps applied so far (t - 1)
+//            2: layout  s32[N, 3]      per param, as recorded at init:
+//                                      format of moment 0, of moment 1, rounding
+//            3 + 7 i + k, k = 0..6:    param i, grad i, mu, mu_scale, nu,
+//                                      nu_scale, ecc (absent parts: 0 elements)
+//   outputs  0: count (aliases input 1), +1 unless the step was skipped
+//            1 + 6 i + k, k = 0..5:    param, mu, mu_scale, nu, nu_scale, ecc,
+//                                      each aliasing its input
+//   attributes: algorithm (s32, lowbit_algorithm_t), beta1, beta2, eps,
+//            momentum, dampening (f32), nesterov, bias_correction (s32),
+//            weight_decay (f32[N]), formats (s32[2N]: lowbit_state_format_t of
+//            each moment, 0 where the algorithm keeps no such moment),
+//            rounding (s32[N]: 0 nearest, 1 stochastic, 2 error correction),
+//            seed (u64), skip_nonfinite (s32), num_threads (s32),
+//            names (string: the N leaf names separated by '\n', for messages).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/engine.hpp"
+#include "core/error.hpp"
+#include "core/rounding.hpp"
+#include "core/state.hpp"
+#include "core/validation.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace lowbit {
+namespace jaxffi {
+
+namespace ffi = ::xla::ffi;
+
+// Bumped whenever the buffer or attribute layout above changes; the Python
+// side refuses a module with another version.
+constexpr int32_t kProtocolVersion = 1;
+constexpr size_t kLeadingArgs = 3;
+constexpr size_t kArgsPerParam = 7;
+constexpr size_t kRetsPerParam = 6;
+
+struct StepAttrs {
+  int32_t algorithm;
+  float beta1, beta2, eps, momentum, dampening;
+  int32_t nesterov, bias_correction;
+  ffi::Span<const float> weight_decay;
+  ffi::Span<const int32_t> formats;
+  ffi::Span<const int32_t> rounding;
+  uint64_t seed;
+  int32_t skip_nonfinite;
+  std::string_view names;
+};
+
+inline const char* ffi_dtype_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S8: return "int8";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::S32: return "int32";
+    case ffi::DataType::S64: return "int64";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U16: return "uint16";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::U64: return "uint64";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::F64: return "float64";
+    case ffi::DataType::BF16: return "bfloat16";
+    default: return "an unsupported dtype";
+  }
+}
+
+inline bool to_lowbit_dtype(ffi::DataType t, lowbit_dtype_t* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = LOWBIT_DTYPE_FLOAT32; return true;
+    case ffi::DataType::BF16: *out = LOWBIT_DTYPE_BFLOAT16; return true;
+    case ffi::DataType::F16: *out = LOWBIT_DTYPE_FLOAT16; return true;
+    default: return false;
+  }
+}
+
+// The element type a moment's data buffer must have in a given format.
+inline ffi::DataType moment_data_dtype(lowbit_state_format_t f) {
+  switch (f) {
+    case LOWBIT_STATE_FP32: return ffi::DataType::F32;
+    case LOWBIT_STATE_BF16: return ffi::DataType::BF16;
+    default: return ffi::DataType::U8;
+  }
+}
+
+inline std::string shape_string(ffi::Span<const int64_t> dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  if (dims.size() == 1) s += ",";
+  return s + ")";
+}
+
+inline const char* rounding_name(int32_t r) {
+  switch (r) {
+    case 0: return "nearest";
+    case 1: return "stochastic";
+    case 2: return "error-correction";
+  }
+  return "unknown";
+}
+
+inline std::string formats_string(int32_t f0, int32_t f1, int32_t r) {
+  auto name = [](int32_t f) { return f == 0 ? "none" : format_name(lowbit_state_format_t(f)); };
+  return concat("(moment 0: ", name(f0), ", moment 1: ", name(f1), ", rounding: ", rounding_name(r), ")");
+}
+
+inline Algo engine_algo(lowbit_algorithm_t a) {
+  switch (a) {
+    case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
+    case LOWBIT_ALGORITHM_LION: return Algo::Lion;
+    case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
+    default: return Algo::AdamW;
+  }
+}
+
+// The same scalars as Optimizer::step_scalars (core/optimizer.cpp) for a param
+// that has taken `step` steps: host double arithmetic, rounded once.
+inline StepScalars make_step_scalars(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm, int64_t step) {
+  double t = double(step + 1);
+  StepScalars s{};
+  s.lr = h.lr;
+  s.beta1 = h.beta1;
+  s.beta2 = h.beta2;
+  s.eps = h.eps;
+  s.weight_decay = h.weight_decay;
+  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
+  bool bc = h.bias_correction && algorithm != LOWBIT_ALGORITHM_LION;
+  s.step_size = float(bc ? double(h.lr) / (1.0 - std::pow(double(h.beta1), t)) : double(h.lr));
+  s.inv_sqrt_bc2 = float(bc ? 1.0 / std::sqrt(1.0 - std::pow(double(h.beta2), t)) : 1.0);
+  s.momentum = h.momentum;
+  s.dampening = h.dampening;
+  s.nesterov = h.nesterov;
+  s.first_step = step == 0;
+  return s;
+}
+
+inline ffi::ErrorCode error_code(lowbit_status_t s) {
+  switch (s) {
+    case LOWBIT_ERROR_INVALID_ARGUMENT:
+    case LOWBIT_ERROR_NULL_POINTER: return ffi::ErrorCode::kInvalidArgument;
+    case LOWBIT_ERROR_UNSUPPORTED: return ffi::ErrorCode::kUnimplemented;
+    case LOWBIT_ERROR_OUT_OF_MEMORY: return ffi::ErrorCode::kResourceExhausted;
+    case LOWBIT_ERROR_INVALID_STATE: return ffi::ErrorCode::kFailedPrecondition;
+    default: return ffi::ErrorCode::kInternal;
+  }
+}
+
+// Runs `body`, turning every exception into an ffi::Error with the message
+// (no exception may cross into XLA).
+template <class Body>
+ffi::Error guarded(const char* what, Body&& body) {
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const Error& e) {
+    return ffi::Error(error_code(e.status()), concat("lowbit ", what, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, concat("lowbit ", what, ": internal error: ", e.what()));
+  } catch (...) {
+    return ffi::Error(ffi::ErrorCode::kInternal, concat("lowbit ", what, ": internal error"));
+  }
+}
+
+inline void check_scalar(const ffi::AnyBuffer& b, ffi::DataType dtype, const char* what) {
+  LOWBIT_REQUIRE(b.element_type() == dtype && b.dimensions().size() == 0, LOWBIT_ERROR_INVALID_ARGUMENT, what,
+                 " must be a ", ffi_dtype_name(dtype), " scalar, got ", ffi_dtype_name(b.element_type()),
+                 shape_string(b.dimensions()));
+}
+
+// One parameter's buffers.
+struct LeafBuffers {
+  ffi::AnyBuffer in[kArgsPerParam];
+  ffi::AnyBuffer out[kRetsPerParam];
+};
+
+inline ffi::AnyBuffer arg_buffer(const ffi::RemainingArgs& args, size_t i) {
+  auto b = args.get<ffi::AnyBuffer>(i);
+  if (!b) fail(LOWBIT_ERROR_INVALID_ARGUMENT, "input ", i + kLeadingArgs, " is not a buffer");
+  return *b;
+}
+
+inline ffi::AnyBuffer ret_buffer(const ffi::RemainingRets& rets, size_t i) {
+  auto b = rets.get<ffi::AnyBuffer>(i);
+  if (!b) fail(LOWBIT_ERROR_INVALID_ARGUMENT, "output ", i + 1, " is not a buffer");
+  return **b;
+}
+
+// Everything decoded and checked; views point at the output buffers.
+struct PreparedStep {
+  Algo algo;
+  std::vector<ParamView> views;
+  std::vector<Chunk> chunks;
+  // (dst, src, bytes): inputs to copy into outputs that XLA did not alias.
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Copy> copies;
+};
+
+class StepDecoder {
+ public:
+  StepDecoder(const StepAttrs& a, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets)
+      : a_(a), args_(args), rets_(rets) {}
+
+  // `lr`, `count` and `layout` are host copies of inputs 0..2; `layout_dims`
+  // the dims of input 2.
+  void prepare(float lr, int32_t count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
+               PreparedStep& out) {
+    const lowbit_algorithm_t algorithm = lowbit_algorithm_t(a_.algorithm);
+    LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", a_.algorithm,
+                   " is not one of adamw (1), adam (2), lion (3), sgd (4)");
+    LOWBIT_REQUIRE(args_.size() % kArgsPerParam == 0 && args_.size() > 0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "expected 3 + 7 * N inputs (lr, count, layout, then param, grad, mu, mu_scale, nu, nu_scale, ecc "
+                   "per param), got ",
+                   args_.size() + kLeadingArgs);
+    const size_t n = args_.size() / kArgsPerParam;
+    LOWBIT_REQUIRE(rets_.size() == n * kRetsPerParam, LOWBIT_ERROR_INVALID_ARGUMENT, "expected 1 + 6 * ", n,
+                   " outputs, got ", rets_.size() + 1);
+    LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "attributes weight_decay/rounding/formats have ",
+                   a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), " entries for ", n,
+                   " params (expected N/N/2N)");
+    split_names(n);
+    LOWBIT_REQUIRE(count >= 0 && count < INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ", count,
+                   " must be in [0, 2^31 - 1)");
+    LOWBIT_REQUIRE(layout_dims.size() == 2 && layout_dims[0] == int64_t(n) && layout_dims[1] == 3,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "state.layout has shape ", shape_string(layout_dims),
+                   " but the optimizer has ", n, " params: expected (", n,
+                   ", 3) (a state made by init() for another params tree?)");
+
+    lowbit_hparams_t h{};
+    h.struct_size = sizeof(h);
+    h.lr = lr;
+    h.beta1 = a_.beta1;
+    h.beta2 = a_.beta2;
+    h.eps = a_.eps;
+    h.momentum = a_.momentum;
+    h.dampening = a_.dampening;
+    h.nesterov = a_.nesterov;
+    h.bias_correction = a_.bias_correction;
+
+    out.algo = engine_algo(algorithm);
+    out.views.assign(n, ParamView{});
+    out.chunks.clear();
+    out.copies.clear();
+    const int num_moments = moment_count(algorithm, a_.momentum);
+    for (size_t i = 0; i < n; ++i) {
+      h.weight_decay = a_.weight_decay[i];
+      try {
+        check_hparams(h, algorithm);
+      } catch (const Error& e) {
+        fail(e.status(), e.what(), " (param ", name(i), ")");
+      }
+      LeafBuffers b = leaf(i);
+      ParamView& v = out.views[i];
+      check_leaf(i, b, num_moments, layout + 3 * i, v);
+      v.scalars = make_step_scalars(h, algorithm, count);
+      v.rounding_key = rounding_key(a_.seed, uint64_t(i), uint64_t(count) + 1);
+      append_chunks(out.chunks, int32_t(i), v.numel);
+      // Views write into the outputs; an output XLA did not alias to its
+      // input starts as a copy of it.
+      static const int in_of_out[kRetsPerParam] = {0, 2, 3, 4, 5, 6};
+      for (size_t k = 0; k < kRetsPerParam; ++k) {
+        const ffi::AnyBuffer& src = b.in[in_of_out[k]];
+        const ffi::AnyBuffer& dst = b.out[k];
+        if (src.size_bytes() && dst.untyped_data() != src.untyped_data())
+          out.copies.push_back({dst.untyped_data(), src.untyped_data(), src.size_bytes()});
+      }
+    }
+  }
+
+ private:
+  LeafBuffers leaf(size_t i) const {
+    LeafBuffers b{{arg_buffer(args_, kArgsPerParam * i), arg_buffer(args_, kArgsPerParam * i + 1),
+                   arg_buffer(args_, kArgsPerParam * i + 2), arg_buffer(args_, kArgsPerParam * i + 3),
+                   arg_buffer(args_, kArgsPerParam * i + 4), arg_buffer(args_, kArgsPerParam * i + 5),
+                   arg_buffer(args_, kArgsPerParam * i + 6)},
+                  {ret_buffer(rets_, kRetsPerParam * i), ret_buffer(rets_, kRetsPerParam * i + 1),
+                   ret_buffer(rets_, kRetsPerParam * i + 2), ret_buffer(rets_, kRetsPerParam * i + 3),
+                   ret_buffer(rets_, kRetsPerParam * i + 4), ret_buffer(rets_, kRetsPerParam * i + 5)}};
+    return b;
+  }
+
+  void split_names(size_t n) {
+    names_.clear();
+    std::string_view s = a_.names;
+    for (size_t cut; !s.empty(); s.remove_prefix(cut + 1)) {
+      cut = s.find('\n');
+      names_.push_back(s.substr(0, cut));
+      if (cut == std::string_view::npos) break;
+    }
+    if (names_.size() != n) names_.clear();  // names are only for messages
+  }
+
+  std::string name(size_t i) const {
+    if (i < names_.size() && !names_[i].empty()) return concat("'", names_[i], "' (leaf ", i, ")");
+    return concat("leaf ", i);
+  }
+
+  void check_size(size_t i, const char* part, const ffi::AnyBuffer& b, ffi::DataType dtype, int64_t elements,
+                  const char* why) const {
+    if (int64_t(b.element_count()) == elements && (elements == 0 || b.element_type() == dtype)) return;
+    std::string need = elements ? concat(ffi_dtype_name(dtype), "(", elements, ",)") : std::string("an empty array");
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": state ", part, " is ", ffi_dtype_name(b.element_type()),
+         shape_string(b.dimensions()), " but ", why, " needs ", need,
+         " (a state made for another param, dtype or format?)");
+  }
+
+  void check_leaf(size_t i, const LeafBuffers& b, int num_moments, const int32_t* recorded, ParamView& v) const {
+    const ffi::AnyBuffer& param = b.in[0];
+    const ffi::AnyBuffer& grad = b.in[1];
+    LOWBIT_REQUIRE(to_lowbit_dtype(param.element_type(), &v.param_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+                   name(i), " has dtype ", ffi_dtype_name(param.element_type()),
+                   "; lowbit updates float32, bfloat16 and float16 params");
+    LOWBIT_REQUIRE(to_lowbit_dtype(grad.element_type(), &v.grad_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ",
+                   name(i), " has dtype ", ffi_dtype_name(grad.element_type()),
+                   "; gradients must be float32, bfloat16 or float16");
+    LOWBIT_REQUIRE(param.dimensions() == grad.dimensions(), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", name(i),
+                   " has shape ", shape_string(grad.dimensions()), " but the param has shape ",
+                   shape_string(param.dimensions()));
+    const int64_t numel = int64_t(param.element_count());
+    v.numel = numel;
+    v.param = b.out[0].untyped_data();
+    v.grad = grad.untyped_data();
+    v.num_moments = num_moments;
+
+    const int32_t f[2] = {a_.formats[2 * i], a_.formats[2 * i + 1]};
+    const int32_t rounding = a_.rounding[i];
+    LOWBIT_REQUIRE(recorded[0] == f[0] && recorded[1] == f[1] && recorded[2] == rounding,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": the state was created with ",
+                   formats_string(recorded[0], recorded[1], recorded[2]), " but this optimizer uses ",
+                   formats_string(f[0], f[1], rounding), " for it");
+    static const char* const data_part[2] = {"mu", "nu"};
+    static const char* const scale_part[2] = {"mu_scale", "nu_scale"};
+    for (int m = 0; m < 2; ++m) {
+      const ffi::AnyBuffer& data = b.in[2 + 2 * m];
+      const ffi::AnyBuffer& scales = b.in[3 + 2 * m];
+      if (m >= num_moments) {
+        LOWBIT_REQUIRE(f[m] == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": formats[", 2 * i + m,
+                       "] = ", f[m], " but the algorithm keeps only ", num_moments, " moments (expected 0)");
+        check_size(i, data_part[m], data, ffi::DataType::F32, 0, "an algorithm without this moment");
+        check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, "an algorithm without this moment");
+        continue;
+      }
+      LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+                     name(i), ": formats[", 2 * i + m, "] = ", f[m], " is not a lowbit_state_format_t value");
+      const lowbit_state_format_t fmt = lowbit_state_format_t(f[m]);
+      const ffi::DataType ddt = moment_data_dtype(fmt);
+      const int64_t elem_bytes = ddt == ffi::DataType::F32 ? 4 : (ddt == ffi::DataType::BF16 ? 2 : 1);
+      const int64_t data_elems = moment_data_bytes(fmt, numel) / elem_bytes;
+      std::string why = concat("the ", format_name(fmt), " format of a ", numel, "-element param");
+      check_size(i, data_part[m], data, ddt, data_elems, why.c_str());
+      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, numel) / 4, why.c_str());
+      MomentView& mv = v.moment[m];
+      mv.format = fmt;
+      mv.data = b.out[1 + 2 * m].untyped_data();
+      mv.scales = static_cast<float*>(b.out[2 + 2 * m].untyped_data());
+      mv.map = moment_map(fmt, m);
+    }
+    const ffi::AnyBuffer& ecc = b.in[6];
+    switch (rounding) {
+      case 0: v.rounding = WeightRounding::Nearest; break;
+      case 1: v.rounding = WeightRounding::Stochastic; break;
+      case 2: v.rounding = WeightRounding::ErrorCorrection; break;
+      default:
+        fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": rounding[", i, "] = ", rounding,
+             " must be 0 (nearest), 1 (stochastic) or 2 (error correction)");
+    }
+    LOWBIT_REQUIRE(rounding == 0 || v.param_dtype != LOWBIT_DTYPE_FLOAT32, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+                   name(i), ": ", rounding_name(rounding), " rounding applies to 16-bit params, this one is float32");
+    if (v.rounding == WeightRounding::ErrorCorrection) {
+      check_size(i, "ecc", ecc, ffi::DataType::U8, numel, "error correction of this param");
+      v.ecc = static_cast<uint8_t*>(b.out[5].untyped_data());
+    } else {
+      check_size(i, "ecc", ecc, ffi::DataType::U8, 0, "a param without error correction");
+    }
+    // Outputs must mirror their inputs (XLA aliasing guarantees it; checked
+    // so that a hand-written call cannot make the engine overrun a buffer).
+    static const int in_of_out[kRetsPerParam] = {0, 2, 3, 4, 5, 6};
+    static const char* const out_part[kRetsPerParam] = {"param", "mu", "mu_scale", "nu", "nu_scale", "ecc"};
+    for (size_t k = 0; k < kRetsPerParam; ++k) {
+      const ffi::AnyBuffer& src = b.in[in_of_out[k]];
+      const ffi::AnyBuffer& dst = b.out[k];
+      LOWBIT_REQUIRE(src.element_type() == dst.element_type() && src.element_count() == dst.element_count(),
+                     LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": output ", out_part[k], " is ",
+                     ffi_dtype_name(dst.element_type()), shape_string(dst.dimensions()), " but its input is ",
+                     ffi_dtype_name(src.element_type()), shape_string(src.dimensions()));
+    }
+  }
+
+  const StepAttrs& a_;
+  const ffi::RemainingArgs& args_;
+  const ffi::RemainingRets& rets_;
+  std::vector<std::string_view> names_;
+};
+
+}  // namespace jaxffi
+}  // namespace lowbit

@@ -1,0 +1,579 @@
+"""lowbit for JAX: optax-compatible optimizers with low-bit state.
+
+Each optimizer step is one XLA FFI custom call (``lowbit_step``) into
+``liblowbit_jax``, which runs the library's own engine (the code behind the C
+API): dequantize state, update in fp32, requantize, write params and state,
+in one pass and in place (the outputs alias the inputs).
+
+    import optax, lowbit.jax as ljax
+
+    opt = ljax.adamw(1e-3, state_format="8bit")
+    state = opt.init(params)
+
+    # optax style: updates = new_params - params
+    updates, state = opt.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+
+    # or the direct fused step, in place when params and state are donated:
+    step = jax.jit(opt.step, donate_argnums=(0, 2))
+    params, state = step(params, grads, state)
+
+State formats are those of the C API: ``"fp32"``, ``"bf16"``, ``"8bit"``,
+``"4bit"``, ``"fp8"``; params with fewer than ``min_quantized_numel`` (4096)
+elements keep fp32 state when a quantized format is asked for. The state is a
+pytree of arrays (:class:`LowbitState`), so it checkpoints with ordinary JAX
+tools. Its arrays are the library's storage, flattened: moment data
+(float32, bfloat16 or uint8 codes), one float32 scale per block, the
+error-correction bytes of 16-bit params, an int32 step count, and the layout
+(formats and rounding of each param) that the step checks on every call.
+
+Semantics of ``update``: optax wants updates, the fused step computes new
+params, so ``update`` returns ``new_params - params`` computed in the param
+dtype. ``optax.apply_updates`` then gives back ``new_params`` exactly whenever
+that subtraction is exact, which holds when a weight changes by less than a
+factor of two in a step (Sterbenz); for 16-bit params it is exact only in the
+param dtype. ``step`` has no such caveat and, jitted with donation, updates
+params and state without copies.
+
+The shared library is found through the environment variable
+``LOWBIT_JAX_LIBRARY``, else next to ``LOWBIT_LIBRARY`` (build trees write both
+into the build directory), else inside this package.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import threading
+from typing import Any, Callable, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._capi import Algorithm, StateFormat
+
+__all__ = [
+    "LIBRARY_ENV",
+    "LowbitState",
+    "LowbitTransformation",
+    "adam",
+    "adamw",
+    "library_path",
+    "lion",
+    "moments",
+    "sgd",
+]
+
+LIBRARY_ENV = "LOWBIT_JAX_LIBRARY"
+PROTOCOL_VERSION = 1  # bindings/jax/step_common.hpp kProtocolVersion
+
+_MODULE_NAME = "liblowbit_jax.so"  # CMake names MODULE libraries .so on Linux and macOS
+
+_STEP_TARGET = "lowbit_step"
+_DECODE_TARGET = "lowbit_decode_moment"
+
+_FORMATS = {
+    "fp32": StateFormat.FP32,
+    "float32": StateFormat.FP32,
+    "bf16": StateFormat.BF16,
+    "bfloat16": StateFormat.BF16,
+    "8bit": StateFormat.BIT8,
+    "int8": StateFormat.BIT8,
+    "4bit": StateFormat.BIT4,
+    "int4": StateFormat.BIT4,
+    "fp8": StateFormat.FP8,
+    "e4m3": StateFormat.FP8,
+}
+_QUANTIZED = (StateFormat.BIT8, StateFormat.BIT4, StateFormat.FP8)
+_BLOCK = {StateFormat.BIT8: 256, StateFormat.FP8: 256, StateFormat.BIT4: 128}
+_PARAM_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+ROUND_NEAREST, ROUND_STOCHASTIC, ROUND_ERROR_CORRECTION = 0, 1, 2
+
+
+# ----------------------------------------------------------------- the module
+
+
+class _Module:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.lib = None
+        self.path = None
+        self.has_cuda = False
+
+    def _candidates(self):
+        env = os.environ.get(LIBRARY_ENV)
+        if env:
+            yield env, LIBRARY_ENV
+            return
+        lib = os.environ.get("LOWBIT_LIBRARY")
+        if lib:
+            yield os.path.join(os.path.dirname(os.path.abspath(lib)), _MODULE_NAME), "LOWBIT_LIBRARY"
+        yield os.path.join(os.path.dirname(os.path.abspath(__file__)), _MODULE_NAME), None
+
+    def load(self):
+        if self.lib is not None:
+            return self.lib
+        with self._lock:
+            if self.lib is not None:
+                return self.lib
+            tried = []
+            for path, source in self._candidates():
+                if source == LIBRARY_ENV and not os.path.exists(path):
+                    raise ImportError(f"{LIBRARY_ENV}={path!r} does not exist (it must name liblowbit_jax.so)")
+                if not os.path.exists(path):
+                    tried.append(path)
+                    continue
+                lib = ctypes.CDLL(path)
+                lib.lowbit_jax_protocol_version.restype = ctypes.c_int32
+                version = lib.lowbit_jax_protocol_version()
+                if version != PROTOCOL_VERSION:
+                    raise ImportError(
+                        f"{path} speaks FFI protocol {version}, this lowbit.jax expects {PROTOCOL_VERSION} "
+                        "(rebuild liblowbit_jax)"
+                    )
+                lib.lowbit_jax_has_cuda.restype = ctypes.c_int32
+                lib.lowbit_jax_check_hparams.restype = ctypes.c_int32
+                lib.lowbit_jax_check_hparams.argtypes = [ctypes.c_int32] + [ctypes.c_float] * 7 + [
+                    ctypes.c_int32,
+                    ctypes.c_int32,
+                    ctypes.c_char_p,
+                    ctypes.c_int64,
+                ]
+                jax.ffi.register_ffi_target(_STEP_TARGET, jax.ffi.pycapsule(lib.LowbitStepCpu), platform="cpu")
+                jax.ffi.register_ffi_target(_DECODE_TARGET, jax.ffi.pycapsule(lib.LowbitDecodeCpu), platform="cpu")
+                self.has_cuda = bool(lib.lowbit_jax_has_cuda())
+                if self.has_cuda:
+                    jax.ffi.register_ffi_target(_STEP_TARGET, jax.ffi.pycapsule(lib.LowbitStepCuda), platform="CUDA")
+                self.path = path
+                self.lib = lib
+                return lib
+            raise ImportError(
+                "liblowbit_jax was not found (looked for " + ", ".join(tried) + "). It is built with the library "
+                "when jax is importable at CMake configure time (`cmake --build <build> --target lowbit_jax`); "
+                f"point {LIBRARY_ENV} at it, or LOWBIT_LIBRARY at a liblowbit.so in the same directory."
+            )
+
+
+_MODULE = _Module()
+
+
+def library_path() -> str:
+    """Path of the loaded liblowbit_jax (loading it if needed)."""
+    _MODULE.load()
+    return _MODULE.path
+
+
+def _check_hparams(algorithm, lr, b1, b2, eps, wd, momentum, dampening, nesterov, bias_correction):
+    lib = _MODULE.load()
+    buf = ctypes.create_string_buffer(512)
+    status = lib.lowbit_jax_check_hparams(
+        int(algorithm), lr, b1, b2, eps, wd, momentum, dampening, int(nesterov), int(bias_correction), buf, 512
+    )
+    if status:
+        raise ValueError(f"lowbit.jax: {buf.value.decode('utf-8', 'replace')}")
+
+
+# ----------------------------------------------------------------- state
+
+
+class LowbitState(NamedTuple):
+    """Optimizer state. ``mu``/``nu`` (moment data), ``mu_scale``/``nu_scale``
+    (per-block float32 scales) and ``ecc`` (error-correction bytes) are pytrees
+    with the structure of the params whose leaves are flat arrays, empty where
+    a param has no such part. ``count`` is the number of steps applied (a
+    skipped non-finite step does not count); ``layout[i]`` = (format of moment
+    0, format of moment 1, rounding) of leaf i, as lowbit_state_format_t
+    values (0: no such moment) and 0 nearest / 1 stochastic / 2 error
+    correction."""
+
+    count: jax.Array
+    layout: jax.Array
+    mu: Any
+    mu_scale: Any
+    nu: Any
+    nu_scale: Any
+    ecc: Any
+
+
+try:  # optax is optional: with it, the transformation is an optax one
+    import optax as _optax
+
+    _TransformationBase = _optax.GradientTransformation
+except ImportError:  # pragma: no cover - exercised only without optax
+
+    class _TransformationBase(NamedTuple):
+        init: Callable
+        update: Callable
+
+
+class LowbitTransformation(_TransformationBase):
+    """An optax ``GradientTransformation`` (``init``, ``update``) that also has
+    ``step(params, grads, state) -> (new_params, new_state)``, the fused step
+    without the updates round trip, and ``config`` (the settings)."""
+
+    # A NamedTuple subclass without __slots__: instances take attributes.
+    def __repr__(self):
+        cfg = getattr(self, "config", None)
+        return f"LowbitTransformation({cfg!r})" if cfg is not None else super().__repr__()
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    algorithm: Algorithm
+    learning_rate: Union[float, Callable]
+    b1: float = 0.0
+    b2: float = 0.0
+    eps: float = 0.0
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    bias_correction: bool = True
+    mask: Any = None
+    state_format: StateFormat = StateFormat.FP32
+    second_state_format: Optional[StateFormat] = None
+    min_quantized_numel: int = 4096
+    stochastic_rounding: bool = False
+    error_correction: bool = False
+    seed: int = 0
+    skip_nonfinite: bool = True
+    num_threads: int = 0
+
+
+def _parse_format(fmt, arg):
+    if fmt is None:
+        return None
+    if isinstance(fmt, StateFormat):
+        if fmt == StateFormat.DEFAULT:
+            return None
+        return fmt
+    key = fmt.lower() if isinstance(fmt, str) else fmt
+    if key not in _FORMATS:
+        raise ValueError(f"lowbit.jax: {arg}={fmt!r} is not one of {sorted(_FORMATS)}")
+    return _FORMATS[key]
+
+
+def _num_moments(cfg: Config) -> int:
+    if cfg.algorithm in (Algorithm.ADAMW, Algorithm.ADAM):
+        return 2
+    if cfg.algorithm == Algorithm.LION:
+        return 1
+    return 1 if cfg.momentum != 0 else 0
+
+
+def _resolve(fmt, numel, cfg: Config) -> StateFormat:
+    # As Optimizer::resolve_format for a param registered without an explicit
+    # format: the optimizer's format, fp32 under the threshold if quantized.
+    f = StateFormat.FP32 if fmt is None else fmt
+    if f in _QUANTIZED and numel < cfg.min_quantized_numel:
+        return StateFormat.FP32
+    return f
+
+
+class _Leaf(NamedTuple):
+    formats: tuple  # (moment 0, moment 1) lowbit_state_format_t values, 0 = none
+    rounding: int
+
+
+def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
+    dtype = jnp.dtype(dtype)
+    if dtype not in _PARAM_DTYPES:
+        raise TypeError(f"lowbit.jax: param {name} has dtype {dtype}; lowbit updates float32, bfloat16 and float16")
+    numel = int(np.prod(shape, dtype=np.int64))
+    n = _num_moments(cfg)
+    first = _resolve(cfg.state_format, numel, cfg)
+    second = _resolve(cfg.second_state_format if cfg.second_state_format is not None else cfg.state_format, numel,
+                      cfg)
+    formats = tuple(int(f) if m < n else 0 for m, f in enumerate((first, second)))
+    rounding = ROUND_NEAREST
+    if dtype != jnp.float32:
+        if cfg.error_correction:
+            rounding = ROUND_ERROR_CORRECTION
+        elif cfg.stochastic_rounding:
+            rounding = ROUND_STOCHASTIC
+    return _Leaf(formats, rounding)
+
+
+def _moment_arrays(fmt, numel):
+    if fmt == 0:
+        return jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
+    fmt = StateFormat(fmt)
+    if fmt == StateFormat.FP32:
+        data = jnp.zeros((numel,), jnp.float32)
+    elif fmt == StateFormat.BF16:
+        data = jnp.zeros((numel,), jnp.bfloat16)
+    elif fmt == StateFormat.BIT4:
+        data = jnp.zeros(((numel + 1) // 2,), jnp.uint8)
+    else:
+        data = jnp.zeros((numel,), jnp.uint8)
+    blocks = -(-numel // _BLOCK[fmt]) if fmt in _QUANTIZED else 0
+    return data, jnp.zeros((blocks,), jnp.float32)
+
+
+def _leaf_names(params):
+    paths, _ = jax.tree_util.tree_flatten_with_path(params)
+    return [jax.tree_util.keystr(p) or "<root>" for p, _ in paths]
+
+
+def _weight_decays(params, treedef, cfg: Config):
+    n = treedef.num_leaves
+    if cfg.mask is None:
+        return [float(cfg.weight_decay)] * n
+    mask = cfg.mask(params) if callable(cfg.mask) else cfg.mask
+    try:
+        leaves = treedef.flatten_up_to(mask)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"lowbit.jax: mask does not have the structure of the params: {e}") from None
+    out = []
+    for m in leaves:
+        try:
+            m = bool(m)
+        except jax.errors.ConcretizationTypeError:
+            raise ValueError("lowbit.jax: mask leaves must be Python bools (the mask is fixed at trace time)") from None
+        out.append(float(cfg.weight_decay) if m else 0.0)
+    return out
+
+
+def _init(params, cfg: Config) -> LowbitState:
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    names = _leaf_names(params)
+    mu, mus, nu, nus, ecc, layout = [], [], [], [], [], []
+    for leaf, name in zip(leaves, names):
+        shape, dtype = jnp.shape(leaf), jnp.result_type(leaf)
+        plan = _plan_leaf(shape, dtype, cfg, name)
+        numel = int(np.prod(shape, dtype=np.int64))
+        d0, s0 = _moment_arrays(plan.formats[0], numel)
+        d1, s1 = _moment_arrays(plan.formats[1], numel)
+        mu.append(d0)
+        mus.append(s0)
+        nu.append(d1)
+        nus.append(s1)
+        ecc.append(jnp.zeros((numel if plan.rounding == ROUND_ERROR_CORRECTION else 0,), jnp.uint8))
+        layout.append((plan.formats[0], plan.formats[1], plan.rounding))
+    un = treedef.unflatten
+    return LowbitState(
+        count=jnp.zeros((), jnp.int32),
+        layout=jnp.asarray(np.array(layout, dtype=np.int32).reshape(len(leaves), 3)),
+        mu=un(mu),
+        mu_scale=un(mus),
+        nu=un(nu),
+        nu_scale=un(nus),
+        ecc=un(ecc),
+    )
+
+
+def _flatten_like(treedef, tree, what):
+    try:
+        return treedef.flatten_up_to(tree)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"lowbit.jax: {what} does not have the structure of the params: {e}") from None
+
+
+def _fused_step(params, grads, state: LowbitState, cfg: Config):
+    _MODULE.load()
+    if not isinstance(state, LowbitState):
+        raise TypeError(f"lowbit.jax: state must be a LowbitState (from init), got {type(state).__name__}")
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    if not leaves:
+        return params, state
+    leaves = [jnp.asarray(p) for p in leaves]
+    g = [jnp.asarray(x) for x in _flatten_like(treedef, grads, "grads")]
+    mu = _flatten_like(treedef, state.mu, "state.mu")
+    mus = _flatten_like(treedef, state.mu_scale, "state.mu_scale")
+    nu = _flatten_like(treedef, state.nu, "state.nu")
+    nus = _flatten_like(treedef, state.nu_scale, "state.nu_scale")
+    ecc = _flatten_like(treedef, state.ecc, "state.ecc")
+    names = _leaf_names(params)
+    plans = [_plan_leaf(p.shape, p.dtype, cfg, name) for p, name in zip(leaves, names)]
+
+    lr = cfg.learning_rate(state.count) if callable(cfg.learning_rate) else cfg.learning_rate
+    lr = jnp.asarray(lr, jnp.float32)
+    if lr.shape != ():
+        raise ValueError(f"lowbit.jax: the learning rate must be a scalar, got shape {lr.shape}")
+
+    args = [lr, state.count, state.layout]
+    results = [jax.ShapeDtypeStruct(jnp.shape(state.count), jnp.result_type(state.count))]
+    aliases = {1: 0}
+    for i in range(len(leaves)):
+        parts = [leaves[i], g[i], mu[i], mus[i], nu[i], nus[i], ecc[i]]
+        base_in, base_out = 3 + 7 * i, 1 + 6 * i
+        args += parts
+        for k, j in enumerate((0, 2, 3, 4, 5, 6)):
+            x = parts[j]
+            results.append(jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)))
+            aliases[base_in + j] = base_out + k
+
+    call = jax.ffi.ffi_call(_STEP_TARGET, results, input_output_aliases=aliases, vmap_method="sequential")
+    out = call(
+        *args,
+        algorithm=np.int32(cfg.algorithm),
+        beta1=np.float32(cfg.b1),
+        beta2=np.float32(cfg.b2),
+        eps=np.float32(cfg.eps),
+        momentum=np.float32(cfg.momentum),
+        dampening=np.float32(cfg.dampening),
+        nesterov=np.int32(cfg.nesterov),
+        bias_correction=np.int32(cfg.bias_correction),
+        weight_decay=np.array(_weight_decays(params, treedef, cfg), np.float32),
+        formats=np.array([f for p in plans for f in p.formats], np.int32),
+        rounding=np.array([p.rounding for p in plans], np.int32),
+        seed=np.uint64(cfg.seed),
+        skip_nonfinite=np.int32(cfg.skip_nonfinite),
+        num_threads=np.int32(cfg.num_threads),
+        names="\n".join(names),
+    )
+    un = treedef.unflatten
+    per = [out[1 + 6 * i: 7 + 6 * i] for i in range(len(leaves))]
+    new_params = un([p[0] for p in per])
+    new_state = LowbitState(
+        count=out[0],
+        layout=state.layout,
+        mu=un([p[1] for p in per]),
+        mu_scale=un([p[2] for p in per]),
+        nu=un([p[3] for p in per]),
+        nu_scale=un([p[4] for p in per]),
+        ecc=un([p[5] for p in per]),
+    )
+    return new_params, new_state
+
+
+def _make(cfg: Config) -> LowbitTransformation:
+    lr0 = 0.0 if callable(cfg.learning_rate) else float(cfg.learning_rate)
+    _check_hparams(cfg.algorithm, lr0, cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.momentum, cfg.dampening,
+                   cfg.nesterov, cfg.bias_correction)
+    if cfg.min_quantized_numel < 0:
+        raise ValueError(f"lowbit.jax: min_quantized_numel = {cfg.min_quantized_numel} must be >= 0")
+    if cfg.num_threads < 0:
+        raise ValueError(f"lowbit.jax: num_threads = {cfg.num_threads} must be >= 0")
+    if not 0 <= int(cfg.seed) < 2**64:
+        raise ValueError(f"lowbit.jax: seed = {cfg.seed} must be in [0, 2^64)")
+
+    def init(params):
+        return _init(params, cfg)
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("lowbit.jax: update() needs params (the fused step computes new params from them)")
+        new_params, new_state = _fused_step(params, updates, state, cfg)
+        deltas = jax.tree_util.tree_map(lambda n, p: n - jnp.asarray(p), new_params, params)
+        return deltas, new_state
+
+    def step(params, grads, state):
+        return _fused_step(params, grads, state, cfg)
+
+    t = LowbitTransformation(init, update)
+    t.step = step
+    t.config = cfg
+    return t
+
+
+def _common(state_format, second_state_format, min_quantized_numel, stochastic_rounding, error_correction, seed,
+            skip_nonfinite, num_threads):
+    return dict(
+        state_format=_parse_format(state_format, "state_format") or StateFormat.FP32,
+        second_state_format=_parse_format(second_state_format, "second_state_format"),
+        min_quantized_numel=int(min_quantized_numel),
+        stochastic_rounding=bool(stochastic_rounding),
+        error_correction=bool(error_correction),
+        seed=int(seed),
+        skip_nonfinite=bool(skip_nonfinite),
+        num_threads=int(num_threads),
+    )
+
+
+_COMMON_DOC = """
+    state_format: "fp32" (default), "bf16", "8bit", "4bit" or "fp8", of both
+        moments unless ``second_state_format`` is given.
+    min_quantized_numel: params with fewer elements keep fp32 state when the
+        format is quantized (8bit/4bit/fp8), as in the C API.
+    stochastic_rounding / error_correction: how 16-bit params are written back
+        (error correction keeps one extra byte per element in the state and
+        wins over stochastic rounding). ``seed`` keys the stochastic rounding.
+    skip_nonfinite: a NaN/Inf anywhere in the grads leaves params and state
+        unchanged (``count`` does not advance).
+    num_threads: CPU threads of the step (0: all).
+    learning_rate may be a float or a schedule ``count -> lr`` (evaluated
+    under jit; the step receives it as a buffer)."""
+
+
+def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=None, *, bias_correction=True,
+          state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
+          error_correction=False, seed=0, skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+    """AdamW (decoupled weight decay), the arguments and defaults of
+    ``optax.adamw``: p = p * (1 - lr * wd) - lr * m_hat / (sqrt(v_hat) + eps).
+    ``mask`` (pytree of bools or callable params -> pytree) selects the params
+    that are decayed.""" + _COMMON_DOC
+    return _make(Config(Algorithm.ADAMW, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
+                        bias_correction=bias_correction,
+                        **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
+                                  error_correction, seed, skip_nonfinite, num_threads)))
+
+
+def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
+         state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
+         error_correction=False, seed=0, skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+    """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
+    return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
+                        bias_correction=bias_correction,
+                        **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
+                                  error_correction, seed, skip_nonfinite, num_threads)))
+
+
+def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
+         min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
+         num_threads=0) -> LowbitTransformation:
+    """Lion with decoupled weight decay, the arguments and defaults of
+    ``optax.lion``.""" + _COMMON_DOC
+    return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
+                        **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
+                                  seed, skip_nonfinite, num_threads)))
+
+
+def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_decay=0.0, mask=None,
+        state_format="fp32", min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0,
+        skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+    """SGD as torch.optim.SGD (L2 ``weight_decay``, ``momentum`` with
+    ``dampening``, Nesterov); with dampening 0 it equals ``optax.sgd``. No
+    momentum: no state besides the count.""" + _COMMON_DOC
+    return _make(Config(Algorithm.SGD, learning_rate, momentum=float(momentum or 0.0), dampening=dampening,
+                        nesterov=bool(nesterov), weight_decay=weight_decay, mask=mask,
+                        **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
+                                  seed, skip_nonfinite, num_threads)))
+
+
+# ----------------------------------------------------------------- inspection
+
+
+def _decode(data, scales, fmt, moment, shape):
+    numel = int(np.prod(shape, dtype=np.int64))
+    call = jax.ffi.ffi_call(_DECODE_TARGET, jax.ShapeDtypeStruct((numel,), jnp.float32), vmap_method="sequential")
+    return call(data, scales, format=np.int32(fmt), moment=np.int32(moment)).reshape(shape)
+
+
+def moments(state: LowbitState, params):
+    """The moments of ``state``, dequantized to float32 with the library's
+    codec, as ``(mu, nu)`` pytrees shaped like ``params`` (None where the
+    algorithm keeps no such moment). Runs on the CPU."""
+    _MODULE.load()
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    layout = np.asarray(jax.device_get(state.layout))
+    if layout.shape != (len(leaves), 3):
+        raise ValueError(f"lowbit.jax: state.layout has shape {layout.shape}, the params have {len(leaves)} leaves")
+    cpu = jax.devices("cpu")[0]
+    out = []
+    for m, (data_tree, scale_tree) in enumerate(((state.mu, state.mu_scale), (state.nu, state.nu_scale))):
+        data = _flatten_like(treedef, data_tree, "state moment data")
+        scales = _flatten_like(treedef, scale_tree, "state moment scales")
+        vals = []
+        for i, p in enumerate(leaves):
+            fmt = int(layout[i, m])
+            if fmt == 0:
+                vals.append(None)
+                continue
+            d, s = jax.device_put(data[i], cpu), jax.device_put(scales[i], cpu)
+            vals.append(_decode(d, s, fmt, m, jnp.shape(p)))
+        out.append(treedef.unflatten(vals))
+    return tuple(out)

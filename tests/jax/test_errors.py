@@ -1,0 +1,121 @@
+"""Bad input: an XLA error carrying the handler's message (never a crash), or
+a Python error at build/init time for what Python can see."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+XlaError = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntimeError
+
+
+def setup(ljax, fmt="8bit", n=5000, **kw):
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.standard_normal(n), jnp.float32), "b": jnp.zeros((7,), jnp.float32)}
+    grads = jax.tree.map(lambda p: jnp.ones_like(p), params)
+    opt = ljax.adamw(1e-3, state_format=fmt, **kw)
+    return opt, params, grads, opt.init(params)
+
+
+def test_state_of_another_format(ljax):
+    _, params, grads, state = setup(ljax, "8bit")
+    other = ljax.adamw(1e-3, state_format="fp8")  # same sizes as 8-bit: only the layout tells them apart
+    with pytest.raises(XlaError, match=r"param '\['w'\]' \(leaf 1\): the state was created with \(moment 0: 8bit.*"
+                                       r"this optimizer uses \(moment 0: fp8"):
+        jax.jit(other.step)(params, grads, state)
+
+
+def test_state_of_another_size(ljax):
+    opt, params, grads, _ = setup(ljax)
+    state = opt.init({"w": jnp.zeros(4096), "b": jnp.zeros(7)})
+    with pytest.raises(XlaError, match=r"state mu is uint8\(4096,\) but the 8bit format of a 5000-element param "
+                                       r"needs uint8\(5000,\)"):
+        jax.jit(opt.step)(params, grads, state)
+
+
+def test_state_scales_of_another_size(ljax):
+    opt, params, grads, state = setup(ljax)
+    bad = state._replace(nu_scale=dict(state.nu_scale, w=jnp.zeros(3, jnp.float32)))
+    with pytest.raises(XlaError, match=r"state nu_scale is float32\(3,\) but .* needs float32\(20,\)"):
+        opt.step(params, grads, bad)
+
+
+def test_grad_dtype(ljax):
+    opt, params, grads, state = setup(ljax)
+    bad = dict(grads, w=grads["w"].astype(jnp.int32))
+    with pytest.raises(XlaError, match=r"grad of param '\['w'\]' \(leaf 1\) has dtype int32"):
+        jax.jit(opt.step)(params, bad, state)
+
+
+def test_grad_shape(ljax):
+    opt, params, grads, state = setup(ljax)
+    bad = dict(grads, b=jnp.ones((7, 1), jnp.float32))
+    with pytest.raises(XlaError, match=r"grad of param '\['b'\]' \(leaf 0\) has shape \(7, 1\) but the param has "
+                                       r"shape \(7,\)"):
+        jax.jit(opt.step)(params, bad, state)
+
+
+def test_param_dtype_changed_since_init(ljax):
+    """Error-correction bytes exist for 16-bit params only: a state made for
+    fp32 params does not fit bf16 ones."""
+    opt, params, grads, state = setup(ljax, error_correction=True)
+    half = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    with pytest.raises(XlaError, match=r"created with .*rounding: nearest.* uses .*rounding: error-correction"):
+        jax.jit(opt.step)(half, grads, state)
+
+
+@pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
+def test_bad_learning_rate_from_schedule(ljax, lr):
+    opt = ljax.adamw(lambda count: jnp.float32(lr) + 0 * count)
+    params = {"w": jnp.ones(10)}
+    with pytest.raises(XlaError, match=r"lr = (-1|nan|inf) must be finite and >= 0"):
+        jax.jit(opt.update)(params, opt.init(params), params)
+
+
+def test_corrupted_count(ljax):
+    opt, params, grads, state = setup(ljax)
+    with pytest.raises(XlaError, match=r"state.count = -3"):
+        opt.step(params, grads, state._replace(count=jnp.int32(-3)))
+
+
+def test_layout_of_another_tree(ljax):
+    opt, params, grads, state = setup(ljax)
+    with pytest.raises(XlaError, match=r"state.layout has shape \(3, 3\)"):
+        opt.step(params, grads, state._replace(layout=jnp.zeros((3, 3), jnp.int32)))
+
+
+def test_python_side_errors(ljax):
+    opt, params, grads, state = setup(ljax)
+    with pytest.raises(ValueError, match="grads does not have the structure of the params"):
+        opt.step(params, {"w": grads["w"]}, state)
+    with pytest.raises(ValueError, match="needs params"):
+        opt.update(grads, state)
+    with pytest.raises(TypeError, match="dtype int32"):
+        opt.init({"w": jnp.zeros(3, jnp.int32)})
+    with pytest.raises(ValueError, match="beta2 = 1 must be in"):
+        ljax.adamw(1e-3, b2=1.0)
+    with pytest.raises(ValueError, match="eps = 0 must be finite and > 0"):
+        ljax.adam(1e-3, eps=0.0)
+    with pytest.raises(ValueError, match="nesterov = 1 requires momentum > 0"):
+        ljax.sgd(0.1, nesterov=True)
+    with pytest.raises(ValueError, match="weight_decay = -0.1"):
+        ljax.lion(1e-4, weight_decay=-0.1)
+    with pytest.raises(ValueError, match="state_format='3bit' is not one of"):
+        ljax.adamw(1e-3, state_format="3bit")
+    with pytest.raises(ValueError, match="learning rate must be a scalar"):
+        ljax.adamw(lambda c: jnp.ones(2)).step(params, grads, state)
+
+
+def test_errors_leave_everything_usable(ljax):
+    """A failed call changes nothing: the same arrays step normally after it."""
+    opt, params, grads, state = setup(ljax)
+    step = jax.jit(opt.step)
+    with pytest.raises(XlaError):
+        step(params, dict(grads, w=grads["w"].astype(jnp.int32)), state)
+    before = jax.tree.map(np.array, (params, state))
+    p2, s2 = step(params, grads, state)
+    after = jax.tree.map(np.array, (params, state))
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(x, y)
+    assert int(s2.count) == 1

@@ -1,0 +1,283 @@
+"""The fused FFI step under jax.jit against float64 references and against the
+C API (same bits for the same inputs)."""
+
+import zlib
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from jax_reference import (  # noqa: E402
+    CapiOptimizer,
+    bf16_ecc_value,
+    check_quantized,
+    decode,
+    ref_step,
+)
+
+HPARAMS = {
+    "adamw": dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1),
+    "adam": dict(lr=1e-2, beta1=0.8, beta2=0.99, eps=1e-6, weight_decay=0.05),
+    "lion": dict(lr=1e-3, beta1=0.9, beta2=0.99, weight_decay=0.1),
+    "sgd": dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    "sgd_nesterov": dict(lr=0.05, momentum=0.8, nesterov=1, weight_decay=0.01),
+}
+
+
+def make_opt(ljax, algo, h, lr=None, **kw):
+    lr = h["lr"] if lr is None else lr
+    if algo == "adamw":
+        return ljax.adamw(lr, b1=h["beta1"], b2=h["beta2"], eps=h["eps"], weight_decay=h["weight_decay"], **kw)
+    if algo == "adam":
+        return ljax.adam(lr, b1=h["beta1"], b2=h["beta2"], eps=h["eps"], weight_decay=h["weight_decay"], **kw)
+    if algo == "lion":
+        return ljax.lion(lr, b1=h["beta1"], b2=h["beta2"], weight_decay=h["weight_decay"], **kw)
+    return ljax.sgd(lr, momentum=h["momentum"], nesterov=bool(h.get("nesterov", 0)),
+                    dampening=h.get("dampening", 0.0), weight_decay=h["weight_decay"], **kw)
+
+
+def base_algo(name):
+    return "sgd" if name.startswith("sgd") else name
+
+
+def random_tree(rng, shapes, dtype=np.float32):
+    return {k: rng.standard_normal(s).astype(dtype) for k, s in shapes.items()}
+
+
+def bits(x):
+    x = np.asarray(x)
+    return x.view({4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
+
+
+# ----------------------------------------------------------------- float64 references
+
+
+@pytest.mark.parametrize("name", list(HPARAMS))
+def test_fp32_state_matches_float64_reference(ljax, name):
+    algo, h = base_algo(name), HPARAMS[name]
+    rng = np.random.default_rng(7)
+    shapes = {"a": (5000,), "b": (33, 7), "c": (70001,)}  # "c" spans two engine chunks
+    params = random_tree(rng, shapes)
+    lr0 = h["lr"]
+    opt = make_opt(ljax, algo, h, lr=lambda count: lr0 * (1.0 - 0.1 * count))  # a schedule under jit
+    state = opt.init(jax.tree.map(jnp.asarray, params))
+    step = jax.jit(opt.step)
+    p_jax = jax.tree.map(jnp.asarray, params)
+    ref = {k: (params[k].astype(np.float64), np.zeros(params[k].shape), np.zeros(params[k].shape)) for k in shapes}
+    for t in range(4):
+        grads = random_tree(rng, shapes)
+        p_jax, state = step(p_jax, jax.tree.map(jnp.asarray, grads), state)
+        ht = dict(h, lr=lr0 * (1.0 - 0.1 * t))
+        ref = {k: ref_step(algo, ht, *ref[k][:1], grads[k], *ref[k][1:], t) for k in shapes}
+    assert int(state.count) == 4
+    mu, nu = ljax.moments(state, p_jax)
+    for k in shapes:
+        p_ref, m_ref, v_ref = ref[k]
+        np.testing.assert_allclose(np.asarray(p_jax[k]), p_ref, rtol=1e-5, atol=1e-6, err_msg=f"{name} param {k}")
+        np.testing.assert_allclose(np.asarray(mu[k]), m_ref, rtol=1e-5, atol=1e-6, err_msg=f"{name} moment 0 {k}")  # terms are O(1)
+        if algo in ("adamw", "adam"):
+            np.testing.assert_allclose(np.asarray(nu[k]), v_ref, rtol=1e-5, atol=1e-9, err_msg=f"{name} moment 1")
+        else:
+            assert nu[k] is None
+
+
+@pytest.mark.parametrize("fmt", ["8bit", "4bit", "fp8", "bf16"])
+def test_low_bit_state_matches_float64_reference(ljax, fmt):
+    """Step 2 from the stored (quantized) state of step 1: the new param is
+    the float64 update of the decoded state, and the new state is a nearest
+    encoding (block scales = absmax) of the float64 moments."""
+    algo, h = "adamw", HPARAMS["adamw"]
+    rng = np.random.default_rng(11)
+    n = 5000  # above the 4096 threshold; partial last block
+    p0 = rng.standard_normal(n).astype(np.float32)
+    g0, g1 = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    opt = make_opt(ljax, algo, h, state_format=fmt)
+    state = opt.init(jnp.asarray(p0))
+    step = jax.jit(opt.step)
+    p1, state = step(jnp.asarray(p0), jnp.asarray(g0), state)
+    snap = jax.tree.map(np.asarray, state)
+    p2, state = step(p1, jnp.asarray(g1), state)
+
+    m1 = decode(fmt, 0, snap.mu, snap.mu_scale, n)
+    v1 = decode(fmt, 1, snap.nu, snap.nu_scale, n)
+    p_ref, m_ref, v_ref = ref_step(algo, h, np.asarray(p1), g1, m1, v1, 1)
+    np.testing.assert_allclose(np.asarray(p2), p_ref, rtol=1e-5, atol=1e-6)
+    if fmt == "bf16":
+        for got, exact in ((state.mu, m_ref), (state.nu, v_ref)):
+            got = np.asarray(got).astype(np.float64)
+            assert np.all(np.abs(got - exact) <= 2.0**-8 * np.abs(exact) * (1 + 1e-5) + 1e-30)  # half a bf16 ulp
+    else:
+        check_quantized(fmt, 0, state.mu, state.mu_scale, m_ref, n)
+        check_quantized(fmt, 1, state.nu, state.nu_scale, v_ref, n)
+
+
+def test_bf16_params_with_error_correction_track_float64(ljax):
+    """Updates far below one bf16 ulp: the (weight, ecc byte) pair follows the
+    float64 trajectory to within ulp/256 per step."""
+    h = dict(HPARAMS["adamw"], lr=1e-4)
+    rng = np.random.default_rng(3)
+    n, steps = 6000, 5
+    p0 = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
+    opt = make_opt(ljax, "adamw", h, error_correction=True)
+    p = jnp.asarray(p0)
+    state = opt.init(p)
+    assert state.ecc.shape == (n,) and state.ecc.dtype == jnp.uint8
+    step = jax.jit(opt.step)
+    ref = (p0.astype(np.float64), np.zeros(n), np.zeros(n))
+    for t in range(steps):
+        g = rng.standard_normal(n).astype(np.float32)
+        p, state = step(p, jnp.asarray(g), state)
+        ref = ref_step("adamw", h, ref[0], g, ref[1], ref[2], t)
+    value, ulp = bf16_ecc_value(bits(p), np.asarray(state.ecc))
+    err = np.abs(value - ref[0])
+    assert np.all(err <= steps * ulp / 256 + 1e-6 * np.abs(ref[0])), err.max()
+    # The bf16 weights alone are off by about the accumulated update, which
+    # is what error correction recovers.
+    plain = np.abs(np.asarray(p).astype(np.float64) - ref[0])
+    assert err.mean() < plain.mean() / 20
+
+
+# ----------------------------------------------------------------- same bits as the C API
+
+CAPI_CASES = {
+    "adamw-fp32": dict(algo="adamw", fmt="fp32", dtype=np.float32, grad_dtype=np.float32, kw={}),
+    "adamw-8bit": dict(algo="adamw", fmt="8bit", dtype=np.float32, grad_dtype=np.float32, kw={}),
+    "adam-4bit/8bit-bf16-ecc": dict(algo="adam", fmt="4bit", second="8bit", dtype=ml_dtypes.bfloat16,
+                                    grad_dtype=np.float32, kw=dict(error_correction=True)),
+    "lion-fp8-fp16-sr": dict(algo="lion", fmt="fp8", dtype=np.float16, grad_dtype=ml_dtypes.bfloat16,
+                             kw=dict(stochastic_rounding=True, seed=1234)),
+    "sgd-bf16state-bf16-sr": dict(algo="sgd_nesterov", fmt="bf16", dtype=ml_dtypes.bfloat16,
+                                  grad_dtype=ml_dtypes.bfloat16, kw=dict(stochastic_rounding=True, seed=99)),
+    "adamw-8bit-all-sizes-fp16": dict(algo="adamw", fmt="8bit", dtype=np.float16, grad_dtype=np.float16,
+                                      kw=dict(min_quantized_numel=0)),
+}
+
+
+@pytest.mark.parametrize("case", list(CAPI_CASES))
+def test_same_bits_as_c_api(ljax, capi, case):
+    c = CAPI_CASES[case]
+    name, algo, fmt = c["algo"], base_algo(c["algo"]), c["fmt"]
+    h = HPARAMS[name]
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    shapes = [(5000,), (33, 7), (70001,)]
+    params = [rng.standard_normal(s).astype(c["dtype"]) for s in shapes]
+    lrs = np.array([h["lr"], h["lr"] * 0.5, h["lr"] * 0.25, h["lr"] * 0.125], np.float32)
+
+    kw = dict(c["kw"])
+    second = c.get("second")
+    if second:
+        kw["second_state_format"] = second
+    opt = make_opt(ljax, algo, h, lr=lambda count: jnp.asarray(lrs)[count], state_format=fmt, **kw)
+    p_jax = [jnp.asarray(p) for p in params]
+    state = opt.init(p_jax)
+    step = jax.jit(opt.step)
+
+    config = dict(state_format=fmt, seed=kw.get("seed", 0), stochastic_rounding=int(kw.get("stochastic_rounding", 0)),
+                  error_correction=int(kw.get("error_correction", 0)),
+                  min_quantized_numel=kw.get("min_quantized_numel", 4096))
+    if second:
+        config["second_state_format"] = second
+    hp = {k: v for k, v in h.items()}
+    ref = CapiOptimizer(capi, algo, hp, params, **config)
+    try:
+        applied = 0
+        for t in range(4):
+            grads = [rng.standard_normal(s).astype(c["grad_dtype"]) for s in shapes]
+            if t == 2:  # a non-finite gradient: both skip the whole step
+                grads[1].reshape(-1)[5] = np.nan
+            ref.set_lr(lrs[applied])
+            ref.step(grads)
+            p_jax, state = step(p_jax, [jnp.asarray(g) for g in grads], state)
+            applied += t != 2
+        assert int(state.count) == applied == 3
+        mu, nu = ljax.moments(state, p_jax)
+        layout = np.asarray(state.layout)
+        for i in range(len(shapes)):
+            np.testing.assert_array_equal(bits(p_jax[i]).reshape(-1), bits(ref.params[i]), err_msg=f"param {i}")
+            info = ref.info(i)
+            assert info.step == applied
+            assert (info.state_format, info.second_state_format) == (layout[i, 0], layout[i, 1]), i
+            assert info.error_correction == (layout[i, 2] == 2) and info.stochastic_rounding == (layout[i, 2] == 1)
+            nbytes = sum(np.asarray(x[i]).nbytes for x in (state.mu, state.mu_scale, state.nu, state.nu_scale,
+                                                            state.ecc))
+            assert nbytes == info.state_bytes, (i, nbytes, info.state_bytes)
+            for m, tree in enumerate((mu, nu)):
+                if tree[i] is None:
+                    continue
+                np.testing.assert_array_equal(bits(np.asarray(tree[i]).reshape(-1)), bits(ref.read_moment(i, m)),
+                                              err_msg=f"param {i} moment {m}")
+    finally:
+        ref.close()
+
+
+# ----------------------------------------------------------------- step behaviour
+
+
+def test_nonfinite_gradient_skips_everything(ljax):
+    rng = np.random.default_rng(5)
+    params = {"w": jnp.asarray(rng.standard_normal((80, 64)), jnp.float32), "b": jnp.zeros(64, jnp.bfloat16)}
+    opt = ljax.adamw(1e-2, state_format="8bit", error_correction=True)
+    state = opt.init(params)
+    step = jax.jit(opt.step)
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+    params, state = step(params, grads, state)
+    before = jax.tree.map(np.asarray, (params, state))
+    bad = dict(grads, b=grads["b"].at[3].set(jnp.inf))
+    p2, s2 = step(params, bad, state)
+    after = jax.tree.map(np.asarray, (p2, s2))
+    assert int(s2.count) == 1
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(x, y)
+    p3, s3 = step(p2, grads, s2)
+    assert int(s3.count) == 2 and not np.array_equal(np.asarray(p3["w"]), np.asarray(p2["w"]))
+
+
+def test_donated_step_updates_in_place(ljax):
+    p = jnp.ones((10000,), jnp.float32)
+    g = jnp.full((10000,), 0.5, jnp.float32)
+    opt = ljax.adamw(1e-2, state_format="4bit")
+    state = opt.init(p)
+    step = jax.jit(opt.step, donate_argnums=(0, 2))
+    ptrs = (p.unsafe_buffer_pointer(), state.mu.unsafe_buffer_pointer(), state.nu_scale.unsafe_buffer_pointer())
+    p2, s2 = step(p, g, state)
+    assert (p2.unsafe_buffer_pointer(), s2.mu.unsafe_buffer_pointer(), s2.nu_scale.unsafe_buffer_pointer()) == ptrs
+    np.testing.assert_allclose(np.asarray(p2), 1.0 * (1 - 1e-2 * 1e-4) - 1e-2, rtol=1e-6)
+
+
+def test_state_round_trips_through_numpy(ljax):
+    """The state is plain arrays: saving and restoring it resumes bit for bit."""
+    rng = np.random.default_rng(9)
+    params = {"w": jnp.asarray(rng.standard_normal((4100,)), jnp.bfloat16)}
+    opt = ljax.lion(1e-3, state_format="8bit", stochastic_rounding=True, seed=5)
+    state = opt.init(params)
+    step = jax.jit(opt.step)
+    grads = [{"w": jnp.asarray(rng.standard_normal((4100,)), jnp.float32)} for _ in range(4)]
+    for g in grads[:2]:
+        params, state = step(params, g, state)
+    leaves, treedef = jax.tree.flatten((params, state))
+    saved = [np.array(x) for x in leaves]
+    restored = jax.tree.unflatten(treedef, [jnp.asarray(x) for x in saved])
+    a, b = (params, state), restored
+    for g in grads[2:]:
+        a = step(a[0], g, a[1])
+        b = step(b[0], g, b[1])
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_state_layout_and_sizes(ljax):
+    params = {"big": jnp.zeros((300, 20)), "small": jnp.zeros((10,)), "half": jnp.zeros((4097,), jnp.float16)}
+    s = ljax.adamw(1e-3, state_format="4bit", error_correction=True).init(params)
+    assert s.mu["big"].shape == (3000,) and s.mu["big"].dtype == jnp.uint8
+    assert s.mu_scale["big"].shape == (47,)  # ceil(6000 / 128)
+    assert s.mu["small"].dtype == jnp.float32 and s.mu["small"].shape == (10,)  # under the threshold
+    assert s.mu["half"].shape == (2049,) and s.ecc["half"].shape == (4097,) and s.ecc["big"].shape == (0,)
+    layout = {k: tuple(v) for k, v in zip(sorted(params), np.asarray(s.layout).tolist())}
+    assert layout == {"big": (4, 4, 0), "half": (4, 4, 2), "small": (1, 1, 0)}
+    s = ljax.sgd(0.1).init(params)  # no momentum: no moments
+    assert all(x.size == 0 for x in jax.tree.leaves((s.mu, s.nu, s.mu_scale, s.ecc)))
+    s = ljax.lion(1e-4, state_format="bf16").init(params)
+    assert s.mu["small"].dtype == jnp.bfloat16 and s.nu["small"].size == 0
