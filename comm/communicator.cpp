@@ -244,6 +244,7 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
 }
 
 void Communicator::Impl::prepare(const Arg& a, void* stream) {
+  (void)stream;
   if (bound) {
     LOWBIT_REQUIRE(a.n == buf.n, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", a.n,
                    ", but this communicator's error buffers are bound to numel ", buf.n,
@@ -303,6 +304,7 @@ void Communicator::Impl::prepare(const Arg& a, void* stream) {
 }
 
 void Communicator::Impl::activate(const Arg& a, void* stream) {
+  (void)stream;
   if (bound) return;
   const bool cuda = a.device == LOWBIT_DEVICE_CUDA;
 #ifdef LOWBIT_COMM_WITH_CUDA
@@ -362,6 +364,7 @@ void Communicator::Impl::exchange(bool gather, const uint8_t* dsend, uint8_t* dr
     onebit::dev::copy_async(drecv, hrecv, recv_bytes, stream);
   }
 #else
+  (void)op;
   (void)dsend;
   (void)drecv;
   (void)hsend;

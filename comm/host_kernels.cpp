@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace lowbit {
 namespace onebit {
@@ -57,64 +58,92 @@ float scale_from_sumsq(double sumsq, int64_t count) {
   return float(std::sqrt(sumsq / double(count)));
 }
 
+namespace {
+
+// kSign[byte][k] = +1 if bit k of byte is set, else -1: a branch-free,
+// vectorisable decode (scale * +-1 is exact, so this equals signed_scale()).
+struct SignTable {
+  alignas(64) float v[256][8];
+  SignTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) v[b][k] = ((b >> k) & 1) ? 1.0f : -1.0f;
+  }
+};
+const SignTable kSign;
+
+// Signs of 8 values (bit k = sign_bit(x[k])).
+inline unsigned pack8(const float* x) {
+  unsigned byte = 0;
+  for (int k = 0; k < 8; ++k) byte |= unsigned(x[k] >= 0.0f) << k;
+  return byte;
+}
+
+}  // namespace
+
 void host_worker_pack(float* x, float scale, const Layout& l, uint8_t* send) {
   const int64_t n = l.n;
-  const int64_t nbytes = l.padded / 8;
-  for (int32_t r = 0; r < l.world; ++r) put_scale(send + int64_t(r) * l.msg, scale);
-  for (int64_t b = 0; b < nbytes; ++b) {
-    const int64_t r = b / l.chunk_bytes;
-    uint8_t* dst = send + r * l.msg + 4 + (b - r * l.chunk_bytes);
-    const int64_t base = b * 8;
-    unsigned byte = 0;
-    if (base + 8 <= n) {
-      for (int k = 0; k < 8; ++k) {
-        const float v = x[base + k];
-        const bool bit = sign_bit(v);
-        x[base + k] = v - signed_scale(bit, scale);
-        byte |= unsigned(bit) << k;
-      }
-    } else {
-      for (int k = 0; k < 8 && base + k < n; ++k) {
-        const float v = x[base + k];
-        const bool bit = sign_bit(v);
-        x[base + k] = v - signed_scale(bit, scale);
-        byte |= unsigned(bit) << k;
+  for (int32_t r = 0; r < l.world; ++r) {
+    uint8_t* dst = send + int64_t(r) * l.msg;
+    put_scale(dst, scale);
+    dst += 4;
+    const int64_t begin = int64_t(r) * l.chunk;
+    for (int64_t b = 0; b < l.chunk_bytes; ++b) {
+      const int64_t base = begin + b * 8;
+      if (base + 8 <= n) {
+        float* v = x + base;
+        const unsigned byte = pack8(v);
+        const float* sg = kSign.v[byte];
+        for (int k = 0; k < 8; ++k) v[k] = v[k] - sg[k] * scale;
+        dst[b] = uint8_t(byte);
+      } else {
+        unsigned byte = 0;
+        for (int k = 0; k < 8 && base + k < n; ++k) {
+          const float v = x[base + k];
+          const bool bit = sign_bit(v);
+          x[base + k] = v - signed_scale(bit, scale);
+          byte |= unsigned(bit) << k;
+        }
+        dst[b] = uint8_t(byte);
       }
     }
-    *dst = uint8_t(byte);
   }
 }
 
 double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const Layout& l) {
   const int64_t c = l.server_numel();
   const int32_t W = l.world;
-  float scales[64];
-  float* sc = scales;
-  float* heap = nullptr;
-  if (W > 64) sc = heap = new float[size_t(W)];
+  std::vector<float> sc(static_cast<size_t>(W));
   bool finite = true;
   for (int32_t j = 0; j < W; ++j) {
-    sc[j] = get_scale(recv + int64_t(j) * l.msg);
-    if (!std::isfinite(sc[j])) finite = false;
+    sc[size_t(j)] = get_scale(recv + int64_t(j) * l.msg);
+    if (!std::isfinite(sc[size_t(j)])) finite = false;
   }
   double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const float fw = float(W);
   const int64_t used_bytes = (c + 7) / 8;
   for (int64_t b = 0; b < used_bytes; ++b) {
+    // Sum over ranks in rank order, as the CUDA kernel does.
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int32_t j = 0; j < W; ++j) {
-      const unsigned byte = recv[int64_t(j) * l.msg + 4 + b];
-      const float s = sc[j];
-      for (int k = 0; k < 8; ++k) acc[k] += signed_scale((byte >> k) & 1u, s);
+      const float* sg = kSign.v[recv[int64_t(j) * l.msg + 4 + b]];
+      const float s = sc[size_t(j)];
+      for (int k = 0; k < 8; ++k) acc[k] += sg[k] * s;
     }
     const int64_t base = b * 8;
-    for (int k = 0; k < 8 && base + k < c; ++k) {
-      const float y = acc[k] / fw + z[base + k];
-      y_out[base + k] = y;
-      acc2[k] += double(y) * double(y);
+    if (base + 8 <= c) {
+      for (int k = 0; k < 8; ++k) {
+        const float y = acc[k] / fw + z[base + k];
+        y_out[base + k] = y;
+        acc2[k] += double(y) * double(y);
+      }
+    } else {
+      for (int k = 0; k < 8 && base + k < c; ++k) {
+        const float y = acc[k] / fw + z[base + k];
+        y_out[base + k] = y;
+        acc2[k] += double(y) * double(y);
+      }
     }
   }
-  delete[] heap;
   if (!finite) return NAN;
   return ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) + ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));
 }
@@ -124,14 +153,22 @@ void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {
   put_scale(gsend, scale);
   for (int64_t b = 0; b < l.chunk_bytes; ++b) {
     const int64_t base = b * 8;
-    unsigned byte = 0;
-    for (int k = 0; k < 8 && base + k < c; ++k) {
-      const float v = y[base + k];
-      const bool bit = sign_bit(v);
-      y[base + k] = v - signed_scale(bit, scale);
-      byte |= unsigned(bit) << k;
+    if (base + 8 <= c) {
+      float* v = y + base;
+      const unsigned byte = pack8(v);
+      const float* sg = kSign.v[byte];
+      for (int k = 0; k < 8; ++k) v[k] = v[k] - sg[k] * scale;
+      gsend[4 + b] = uint8_t(byte);
+    } else {
+      unsigned byte = 0;
+      for (int k = 0; k < 8 && base + k < c; ++k) {
+        const float v = y[base + k];
+        const bool bit = sign_bit(v);
+        y[base + k] = v - signed_scale(bit, scale);
+        byte |= unsigned(bit) << k;
+      }
+      gsend[4 + b] = uint8_t(byte);
     }
-    gsend[4 + b] = uint8_t(byte);
   }
 }
 
@@ -149,8 +186,8 @@ void host_decode(const uint8_t* grecv, const Layout& l, float* out) {
     float* o = out + int64_t(r) * l.chunk;
     int64_t i = 0;
     for (; i + 8 <= c; i += 8) {
-      const unsigned byte = m[4 + i / 8];
-      for (int k = 0; k < 8; ++k) o[i + k] = signed_scale((byte >> k) & 1u, s);
+      const float* sg = kSign.v[m[4 + i / 8]];
+      for (int k = 0; k < 8; ++k) o[i + k] = sg[k] * s;
     }
     for (; i < c; ++i) o[i] = signed_scale((m[4 + i / 8] >> (i & 7)) & 1u, s);
   }
