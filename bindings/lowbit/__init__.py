@@ -1,0 +1,90 @@
+"""lowbit: memory-efficient optimizers (8-bit / 4-bit / FP8 / bf16 state,
+stochastic rounding and error-correction bytes for 16-bit weights) from Python.
+
+The package talks to the liblowbit shared library through ctypes (ABI mode, no
+compiler needed at import). It uses the copy installed inside the package, or
+the library named by the environment variable ``LOWBIT_LIBRARY`` (for build
+trees). ``lowbit.torch`` holds drop-in ``torch.optim.Optimizer`` classes.
+"""
+
+from ._capi import Algorithm, CheckpointMode, Device, Dtype, StateFormat, Status
+from ._capi import VERSION as HEADER_VERSION
+from ._lib import (
+    ArrayError,
+    BufferTooSmallError,
+    CommunicationError,
+    CorruptDataError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    InvalidStateError,
+    LibraryNotFoundError,
+    LowbitError,
+    LowbitIOError,
+    NonFiniteError,
+    NullPointerError,
+    OutOfMemoryError,
+    StateMismatchError,
+    UnsupportedError,
+    VersionMismatchError,
+    library_path,
+    status_string,
+)
+from ._lib import LIB as _LIB
+from ._optimizer import Optimizer, ParamInfo
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """Version of the loaded library, "MAJOR.MINOR.PATCH"."""
+    v = _LIB.fn("lowbit_version")()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def has_cuda() -> bool:
+    return bool(_LIB.fn("lowbit_has_cuda")())
+
+
+def has_mpi() -> bool:
+    return bool(_LIB.fn("lowbit_has_mpi")())
+
+
+def has_nccl() -> bool:
+    return bool(_LIB.fn("lowbit_has_nccl")())
+
+
+__all__ = [
+    "Algorithm",
+    "ArrayError",
+    "BufferTooSmallError",
+    "CheckpointMode",
+    "CommunicationError",
+    "CorruptDataError",
+    "CudaError",
+    "Device",
+    "Dtype",
+    "HEADER_VERSION",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "LibraryNotFoundError",
+    "LowbitError",
+    "LowbitIOError",
+    "NonFiniteError",
+    "NullPointerError",
+    "Optimizer",
+    "OutOfMemoryError",
+    "ParamInfo",
+    "StateFormat",
+    "StateMismatchError",
+    "Status",
+    "UnsupportedError",
+    "VersionMismatchError",
+    "has_cuda",
+    "has_mpi",
+    "has_nccl",
+    "library_path",
+    "status_string",
+    "version",
+]

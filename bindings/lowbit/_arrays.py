@@ -1,0 +1,374 @@
+"""Turning caller arrays into lowbit_tensor_t descriptors, without copies.
+
+Accepted:
+  * numpy arrays (host memory): float32, float16, bfloat16 (the ``bfloat16``
+    dtype of ml_dtypes, or of any package registering a numpy dtype of that
+    name), and uint16 arrays holding bfloat16/float16 bits when the caller says
+    so with ``dtype="bfloat16"`` / ``dtype="float16"``;
+  * any object with ``__dlpack__`` (torch, cupy, jax, numpy, ...) on the CPU
+    or on a CUDA device;
+  * any object with ``__cuda_array_interface__`` (numba, cupy, torch) on a
+    CUDA device.
+
+Rejected, with an ArrayError naming the argument: other dtypes, an array on
+another device than the optimizer's, non-contiguous arrays, read-only arrays
+where the library writes (params), arrays the producer could only export as a
+copy, and unknown objects. Nothing is ever copied or converted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+
+from . import _cuda
+from ._capi import Device, Dtype, Tensor
+from ._lib import ArrayError
+
+try:  # numpy is a hard dependency of the package, but keep import errors readable
+    import numpy as np
+except ImportError as _e:  # pragma: no cover
+    raise ImportError("lowbit needs numpy (pip install numpy)") from _e
+
+DTYPE_NAMES = {Dtype.FLOAT32: "float32", Dtype.BFLOAT16: "bfloat16", Dtype.FLOAT16: "float16"}
+_DTYPE_BY_NAME = {
+    "float32": Dtype.FLOAT32,
+    "fp32": Dtype.FLOAT32,
+    "bfloat16": Dtype.BFLOAT16,
+    "bf16": Dtype.BFLOAT16,
+    "float16": Dtype.FLOAT16,
+    "fp16": Dtype.FLOAT16,
+    "half": Dtype.FLOAT16,
+}
+_ACCEPTED = "float32, float16 or bfloat16"
+
+
+def parse_dtype(dtype) -> Dtype | None:
+    """A lowbit Dtype from a name, a Dtype, a numpy dtype or a torch dtype."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, Dtype):
+        return dtype
+    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
+    if name is None:  # torch.dtype has no .name
+        name = str(dtype).replace("torch.", "")
+    name = str(name).lower()
+    if name in _DTYPE_BY_NAME:
+        return _DTYPE_BY_NAME[name]
+    raise ArrayError(f"dtype={dtype!r} is not one of {_ACCEPTED}")
+
+
+def device_string(device: Device, index: int) -> str:
+    return "cpu" if device == Device.CPU else f"cuda:{index}"
+
+
+class ArrayRef:
+    """A validated array: the descriptor plus what keeps the memory alive."""
+
+    __slots__ = ("tensor", "shape", "owner", "dtype", "device", "device_index")
+
+    def __init__(self, data, shape, dtype, device, device_index, owner):
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        self.tensor = Tensor(data=data, numel=numel, dtype=int(dtype), device=int(device), device_index=device_index)
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = Dtype(dtype)
+        self.device = Device(device)
+        self.device_index = int(device_index)
+        self.owner = owner
+
+    @property
+    def numel(self):
+        return self.tensor.numel
+
+
+def _kind(obj) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_c_contiguous(shape, strides_elems) -> bool:
+    """strides in elements; dims of extent 1 may carry any stride."""
+    if strides_elems is None:
+        return True
+    expected = 1
+    for extent, stride in zip(reversed(shape), reversed(strides_elems)):
+        if extent == 0:
+            return True
+        if extent != 1 and stride != expected:
+            return False
+        expected *= extent
+    return True
+
+
+def _check_device(role, device, index, want_device, want_index, what):
+    if want_device is None:
+        return
+    if device != want_device or (device == Device.CUDA and want_index is not None and index != want_index):
+        raise ArrayError(
+            f"{role}: {what} is on {device_string(device, index)} but the optimizer is on "
+            f"{device_string(want_device, want_index or 0)}; lowbit never moves or copies arrays"
+        )
+
+
+# ----------------------------------------------------------------- numpy
+
+
+def _numpy_dtype(role, arr, dtype: Dtype | None) -> Dtype:
+    dt = arr.dtype
+    if dt.name == "bfloat16" and dt.itemsize == 2:
+        native = Dtype.BFLOAT16
+    elif dt == np.float32:
+        native = Dtype.FLOAT32
+    elif dt == np.float16:
+        native = Dtype.FLOAT16
+    elif dt == np.uint16:
+        if dtype in (Dtype.BFLOAT16, Dtype.FLOAT16):
+            return dtype
+        raise ArrayError(
+            f"{role}: a uint16 array is only accepted as raw 16-bit float bits with an explicit "
+            "dtype='bfloat16' or dtype='float16'"
+        )
+    else:
+        hint = ""
+        if dt == np.float64:
+            hint = " (float64 is not supported; keep the array in float32 - lowbit never converts it for you)"
+        raise ArrayError(f"{role}: numpy dtype {dt} is not {_ACCEPTED}{hint}")
+    if dtype is not None and dtype != native:
+        raise ArrayError(f"{role}: dtype={DTYPE_NAMES[dtype]} was requested but the array is {dt}")
+    return native
+
+
+def _from_numpy(role, arr, writable, dtype, want_device, want_index):
+    _check_device(role, Device.CPU, 0, want_device, want_index, "the numpy array")
+    ldt = _numpy_dtype(role, arr, dtype)
+    if not arr.flags.c_contiguous:
+        raise ArrayError(f"{role}: the array is not C-contiguous (strides {arr.strides}); pass a contiguous array")
+    if not arr.flags.aligned:
+        raise ArrayError(f"{role}: the array's data is not aligned to its element size")
+    if writable and not arr.flags.writeable:
+        raise ArrayError(f"{role}: the array is read-only, but lowbit updates it in place")
+    data = arr.__array_interface__["data"][0]
+    return ArrayRef(data, arr.shape, ldt, Device.CPU, 0, arr)
+
+
+# ----------------------------------------------------------------- DLPack
+
+kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
+_DL_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm", 13: "cuda_managed"}
+kDLInt, kDLUInt, kDLFloat, kDLBfloat = 0, 1, 2, 4
+DLPACK_FLAG_READ_ONLY = 1 << 0
+DLPACK_FLAG_IS_COPIED = 1 << 1
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", c_void_p), ("deleter", c_void_p)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", c_void_p),
+        ("deleter", c_void_p),
+        ("flags", c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+_PyCapsule_IsValid = ctypes.pythonapi.PyCapsule_IsValid
+_PyCapsule_IsValid.restype = ctypes.c_int
+_PyCapsule_IsValid.argtypes = [ctypes.py_object, c_char_p]
+_PyCapsule_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
+_PyCapsule_GetPointer.restype = c_void_p
+_PyCapsule_GetPointer.argtypes = [ctypes.py_object, c_char_p]
+
+
+def _dl_dtype(role, dt: DLDataType) -> Dtype:
+    key = (dt.code, dt.bits, dt.lanes)
+    if key == (kDLFloat, 32, 1):
+        return Dtype.FLOAT32
+    if key == (kDLFloat, 16, 1):
+        return Dtype.FLOAT16
+    if key == (kDLBfloat, 16, 1):
+        return Dtype.BFLOAT16
+    code = {kDLInt: "int", kDLUInt: "uint", kDLFloat: "float", kDLBfloat: "bfloat"}.get(dt.code, f"code{dt.code}")
+    lanes = f"x{dt.lanes}" if dt.lanes != 1 else ""
+    raise ArrayError(f"{role}: dtype {code}{dt.bits}{lanes} is not {_ACCEPTED}")
+
+
+def _export_dlpack(role, obj, stream):
+    """Call obj.__dlpack__ asking for no copy (DLPack >= 1.0), falling back to
+    the legacy signature for older producers."""
+    kwargs = {"stream": stream} if stream is not None else {}
+    try:
+        return obj.__dlpack__(max_version=(1, 0), copy=False, **kwargs)
+    except TypeError:
+        pass  # producer predates DLPack 1.0 keywords
+    except (BufferError, ValueError, RuntimeError) as e:
+        raise ArrayError(f"{role}: {_kind(obj)} could not be exported without a copy through DLPack: {e}") from e
+    try:
+        return obj.__dlpack__(**kwargs)
+    except (BufferError, ValueError, RuntimeError, TypeError) as e:
+        raise ArrayError(f"{role}: {_kind(obj)} could not be exported through DLPack: {e}") from e
+
+
+def _from_dlpack(role, obj, writable, dtype, want_device, want_index, stream):
+    dev_type, dev_id = None, None
+    if hasattr(obj, "__dlpack_device__"):
+        dev_type, dev_id = (int(v) for v in obj.__dlpack_device__())
+        dev = _dl_device(role, obj, dev_type, dev_id)
+        _check_device(role, dev[0], dev[1], want_device, want_index, f"the {_kind(obj)}")
+    if _is_immutable_array(obj) and writable:
+        raise ArrayError(
+            f"{role}: {_kind(obj)} is immutable and cannot be updated in place (use lowbit.jax for JAX arrays)"
+        )
+    cuda = dev_type in (kDLCUDA, kDLCUDAManaged)
+    export_stream = None
+    if cuda:
+        # DLPack: 1 is the legacy default stream; None means the same thing.
+        export_stream = stream if stream not in (None, 0) else 1
+    capsule = _export_dlpack(role, obj, export_stream)
+    flags = 0
+    if _PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        managed = DLManagedTensorVersioned.from_address(_PyCapsule_GetPointer(capsule, b"dltensor_versioned"))
+        if managed.version.major != 1:
+            raise ArrayError(f"{role}: DLPack version {managed.version.major}.{managed.version.minor} is not supported")
+        flags = managed.flags
+        t = managed.dl_tensor
+    elif _PyCapsule_IsValid(capsule, b"dltensor"):
+        t = DLManagedTensor.from_address(_PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
+    else:
+        raise ArrayError(f"{role}: {_kind(obj)}.__dlpack__() did not return an unconsumed DLPack capsule")
+    device, index = _dl_device(role, obj, t.device.device_type, t.device.device_id)
+    _check_device(role, device, index, want_device, want_index, f"the {_kind(obj)}")
+    if flags & DLPACK_FLAG_IS_COPIED:
+        raise ArrayError(f"{role}: {_kind(obj)} was exported as a copy; lowbit needs the array's own memory")
+    if writable and flags & DLPACK_FLAG_READ_ONLY:
+        raise ArrayError(f"{role}: the {_kind(obj)} is read-only, but lowbit updates it in place")
+    ldt = _dl_dtype(role, t.dtype)
+    if dtype is not None and dtype != ldt:
+        raise ArrayError(f"{role}: dtype={DTYPE_NAMES[dtype]} was requested but the array is {DTYPE_NAMES[ldt]}")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
+    if not _is_c_contiguous(shape, strides):
+        raise ArrayError(f"{role}: the {_kind(obj)} is not contiguous (shape {shape}, strides {strides})")
+    data = (t.data or 0) + t.byte_offset
+    # The capsule (still named "dltensor"/"dltensor_versioned", i.e. not
+    # consumed) owns a reference to the memory; its destructor calls the
+    # producer's deleter. Keeping it alive keeps the memory alive.
+    return ArrayRef(data, shape, ldt, device, index, (obj, capsule))
+
+
+def _dl_device(role, obj, dev_type, dev_id):
+    if dev_type in (kDLCPU, kDLCUDAHost):
+        return Device.CPU, 0
+    if dev_type in (kDLCUDA, kDLCUDAManaged):
+        return Device.CUDA, int(dev_id)
+    name = _DL_DEVICE_NAMES.get(dev_type, f"device type {dev_type}")
+    raise ArrayError(f"{role}: the {_kind(obj)} is on {name}:{dev_id}; lowbit supports cpu and cuda")
+
+
+def _is_immutable_array(obj) -> bool:
+    mod = type(obj).__module__ or ""
+    return mod.startswith("jax") or mod.startswith("jaxlib")
+
+
+# ----------------------------------------------------------------- __cuda_array_interface__
+
+_CAI_TYPESTR = {"<f4": Dtype.FLOAT32, "<f2": Dtype.FLOAT16, "=f4": Dtype.FLOAT32, "=f2": Dtype.FLOAT16}
+
+
+def _from_cai(role, obj, writable, dtype, want_device, want_index, stream):
+    cai = obj.__cuda_array_interface__
+    ptr, readonly = cai["data"]
+    index = _cuda.pointer_device(ptr)
+    if index is None:
+        index = want_index if want_index is not None else 0
+    _check_device(role, Device.CUDA, index, want_device, want_index, f"the {_kind(obj)}")
+    typestr = cai["typestr"]
+    if typestr in _CAI_TYPESTR:
+        ldt = _CAI_TYPESTR[typestr]
+    elif typestr in ("<u2", "=u2") and dtype in (Dtype.BFLOAT16, Dtype.FLOAT16):
+        ldt = dtype
+    else:
+        raise ArrayError(f"{role}: __cuda_array_interface__ typestr {typestr!r} is not {_ACCEPTED}")
+    if dtype is not None and dtype != ldt:
+        raise ArrayError(f"{role}: dtype={DTYPE_NAMES[dtype]} was requested but the array is {DTYPE_NAMES[ldt]}")
+    if writable and readonly:
+        raise ArrayError(f"{role}: the {_kind(obj)} is read-only, but lowbit updates it in place")
+    shape = tuple(int(d) for d in cai["shape"])
+    strides = cai.get("strides")
+    if strides is not None:
+        item = 4 if ldt == Dtype.FLOAT32 else 2
+        if any(s % item for s in strides):
+            raise ArrayError(f"{role}: the {_kind(obj)} has strides {tuple(strides)} that are not whole elements")
+        strides = tuple(int(s) // item for s in strides)
+    if not _is_c_contiguous(shape, strides):
+        raise ArrayError(f"{role}: the {_kind(obj)} is not contiguous (shape {shape}, strides {cai.get('strides')})")
+    # CAI v3: work producing the data may still be pending on cai["stream"];
+    # make the consumer's stream wait for it (enqueued, no host sync).
+    producer = cai.get("stream")
+    if producer is not None and ptr:
+        _cuda.stream_wait(consumer=stream, producer=int(producer), device_index=index)
+    return ArrayRef(ptr or 0, shape, ldt, Device.CUDA, index, obj)
+
+
+# ----------------------------------------------------------------- entry point
+
+
+def as_array_ref(
+    obj,
+    *,
+    role: str,
+    writable: bool,
+    dtype=None,
+    device: Device | None = None,
+    device_index: int | None = None,
+    stream: int | None = None,
+) -> ArrayRef:
+    """Validate `obj` and describe it for the library, or raise ArrayError.
+
+    role: how the argument is named in messages ("param", "grad", "grads[3]").
+    writable: the library writes it (params); read-only arrays are rejected.
+    dtype: optional expected dtype (required to pass uint16 bit patterns).
+    device/device_index: where the optimizer lives; other devices are rejected.
+    stream: the CUDA stream (int) the library will use, for producer sync.
+    """
+    want = parse_dtype(dtype)
+    if isinstance(obj, np.ndarray):
+        return _from_numpy(role, obj, writable, want, device, device_index)
+    if isinstance(obj, np.generic):
+        raise ArrayError(f"{role}: a numpy scalar has no memory to update; pass an array")
+    if hasattr(obj, "__dlpack__"):
+        return _from_dlpack(role, obj, writable, want, device, device_index, stream)
+    if hasattr(type(obj), "__cuda_array_interface__") or hasattr(obj, "__cuda_array_interface__"):
+        return _from_cai(role, obj, writable, want, device, device_index, stream)
+    raise ArrayError(
+        f"{role}: {_kind(obj)} is not an array lowbit can use; pass a numpy array (host) or an object with "
+        "__dlpack__ or __cuda_array_interface__ (torch, cupy, jax, numba)"
+    )

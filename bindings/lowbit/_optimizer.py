@@ -1,0 +1,545 @@
+"""The Optimizer handle: a thin, checked wrapper over lowbit_optimizer_t."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from ctypes import byref, c_float, c_int32, c_int64, c_void_p
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _capi
+from ._arrays import DTYPE_NAMES, ArrayRef, as_array_ref, device_string, parse_dtype
+from ._capi import Algorithm, CheckpointMode, Device, Dtype, StateFormat
+from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call
+
+# ----------------------------------------------------------------- names
+
+ALGORITHMS = {
+    "adamw": Algorithm.ADAMW,
+    "adam": Algorithm.ADAM,
+    "lion": Algorithm.LION,
+    "sgd": Algorithm.SGD,
+    "onebit_adam": Algorithm.ONEBIT_ADAM,
+    "1bit_adam": Algorithm.ONEBIT_ADAM,
+}
+STATE_FORMATS = {
+    None: StateFormat.DEFAULT,
+    "default": StateFormat.DEFAULT,
+    "fp32": StateFormat.FP32,
+    "float32": StateFormat.FP32,
+    "bf16": StateFormat.BF16,
+    "bfloat16": StateFormat.BF16,
+    "8bit": StateFormat.BIT8,
+    "int8": StateFormat.BIT8,
+    "4bit": StateFormat.BIT4,
+    "int4": StateFormat.BIT4,
+    "fp8": StateFormat.FP8,
+    "e4m3": StateFormat.FP8,
+}
+STATE_FORMAT_NAMES = {
+    StateFormat.DEFAULT: "default",
+    StateFormat.FP32: "fp32",
+    StateFormat.BF16: "bf16",
+    StateFormat.BIT8: "8bit",
+    StateFormat.BIT4: "4bit",
+    StateFormat.FP8: "fp8",
+}
+CHECKPOINT_MODES = {
+    "compressed": CheckpointMode.COMPRESSED,
+    "fp32": CheckpointMode.MATERIALIZED_FP32,
+    "materialized_fp32": CheckpointMode.MATERIALIZED_FP32,
+    "bf16": CheckpointMode.MATERIALIZED_BF16,
+    "materialized_bf16": CheckpointMode.MATERIALIZED_BF16,
+}
+HPARAM_NAMES = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov",
+                "bias_correction")
+
+
+def parse_algorithm(algorithm) -> Algorithm:
+    if isinstance(algorithm, Algorithm):
+        return algorithm
+    if isinstance(algorithm, int) and not isinstance(algorithm, bool):
+        try:
+            return Algorithm(algorithm)
+        except ValueError:
+            raise InvalidArgumentError(f"algorithm={algorithm!r} is not a lowbit algorithm") from None
+    key = str(algorithm).lower()
+    if key not in ALGORITHMS:
+        raise InvalidArgumentError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}")
+    return ALGORITHMS[key]
+
+
+def parse_state_format(fmt, arg="state") -> StateFormat:
+    if isinstance(fmt, StateFormat):
+        return fmt
+    if isinstance(fmt, int) and not isinstance(fmt, bool):
+        try:
+            return StateFormat(fmt)
+        except ValueError:
+            raise InvalidArgumentError(f"{arg}={fmt!r} is not a lowbit state format") from None
+    key = fmt.lower() if isinstance(fmt, str) else fmt
+    if key not in STATE_FORMATS:
+        names = sorted(k for k in STATE_FORMATS if isinstance(k, str))
+        raise InvalidArgumentError(f"{arg}={fmt!r} is not one of {names}")
+    return STATE_FORMATS[key]
+
+
+def parse_checkpoint_mode(mode) -> CheckpointMode:
+    if isinstance(mode, CheckpointMode):
+        return mode
+    key = str(mode).lower()
+    if key not in CHECKPOINT_MODES:
+        raise InvalidArgumentError(f"mode={mode!r} is not one of {sorted(CHECKPOINT_MODES)}")
+    return CHECKPOINT_MODES[key]
+
+
+def parse_device(device, device_index=None):
+    """'cpu', 'cuda', 'cuda:1', a Device, or a torch.device -> (Device, index)."""
+    if isinstance(device, Device):
+        return device, int(device_index or 0)
+    s = str(device).lower()
+    if s == "cpu":
+        return Device.CPU, 0
+    if s.startswith("cuda"):
+        rest = s[4:]
+        if rest.startswith(":"):
+            idx = int(rest[1:])
+            if device_index is not None and int(device_index) != idx:
+                raise InvalidArgumentError(f"device={device!r} contradicts device_index={device_index}")
+            return Device.CUDA, idx
+        if rest == "":
+            return Device.CUDA, int(device_index or 0)
+    raise InvalidArgumentError(f"device={device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+
+
+def stream_pointer(stream) -> int | None:
+    """A cudaStream_t as an int from None, an int, a torch.cuda.Stream
+    (.cuda_stream), a cupy Stream (.ptr) or a numba stream (.handle)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    handle = getattr(stream, "handle", None)
+    if handle is not None:
+        v = getattr(handle, "value", handle)
+        if isinstance(v, int) or v is None:
+            return v or 0
+    raise InvalidArgumentError(f"stream={stream!r} is not a CUDA stream (int, torch/cupy/numba stream)")
+
+
+# ----------------------------------------------------------------- hparams
+
+
+def _fill_hparams(hp: _capi.Hparams, kw: dict) -> None:
+    for name, value in kw.items():
+        if value is None:
+            continue
+        if name == "betas":
+            b1, b2 = value
+            hp.beta1, hp.beta2 = float(b1), float(b2)
+        elif name in ("nesterov", "bias_correction"):
+            setattr(hp, name, int(bool(value)))
+        elif name in ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening"):
+            setattr(hp, name, float(value))
+        else:
+            raise InvalidArgumentError(f"unknown hyper-parameter {name!r}; known: {', '.join(HPARAM_NAMES)}")
+
+
+def hparams_to_dict(hp: _capi.Hparams) -> dict:
+    return {
+        "lr": hp.lr,
+        "betas": (hp.beta1, hp.beta2),
+        "eps": hp.eps,
+        "weight_decay": hp.weight_decay,
+        "momentum": hp.momentum,
+        "dampening": hp.dampening,
+        "nesterov": bool(hp.nesterov),
+        "bias_correction": bool(hp.bias_correction),
+    }
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """What the library knows about one registered parameter."""
+
+    numel: int
+    step: int
+    group: int
+    param_dtype: str
+    state_format: str
+    second_state_format: str | None
+    stochastic_rounding: bool
+    error_correction: bool
+    state_bytes: int
+
+
+def _destroy(handle_value):
+    if handle_value:
+        try:
+            LIB.fn("lowbit_optimizer_destroy")(c_void_p(handle_value))
+        except Exception:  # interpreter shutdown: nothing sensible left to do
+            pass
+
+
+# ----------------------------------------------------------------- Optimizer
+
+
+class Optimizer:
+    """A lowbit optimizer over caller-owned arrays (numpy on the CPU; DLPack /
+    ``__cuda_array_interface__`` objects on CUDA).
+
+    Example::
+
+        opt = lowbit.Optimizer("adamw", lr=1e-3, state="8bit")
+        pid = opt.add_param(w, grad=gw)   # w, gw: float32 numpy arrays
+        for ...:
+            gw[...] = compute_grad(w)
+            opt.step()                    # updates w in place
+
+    Arrays are used in place and never copied; the optimizer keeps references
+    to registered arrays so their memory stays valid. Free the handle with
+    :meth:`close` or a ``with`` block (garbage collection also frees it).
+    Every failure raises a :class:`lowbit.LowbitError` subclass carrying the
+    library's message, and leaves the optimizer unchanged.
+    """
+
+    def __init__(
+        self,
+        algorithm="adamw",
+        *,
+        lr=None,
+        betas=None,
+        eps=None,
+        weight_decay=None,
+        momentum=None,
+        dampening=None,
+        nesterov=None,
+        bias_correction=None,
+        state="fp32",
+        second_state=None,
+        min_quantized_numel=None,
+        seed=0,
+        stochastic_rounding=False,
+        error_correction=False,
+        skip_nonfinite=True,
+        num_threads=0,
+        freeze_step=None,
+        device="cpu",
+        device_index=None,
+        stream=None,
+    ):
+        self._handle = c_void_p()
+        self._finalizer = None
+        self.algorithm = parse_algorithm(algorithm)
+        self.device, self.device_index = parse_device(device, device_index)
+        self.stream = stream_pointer(stream)
+
+        cfg = _capi.OptimizerConfig()
+        call("lowbit_optimizer_config_init", byref(cfg), int(self.algorithm))
+        cfg.device = int(self.device)
+        cfg.device_index = self.device_index
+        cfg.state_format = int(parse_state_format(state, "state"))
+        cfg.second_state_format = int(parse_state_format(second_state, "second_state"))
+        if min_quantized_numel is not None:
+            cfg.min_quantized_numel = int(min_quantized_numel)
+        cfg.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        cfg.stochastic_rounding = int(bool(stochastic_rounding))
+        cfg.error_correction = int(bool(error_correction))
+        cfg.skip_nonfinite = int(bool(skip_nonfinite))
+        cfg.num_threads = int(num_threads)
+        if freeze_step is not None:
+            cfg.freeze_step = int(freeze_step)
+
+        hp = _capi.Hparams()
+        call("lowbit_hparams_init", byref(hp), int(self.algorithm))
+        _fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                               dampening=dampening, nesterov=nesterov, bias_correction=bias_correction))
+        call("lowbit_optimizer_create", byref(self._handle), byref(cfg), byref(hp))
+        self._finalizer = weakref.finalize(self, _destroy, self._handle.value)
+        self._params: list[ArrayRef] = []
+        self._grads: list[ArrayRef | None] = []
+        self._num_groups = 1
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Free the library handle now (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._handle = c_void_p()
+        self._params, self._grads = [], []
+
+    @property
+    def closed(self) -> bool:
+        return not self._handle.value
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def _h(self):
+        if not self._handle.value:
+            raise InvalidStateError("the optimizer is closed", _capi.Status.ERROR_INVALID_STATE)
+        return self._handle
+
+    def _call(self, name, *args):
+        call(name, self._h(), *args, handle=self._handle)
+
+    @property
+    def handle(self) -> int:
+        """The raw lowbit_optimizer_t, for other C code (valid until close)."""
+        return self._h().value
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self._params)} params"
+        return (f"<lowbit.Optimizer {self.algorithm.name.lower()} on "
+                f"{device_string(self.device, self.device_index)}, {state}>")
+
+    # -- groups and hyper-parameters
+
+    @property
+    def num_groups(self) -> int:
+        return self._num_groups
+
+    def add_group(self, **hparams) -> int:
+        """Add a parameter group; unspecified hparams take the algorithm's defaults."""
+        hp = _capi.Hparams()
+        call("lowbit_hparams_init", byref(hp), int(self.algorithm))
+        _fill_hparams(hp, hparams)
+        out = c_int32(-1)
+        self._call("lowbit_optimizer_add_group", byref(hp), byref(out))
+        self._num_groups = max(self._num_groups, out.value + 1)
+        return out.value
+
+    def get_hparams(self, group: int = 0) -> dict:
+        hp = _capi.Hparams()
+        hp.struct_size = ctypes.sizeof(hp)
+        self._call("lowbit_optimizer_get_hparams", c_int32(group), byref(hp))
+        return hparams_to_dict(hp)
+
+    def set_hparams(self, group: int = 0, **hparams) -> None:
+        """Change some hyper-parameters of a group (the others keep their values)."""
+        hp = _capi.Hparams()
+        hp.struct_size = ctypes.sizeof(hp)
+        self._call("lowbit_optimizer_get_hparams", c_int32(group), byref(hp))
+        _fill_hparams(hp, hparams)
+        self._call("lowbit_optimizer_set_hparams", c_int32(group), byref(hp))
+
+    def set_lr(self, lr: float, group: int | None = None) -> None:
+        """Set the learning rate of one group, or of every group when group is None."""
+        groups = range(self._num_groups) if group is None else [group]
+        for g in groups:
+            self._call("lowbit_optimizer_set_lr", c_int32(g), c_float(lr))
+
+    @property
+    def lr(self) -> float:
+        return self.get_hparams(0)["lr"]
+
+    # -- params
+
+    def _ref(self, obj, role, writable, dtype=None):
+        return as_array_ref(obj, role=role, writable=writable, dtype=dtype, device=self.device,
+                            device_index=self.device_index, stream=self.stream)
+
+    def add_param(
+        self,
+        param,
+        grad=None,
+        *,
+        group: int = 0,
+        state=None,
+        second_state=None,
+        stochastic_rounding=None,
+        error_correction=None,
+        dtype=None,
+        grad_dtype=None,
+    ) -> int:
+        """Register `param` (updated in place) and optionally its gradient
+        buffer (read at each step()). Returns the parameter id (0, 1, ...).
+
+        state/second_state override the optimizer's state format for this
+        param (an explicit format also applies below min_quantized_numel).
+        dtype/grad_dtype are needed only for uint16 arrays holding bf16/fp16 bits.
+        """
+        p = self._ref(param, "param", True, dtype)
+        g = self._ref(grad, "grad", False, grad_dtype) if grad is not None else None
+        return self._add_param_ref(p, g, group=group, state=state, second_state=second_state,
+                                   stochastic_rounding=stochastic_rounding, error_correction=error_correction)
+
+    def _add_param_ref(self, p: ArrayRef, g: ArrayRef | None, *, group=0, state=None, second_state=None,
+                       stochastic_rounding=None, error_correction=None) -> int:
+        if g is not None and g.numel != p.numel:
+            raise ArrayError(f"grad: has {g.numel} elements but param has {p.numel}")
+        pc = _capi.ParamConfig()
+        call("lowbit_param_config_init", byref(pc))
+        pc.param = p.tensor
+        if g is not None:
+            pc.grad = g.tensor
+        pc.group = int(group)
+        pc.state_format = int(parse_state_format(state, "state"))
+        pc.second_state_format = int(parse_state_format(second_state, "second_state"))
+        if stochastic_rounding is not None:
+            pc.stochastic_rounding = int(bool(stochastic_rounding))
+        if error_correction is not None:
+            pc.error_correction = int(bool(error_correction))
+        out = c_int64(-1)
+        self._call("lowbit_optimizer_add_param", byref(pc), byref(out))
+        assert out.value == len(self._params), "library param ids must be 0, 1, 2, ..."
+        self._params.append(p)
+        self._grads.append(g)
+        return out.value
+
+    def _pid(self, param_id) -> int:
+        pid = int(param_id)
+        if not 0 <= pid < len(self._params):
+            raise InvalidArgumentError(f"param_id={param_id} is not a registered parameter id "
+                                       f"(0..{len(self._params) - 1})")
+        return pid
+
+    def set_grad(self, param_id: int, grad, *, grad_dtype=None) -> None:
+        """Replace the gradient buffer of a param (None: the param is left
+        alone by later steps)."""
+        pid = int(param_id)
+        if grad is None:
+            self._call("lowbit_optimizer_set_grad", c_int64(pid), None)
+            self._grads[self._pid(pid)] = None
+            return
+        g = self._ref(grad, "grad", False, grad_dtype)
+        self._call("lowbit_optimizer_set_grad", c_int64(pid), byref(g.tensor))
+        self._grads[self._pid(pid)] = g
+
+    @property
+    def num_params(self) -> int:
+        out = c_int64()
+        self._call("lowbit_optimizer_num_params", byref(out))
+        return out.value
+
+    # -- stepping
+
+    def step(self, grads=None, *, stream=None) -> bool:
+        """One optimizer step.
+
+        grads None: use the registered gradient buffers. Otherwise a sequence
+        with one entry per param (None skips that param), used for this step
+        only. Returns True if the step was applied, False if it was skipped
+        because a gradient held NaN/Inf (skip_nonfinite). On CUDA the return
+        value reads the flag, which is only valid once the stream has
+        reached the step; use ``last_step_skipped`` after synchronising.
+        """
+        s = self.stream if stream is None else stream_pointer(stream)
+        if grads is None:
+            self._call("lowbit_optimizer_step", c_void_p(s))
+        else:
+            grads = list(grads)
+            n = len(self._params)
+            if len(grads) != n:
+                raise InvalidArgumentError(f"grads: got {len(grads)} gradients for {n} registered params")
+            arr = (_capi.Tensor * max(n, 1))()
+            keep = []
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                ref = as_array_ref(g, role=f"grads[{i}]", writable=False, device=self.device,
+                                   device_index=self.device_index, stream=s)
+                if ref.numel != self._params[i].numel:
+                    raise ArrayError(f"grads[{i}]: has {ref.numel} elements but param {i} has "
+                                     f"{self._params[i].numel}")
+                arr[i] = ref.tensor
+                keep.append(ref)
+            self._step_tensors(arr, len(grads), s)
+            del keep
+        if self.device == Device.CPU:
+            return not self.last_step_skipped
+        return True
+
+    def _step_tensors(self, grads_array, n: int, stream) -> None:
+        """step_with_grads on an already-built lowbit_tensor_t array."""
+        self._call("lowbit_optimizer_step_with_grads", grads_array, c_int64(n), c_void_p(stream))
+
+    @property
+    def last_step_skipped(self) -> bool:
+        out = c_int32(0)
+        self._call("lowbit_optimizer_last_step_skipped", byref(out))
+        return bool(out.value)
+
+    # -- inspection
+
+    def param_info(self, param_id: int) -> ParamInfo:
+        info = _capi.ParamInfo()
+        info.struct_size = ctypes.sizeof(info)
+        self._call("lowbit_optimizer_param_info", c_int64(int(param_id)), byref(info))
+        second = StateFormat(info.second_state_format)
+        return ParamInfo(
+            numel=info.numel,
+            step=info.step,
+            group=info.group,
+            param_dtype=DTYPE_NAMES[Dtype(info.param_dtype)],
+            state_format=STATE_FORMAT_NAMES[StateFormat(info.state_format)],
+            second_state_format=None if second == StateFormat.DEFAULT else STATE_FORMAT_NAMES[second],
+            stochastic_rounding=bool(info.stochastic_rounding),
+            error_correction=bool(info.error_correction),
+            state_bytes=info.state_bytes,
+        )
+
+    def state_bytes(self, param_id: int | None = None) -> int:
+        """Bytes of optimizer state of one param, or of all params."""
+        out = c_int64()
+        self._call("lowbit_optimizer_state_bytes", c_int64(-1 if param_id is None else int(param_id)), byref(out))
+        return out.value
+
+    def read_moment(self, param_id: int, moment: int = 0) -> np.ndarray:
+        """A dequantized float32 copy of moment 0 (first) or 1 (second) of a
+        param, shaped like the param."""
+        pid = self._pid(param_id)
+        p = self._params[pid]
+        out = np.empty(p.shape, dtype=np.float32)
+        self._call("lowbit_optimizer_read_moment", c_int64(pid), c_int32(int(moment)),
+                   out.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(out.size))
+        return out
+
+    def param(self, param_id: int):
+        """The array registered as param `param_id`."""
+        ref = self._params[self._pid(param_id)]
+        return ref.owner[0] if isinstance(ref.owner, tuple) else ref.owner
+
+    # -- checkpoints
+
+    def save(self, mode="compressed") -> bytes:
+        """The whole optimizer state as bytes. mode: 'compressed' (as stored),
+        'fp32' or 'bf16' (materialised moments)."""
+        m = int(parse_checkpoint_mode(mode))
+        size = c_int64(0)
+        self._call("lowbit_optimizer_save", m, None, c_int64(0), byref(size))
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        written = c_int64(0)
+        self._call("lowbit_optimizer_save", m, buf, c_int64(size.value), byref(written))
+        return buf.raw[: written.value]
+
+    def save_file(self, path, mode="compressed") -> None:
+        self._call("lowbit_optimizer_save_file", int(parse_checkpoint_mode(mode)), os.fsencode(path))
+
+    def load(self, data) -> None:
+        """Load a checkpoint made by save() (any mode) into this optimizer,
+        which must have the same params registered. On error nothing changes."""
+        if isinstance(data, bytes):
+            buf, n = data, len(data)  # ctypes passes a pointer to the bytes object's own buffer
+        else:
+            mv = memoryview(data)
+            if mv.readonly or not mv.c_contiguous or mv.nbytes == 0:
+                buf, n = mv.tobytes(), mv.nbytes
+            else:
+                buf, n = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B")), mv.nbytes
+        self._call("lowbit_optimizer_load", buf, c_int64(n))
+
+    def load_file(self, path) -> None:
+        self._call("lowbit_optimizer_load_file", os.fsencode(path))
