@@ -311,7 +311,7 @@ class StepDecoder {
   }
 
   std::string name(size_t i) const {
-    if (i < names_.size() && !names_[i].empty()) return concat("'", names_[i], "' (leaf ", i, ")");
+    if (i < names_.size() && !names_[i].empty()) return concat(names_[i], " (leaf ", i, ")");
     return concat("leaf ", i);
   }
 

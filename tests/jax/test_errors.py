@@ -21,7 +21,7 @@ def setup(ljax, fmt="8bit", n=5000, **kw):
 def test_state_of_another_format(ljax):
     _, params, grads, state = setup(ljax, "8bit")
     other = ljax.adamw(1e-3, state_format="fp8")  # same sizes as 8-bit: only the layout tells them apart
-    with pytest.raises(XlaError, match=r"param '\['w'\]' \(leaf 1\): the state was created with \(moment 0: 8bit.*"
+    with pytest.raises(XlaError, match=r"param \['w'\] \(leaf 1\): the state was created with \(moment 0: 8bit.*"
                                        r"this optimizer uses \(moment 0: fp8"):
         jax.jit(other.step)(params, grads, state)
 
@@ -44,14 +44,14 @@ def test_state_scales_of_another_size(ljax):
 def test_grad_dtype(ljax):
     opt, params, grads, state = setup(ljax)
     bad = dict(grads, w=grads["w"].astype(jnp.int32))
-    with pytest.raises(XlaError, match=r"grad of param '\['w'\]' \(leaf 1\) has dtype int32"):
+    with pytest.raises(XlaError, match=r"grad of param \['w'\] \(leaf 1\) has dtype int32"):
         jax.jit(opt.step)(params, bad, state)
 
 
 def test_grad_shape(ljax):
     opt, params, grads, state = setup(ljax)
     bad = dict(grads, b=jnp.ones((7, 1), jnp.float32))
-    with pytest.raises(XlaError, match=r"grad of param '\['b'\]' \(leaf 0\) has shape \(7, 1\) but the param has "
+    with pytest.raises(XlaError, match=r"grad of param \['b'\] \(leaf 0\) has shape \(7, 1\) but the param has "
                                        r"shape \(7,\)"):
         jax.jit(opt.step)(params, bad, state)
 
