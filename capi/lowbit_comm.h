@@ -75,11 +75,15 @@
  *   MPI: host tensors, and CUDA tensors (when built with CUDA) either passed
  *   to a CUDA-aware MPI (MPIX_Query_cuda_support) or staged through pinned
  *   host memory. MPI is host-driven: with CUDA tensors the call waits for
- *   `stream` before each exchange (the scales still never leave the device).
+ *   `stream` before each of its two exchanges (no host code ever reads a
+ *   scale or a sign: they are computed, checked and decoded on the device).
  *   NCCL: CUDA tensors only, fully asynchronous on `stream`. NCCL is loaded
  *   at run time (libnccl.so.2, or the path in the environment variable
  *   LOWBIT_NCCL_LIBRARY); a library built without NCCL support, or a process
  *   where it cannot be loaded, gets LOWBIT_ERROR_UNSUPPORTED.
+ *   The device buffers of a communicator are used in stream order: if
+ *   consecutive calls use different streams, order those streams (events),
+ *   as with any stream-ordered library.
  */
 #ifndef LOWBIT_COMM_H
 #define LOWBIT_COMM_H
@@ -171,8 +175,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
                                                             void* stream);
 
 /* In place, on every rank: tensor (fp32) <- (sum over ranks) / world_size,
- * uncompressed (for warm-up). Non-finite values propagate. Host CUDA-staged
- * transfers use a pinned buffer that grows to the largest numel seen. */
+ * uncompressed (for warm-up). Non-finite values propagate. CUDA tensors over
+ * a non-CUDA-aware MPI are staged through a pinned buffer that grows to the
+ * largest numel seen. */
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream);
 
