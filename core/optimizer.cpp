@@ -6,21 +6,11 @@
 #include "codec.hpp"
 #include "error.hpp"
 #include "rounding.hpp"
+#include "step_scalars.hpp"
 #include "validation.hpp"
 
 namespace lowbit {
 namespace {
-
-Algo engine_algo(lowbit_algorithm_t a) {
-  switch (a) {
-    case LOWBIT_ALGORITHM_ADAMW:
-    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return Algo::AdamW;  // decoupled decay, as DeepSpeed's 1-bit Adam
-    case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
-    case LOWBIT_ALGORITHM_LION: return Algo::Lion;
-    case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
-    default: return Algo::AdamW;  // validated before use
-  }
-}
 
 bool overlaps(const lowbit_tensor_t& a, const lowbit_tensor_t& b) {
   auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
@@ -163,23 +153,7 @@ MomentView Optimizer::moment_view(const ParamState& p, int m) const {
 }
 
 StepScalars Optimizer::step_scalars(const ParamState& p) const {
-  const lowbit_hparams_t& h = groups_[size_t(p.group)];
-  double t = double(p.step + 1);
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  bool bc = h.bias_correction && config_.algorithm != LOWBIT_ALGORITHM_LION;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - std::pow(double(h.beta1), t)) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / std::sqrt(1.0 - std::pow(double(h.beta2), t)) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = p.step == 0;
-  return s;
+  return make_step_scalars(groups_[size_t(p.group)], config_.algorithm, p.step);
 }
 
 ParamView Optimizer::param_view(const ParamState& p, int64_t id, const lowbit_tensor_t& grad) const {

@@ -12,7 +12,5 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j"$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
 
-if [ -d tests/python ]; then
-  export LOWBIT_LIBRARY="$PWD/$build/liblowbit.so"
-  python3 -m pytest -q tests/python
-fi
+export LOWBIT_LIBRARY="$PWD/$build/liblowbit.so"
+python3 -m pytest -q tests/python tests/jax

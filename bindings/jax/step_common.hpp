@@ -34,6 +34,7 @@
 #include "core/error.hpp"
 #include "core/rounding.hpp"
 #include "core/state.hpp"
+#include "core/step_scalars.hpp"
 #include "core/validation.hpp"
 #include "xla/ffi/api/ffi.h"
 
@@ -117,36 +118,6 @@ inline const char* rounding_name(int32_t r) {
 inline std::string formats_string(int32_t f0, int32_t f1, int32_t r) {
   auto name = [](int32_t f) { return f == 0 ? "none" : format_name(lowbit_state_format_t(f)); };
   return concat("(moment 0: ", name(f0), ", moment 1: ", name(f1), ", rounding: ", rounding_name(r), ")");
-}
-
-inline Algo engine_algo(lowbit_algorithm_t a) {
-  switch (a) {
-    case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
-    case LOWBIT_ALGORITHM_LION: return Algo::Lion;
-    case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
-    default: return Algo::AdamW;
-  }
-}
-
-// The same scalars as Optimizer::step_scalars (core/optimizer.cpp) for a param
-// that has taken `step` steps: host double arithmetic, rounded once.
-inline StepScalars make_step_scalars(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm, int64_t step) {
-  double t = double(step + 1);
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  bool bc = h.bias_correction && algorithm != LOWBIT_ALGORITHM_LION;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - std::pow(double(h.beta1), t)) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / std::sqrt(1.0 - std::pow(double(h.beta2), t)) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = step == 0;
-  return s;
 }
 
 inline ffi::ErrorCode error_code(lowbit_status_t s) {
