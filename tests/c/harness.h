@@ -79,6 +79,7 @@ typedef struct {
   double free_max_ulps;  /* max |lib - ref| in ulps of the param dtype at the largest |p| seen */
   double free_max_abs;   /* max |lib - ref| */
   int64_t free_violations; /* elements beyond the hard per-element bound (harness.c) */
+  double free_max_path_ratio; /* max (|lib - ref| - fp32 bound - 2 ulps) / path length */
   double free_mean_rel;  /* sum |lib - ref| / sum |ref - p0|: drift relative to the distance travelled */
   int64_t state_bytes;   /* total reported */
 } hres_t;

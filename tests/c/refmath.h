@@ -213,7 +213,8 @@ static inline lowbit_tensor_t make_tensor(void* data, int64_t numel, lowbit_dtyp
 
 typedef struct {
   int n;
-  double v[256]; /* float32 values, ascending */
+  double v[256];   /* float32 values, ascending */
+  double mid[256]; /* midpoints between neighbours (exact in double), +inf padded */
 } qmap_t;
 
 static int cmp_double(const void* a, const void* b) {
@@ -246,10 +247,15 @@ static inline void qmap_build_linear_nozero4(qmap_t* m) {
   m->n = 16;
   for (int k = 1; k <= 16; ++k) m->v[k - 1] = k / 16.0;
 }
+static inline void qmap_build_mids(qmap_t* m) {
+  for (int k = 0; k < 256; ++k) m->mid[k] = k + 1 < m->n ? 0.5 * (m->v[k] + m->v[k + 1]) : INFINITY;
+}
 
 enum { QMAP_S8 = 0, QMAP_U8 = 1, QMAP_S4 = 2, QMAP_U4 = 3 };
-static qmap_t g_qmaps[4];
-static int g_qmaps_ready;
+/* Defined once in harness.c; built by ref_tables_init(). */
+extern qmap_t g_qmaps[4];
+extern double g_e4m3[127];
+extern double g_e4m3_mid[128];
 
 /* Builds the four maps; returns the number of values that differ from the
  * golden float32 patterns (must be 0). */
@@ -258,7 +264,7 @@ static inline int qmaps_init(void) {
   qmap_build_dynamic(&g_qmaps[QMAP_U8], 7, 0);
   qmap_build_dynamic(&g_qmaps[QMAP_S4], 3, 1);
   qmap_build_linear_nozero4(&g_qmaps[QMAP_U4]);
-  g_qmaps_ready = 1;
+  for (int k = 0; k < 4; ++k) qmap_build_mids(&g_qmaps[k]);
   const uint32_t* gold[4] = {golden_signed_dynamic_8bit, golden_unsigned_dynamic_8bit, golden_signed_dynamic_4bit,
                              golden_unsigned_linear_nozero_4bit};
   int want_n[4] = {256, 256, 16, 16}, bad = 0;
@@ -282,12 +288,21 @@ static inline int qmaps_init(void) {
 }
 
 /* e4m3 (finite, max 448): the 127 non-negative values, by code. */
-static double g_e4m3[127];
 static inline void e4m3_init(void) {
   for (int c = 0; c < 127; ++c) {
     int e = c >> 3, mant = c & 7;
     g_e4m3[c] = e == 0 ? ldexp(mant, -9) : ldexp(8 + mant, e - 10);
   }
+  for (int c = 0; c < 128; ++c) g_e4m3_mid[c] = c < 126 ? 0.5 * (g_e4m3[c] + g_e4m3[c + 1]) : INFINITY;
+}
+/* Fast e4m3 code of |x| (RNE, saturating): midpoints strictly below, then an
+ * exact tie moves to the even code. */
+static inline int e4m3_code_fast(double x) {
+  double a = fabs(x);
+  int pos = 0;
+  for (int step = 64; step >= 1; step >>= 1) pos += (a > g_e4m3_mid[pos + step - 1]) ? step : 0;
+  if (pos < 126 && a == g_e4m3_mid[pos] && (pos & 1)) pos += 1;
+  return pos;
 }
 
 /* Nearest value index of x in a sorted map; exact ties go to the lower value.
@@ -315,6 +330,16 @@ static inline int qmap_nearest(const qmap_t* m, double x, double* dist) {
   if (k + 1 < m->n) d = fmin(d, fabs(x - 0.5 * (m->v[k] + m->v[k + 1])));
   if (dist) *dist = d;
   return k;
+}
+
+/* The same nearest index, fast: the number of midpoints strictly below x
+ * (so a tie stays on the lower value), by a branchless binary search over
+ * the +inf-padded midpoints. Checked against qmap_nearest by the quantizer
+ * test. */
+static inline int qmap_nearest_fast(const qmap_t* m, double x) {
+  int pos = 0;
+  for (int step = m->n >> 1; step >= 1; step >>= 1) pos += (x > m->mid[pos + step - 1]) ? step : 0;
+  return pos;
 }
 
 /* e4m3 round to nearest even with saturation at 448: the code of |x| (0..126),
@@ -377,14 +402,14 @@ static inline double ref_quant_value(lowbit_state_format_t fmt, int second, floa
       if (absmax == 0.f) return 0.0;
       const qmap_t* map = &g_qmaps[fmt == LOWBIT_STATE_8BIT ? (second ? QMAP_U8 : QMAP_S8) : (second ? QMAP_U4 : QMAP_S4)];
       float x = (float)in / absmax;
-      int k = qmap_nearest(map, x, NULL);
+      int k = qmap_nearest_fast(map, x);
       return (double)((float)map->v[k] * absmax);
     }
     case LOWBIT_STATE_FP8: {
       float scale = absmax / 448.f;
       if (!(scale > 0.f)) return 0.0;
       float x = (float)in / scale;
-      int c = e4m3_round_code(x, NULL);
+      int c = e4m3_code_fast(x);
       return (double)((float)(signbit(x) ? -g_e4m3[c] : g_e4m3[c]) * scale);
     }
     default: return NAN;

@@ -19,9 +19,11 @@
  *  - free-running over all steps: fp32 params + fp32 state must stay within
  *    the accumulated bound on every element (no discrete events exist there,
  *    except a Lion sign at c ~ 0); with 16-bit params or bf16 state a flip at
- *    one step persists, so at most 2% of elements may end beyond the bound,
- *    by at most 2 ulps of the param dtype (16-bit params) or 1e-3 relative
- *    drift (bf16 state).
+ *    one step persists and changes what follows, so at most 2% of elements
+ *    may end beyond the fp32 bound (observed < 0.7%), each within 2 ulps of
+ *    the param dtype + 0.25 x its path length (sum of attempted update sizes;
+ *    observed < 0.07), and the mean drift stays below 1e-3 of the distance
+ *    travelled (observed < 1e-4).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -119,7 +121,7 @@ static void test_matrix(void** state) {
   cfg.change_hparams = 1;
   cfg.grad_mode = 2;
   cfg.verbose = 1;
-  cfg.state_drift = 0.1;
+  cfg.state_drift = 0.25;
   hres_t res;
   harness_run(&cfg, rng_next(&r), &res);
   check_free(&cfg, &res, kStates[si] == LOWBIT_STATE_BF16);
@@ -151,7 +153,7 @@ static void test_large(void** state) {
   cfg.steps = 2;
   cfg.grad_mode = 2;
   cfg.verbose = 1;
-  cfg.state_drift = 0.1;
+  cfg.state_drift = 0.25;
   hres_t res;
   harness_run(&cfg, rng_next(&r), &res);
   check_free(&cfg, &res, kStates[si] == LOWBIT_STATE_BF16);
@@ -198,7 +200,7 @@ static void test_many_tensors(void** state) {
   cfg.grad_mode = 2;
   cfg.skip_params = 1;
   cfg.verbose = 1;
-  cfg.state_drift = 0.1;
+  cfg.state_drift = 0.25;
   hres_t res;
   harness_run(&cfg, rng_next(&r), &res);
   check_free(&cfg, &res, bf16);
