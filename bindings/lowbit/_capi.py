@@ -56,17 +56,20 @@ class Status(enum.IntEnum):
     ERROR_NONFINITE = 12
     ERROR_COMMUNICATION = 13
     ERROR_INTERNAL = 14
+    STATUS_FORCE_INT32 = 0x7FFFFFFF  # makes the C enum 32 bits wide
 
 
 class Dtype(enum.IntEnum):
     FLOAT32 = 1
     BFLOAT16 = 2
     FLOAT16 = 3
+    FORCE_INT32 = 0x7FFFFFFF
 
 
 class Device(enum.IntEnum):
     CPU = 1
     CUDA = 2
+    FORCE_INT32 = 0x7FFFFFFF
 
 
 class Algorithm(enum.IntEnum):
@@ -75,6 +78,7 @@ class Algorithm(enum.IntEnum):
     LION = 3
     SGD = 4
     ONEBIT_ADAM = 5
+    FORCE_INT32 = 0x7FFFFFFF
 
 
 class StateFormat(enum.IntEnum):
@@ -84,13 +88,30 @@ class StateFormat(enum.IntEnum):
     BIT8 = 3  # LOWBIT_STATE_8BIT (a Python name cannot start with a digit)
     BIT4 = 4  # LOWBIT_STATE_4BIT
     FP8 = 5
+    FORCE_INT32 = 0x7FFFFFFF
 
 
 class CheckpointMode(enum.IntEnum):
     COMPRESSED = 1
     MATERIALIZED_FP32 = 2
     MATERIALIZED_BF16 = 3
+    FORCE_INT32 = 0x7FFFFFFF
 
+
+class CommBackend(enum.IntEnum):
+    MPI = 1
+    NCCL = 2
+    FORCE_INT32 = 0x7FFFFFFF
+
+
+class CommCudaAware(enum.IntEnum):
+    AUTO = -1
+    NEVER = 0
+    ALWAYS = 1
+    FORCE_INT32 = 0x7FFFFFFF
+
+
+NCCL_UNIQUE_ID_BYTES = 128
 
 # C enum type name -> (Python enum, C constant prefix, {C suffix: Python member name}
 # for the suffixes that are not valid Python identifiers).
@@ -101,6 +122,17 @@ ENUMS = {
     "lowbit_algorithm_t": (Algorithm, "LOWBIT_ALGORITHM_", {}),
     "lowbit_state_format_t": (StateFormat, "LOWBIT_STATE_", {"8BIT": "BIT8", "4BIT": "BIT4"}),
     "lowbit_checkpoint_mode_t": (CheckpointMode, "LOWBIT_CHECKPOINT_", {}),
+    # lowbit_comm.h
+    "lowbit_comm_backend_t": (CommBackend, "LOWBIT_COMM_BACKEND_", {}),
+    "lowbit_comm_cuda_aware_t": (CommCudaAware, "LOWBIT_COMM_CUDA_AWARE_", {}),
+}
+
+# Integer macros of the headers (name -> value).
+MACROS = {
+    "LOWBIT_VERSION_MAJOR": VERSION_MAJOR,
+    "LOWBIT_VERSION_MINOR": VERSION_MINOR,
+    "LOWBIT_VERSION_PATCH": VERSION_PATCH,
+    "LOWBIT_NCCL_UNIQUE_ID_BYTES": NCCL_UNIQUE_ID_BYTES,
 }
 
 
@@ -168,6 +200,32 @@ STRUCT_DECLS = {
         ("int32_t", "error_correction"),
         ("int64_t", "state_bytes"),
     ],
+    # lowbit_comm.h
+    "lowbit_comm_config_t": [
+        ("size_t", "struct_size"),
+        ("int32_t", "cuda_aware_mpi"),
+    ],
+    "lowbit_comm_info_t": [
+        ("size_t", "struct_size"),
+        ("lowbit_comm_backend_t", "backend"),
+        ("int32_t", "rank"),
+        ("int32_t", "world_size"),
+        ("int32_t", "cuda_aware_mpi"),
+        ("int32_t", "device_index"),
+        ("int64_t", "bound_numel"),
+        ("lowbit_device_t", "bound_device"),
+        ("int64_t", "padded_numel"),
+        ("int64_t", "chunk_numel"),
+    ],
+    "lowbit_comm_stats_t": [
+        ("size_t", "struct_size"),
+        ("int64_t", "compressed_calls"),
+        ("int64_t", "compressed_elements"),
+        ("int64_t", "compressed_bytes_sent"),
+        ("int64_t", "mean_calls"),
+        ("int64_t", "mean_elements"),
+        ("int64_t", "mean_bytes_sent"),
+    ],
 }
 
 # Opaque handle typedefs (pointers to incomplete structs).
@@ -225,17 +283,59 @@ FUNCTION_DECLS = {
     "lowbit_optimizer_save_file": ("lowbit_status_t", ["lowbit_optimizer_t", "lowbit_checkpoint_mode_t", "const char*"]),
     "lowbit_optimizer_load": ("lowbit_status_t", ["lowbit_optimizer_t", "const void*", "int64_t"]),
     "lowbit_optimizer_load_file": ("lowbit_status_t", ["lowbit_optimizer_t", "const char*"]),
+    # lowbit_comm.h
+    "lowbit_comm_config_init": ("lowbit_status_t", ["lowbit_comm_config_t*"]),
+    "lowbit_comm_create_mpi": (
+        "lowbit_status_t",
+        ["lowbit_comm_t*", "const void*", "const lowbit_comm_config_t*"],
+    ),
+    "lowbit_comm_create_mpi_fortran": (
+        "lowbit_status_t",
+        ["lowbit_comm_t*", "int64_t", "const lowbit_comm_config_t*"],
+    ),
+    "lowbit_comm_nccl_unique_id": ("lowbit_status_t", ["void*", "int64_t"]),
+    "lowbit_comm_create_nccl": (
+        "lowbit_status_t",
+        ["lowbit_comm_t*", "const void*", "int32_t", "int32_t", "int32_t", "const lowbit_comm_config_t*"],
+    ),
+    "lowbit_comm_create_nccl_comm": ("lowbit_status_t", ["lowbit_comm_t*", "void*", "const lowbit_comm_config_t*"]),
+    "lowbit_comm_destroy": ("lowbit_status_t", ["lowbit_comm_t"]),
+    "lowbit_comm_last_error": ("const char*", ["lowbit_comm_t"]),
+    "lowbit_comm_rank": ("lowbit_status_t", ["lowbit_comm_t", "int32_t*"]),
+    "lowbit_comm_world_size": ("lowbit_status_t", ["lowbit_comm_t", "int32_t*"]),
+    "lowbit_comm_get_info": ("lowbit_status_t", ["lowbit_comm_t", "lowbit_comm_info_t*"]),
+    "lowbit_comm_compressed_allreduce": ("lowbit_status_t", ["lowbit_comm_t", "const lowbit_tensor_t*", "void*"]),
+    "lowbit_comm_allreduce_mean": ("lowbit_status_t", ["lowbit_comm_t", "const lowbit_tensor_t*", "void*"]),
+    "lowbit_comm_last_nonfinite": ("lowbit_status_t", ["lowbit_comm_t", "int32_t*"]),
+    "lowbit_comm_error_numel": ("lowbit_status_t", ["lowbit_comm_t", "int64_t*", "int64_t*"]),
+    "lowbit_comm_read_errors": (
+        "lowbit_status_t",
+        ["lowbit_comm_t", "float*", "int64_t", "float*", "int64_t", "void*"],
+    ),
+    "lowbit_comm_save_errors": ("lowbit_status_t", ["lowbit_comm_t", "void*", "int64_t", "int64_t*", "void*"]),
+    "lowbit_comm_load_errors": ("lowbit_status_t", ["lowbit_comm_t", "const void*", "int64_t", "void*"]),
+    "lowbit_comm_reset_errors": ("lowbit_status_t", ["lowbit_comm_t", "void*"]),
+    "lowbit_comm_get_stats": ("lowbit_status_t", ["lowbit_comm_t", "lowbit_comm_stats_t*"]),
+    "lowbit_comm_reset_stats": ("lowbit_status_t", ["lowbit_comm_t"]),
 }
 
 # Headers that this module mirrors, and the declarations each one holds. A
 # header that does not exist yet (the communicator) simply has no entries.
+def _of(header, names):
+    comm = [n for n in names if n.startswith(("lowbit_comm_", "LOWBIT_COMM_", "LOWBIT_NCCL_"))
+            and n != "lowbit_comm_t"]
+    return comm if header == "lowbit_comm.h" else [n for n in names if n not in comm]
+
+
 HEADERS = {
-    "lowbit.h": {
-        "enums": list(ENUMS),
-        "structs": list(STRUCT_DECLS),
-        "handles": list(OPAQUE_HANDLES),
-        "functions": list(FUNCTION_DECLS),
-    },
+    h: {
+        "enums": _of(h, ENUMS),
+        "structs": _of(h, STRUCT_DECLS),
+        "handles": _of(h, OPAQUE_HANDLES),
+        "functions": _of(h, FUNCTION_DECLS),
+        "macros": _of(h, MACROS),
+    }
+    for h in ("lowbit.h", "lowbit_comm.h")
 }
 
 # ----------------------------------------------------------------- ctypes types
