@@ -3,14 +3,16 @@
  *   bytes a step must move = param (read + write) + grad (read)
  *                          + each moment's data and scales (read + write)
  *                          + error-correction bytes (read + write),
- * and memcpy bandwidth = 2 x bytes copied / time (read + write), measured in
- * the same run. Usage: bench_cpu_step [numel_millions] [threads]. */
+ * and memcpy bandwidth = 2 x bytes copied / time (read + write) with the same
+ * number of threads, measured in the same run. Usage: bench_cpu_step [numel_millions] [threads]. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <omp.h>
 
 #include "lowbit.h"
 
@@ -30,7 +32,8 @@ static double median(double* v, int n) {
   return v[n / 2];
 }
 
-static double memcpy_bandwidth(size_t bytes) {
+/* memcpy with the same threads as the step, each copying its own slice. */
+static double memcpy_bandwidth(size_t bytes, int threads) {
   char* a = malloc(bytes);
   char* b = malloc(bytes);
   memset(a, 1, bytes);
@@ -38,7 +41,12 @@ static double memcpy_bandwidth(size_t bytes) {
   double t[7];
   for (int i = 0; i < 7; ++i) {
     double t0 = now();
-    memcpy(i & 1 ? a : b, i & 1 ? b : a, bytes);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    {
+      size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
+      size_t lo = bytes * id / nt, hi = bytes * (id + 1) / nt;
+      memcpy((i & 1 ? a : b) + lo, (i & 1 ? b : a) + lo, hi - lo);
+    }
     t[i] = now() - t0;
   }
   free(a), free(b);
@@ -59,7 +67,7 @@ static double moment_bytes(lowbit_state_format_t f) {
 int main(int argc, char** argv) {
   int64_t n = (int64_t)((argc > 1 ? atof(argv[1]) : 32.0) * 1e6);
   int threads = argc > 2 ? atoi(argv[2]) : 0;
-  double bw = memcpy_bandwidth((size_t)n * 4);
+  double bw = memcpy_bandwidth((size_t)n * 4, threads);
   printf("lowbit CPU step benchmark: %lld params in 16 tensors, threads %s, memcpy bandwidth %.2f GB/s\n",
          (long long)n, threads ? argv[2] : "all", bw / 1e9);
   printf("%-6s %-6s %-6s %-5s %10s %9s %10s %8s\n", "algo", "state", "param", "ecc", "ms/step", "ns/param", "bytes/par",

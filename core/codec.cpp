@@ -11,22 +11,35 @@
 namespace lowbit {
 namespace {
 
-float block_absmax(const float* x, int n) {
-  float a = 0.f;
+// max |x| over the block; compares the bits of |x| as integers (the same
+// order for non-NaN floats), which vectorises where a float max reduction
+// does not.
+inline float block_absmax(const float* x, int n) {
+  uint32_t a = 0;
   for (int i = 0; i < n; ++i) {
-    float v = std::fabs(x[i]);
-    a = v > a ? v : a;
+    uint32_t u = float_bits(x[i]) & 0x7FFFFFFFu;
+    a = u > a ? u : a;
   }
-  return a;
+  return a > 0x7F800000u ? 0.f : bits_float(a);  // a NaN bit pattern never wins in float compares either
+}
+
+// Codes of a block: x / absmax into a local array, then the bucket search over
+// it with int32 codes (byte-narrowed arithmetic keeps GCC from vectorising).
+template <int kMax>
+inline void block_codes(const QMap& map, const float* x, int n, float absmax, int32_t* c) {
+  const QMapWide& wide = qmap_wide(map);  // int32 tables: 32-bit gathers
+  float xn[kMax];
+  for (int i = 0; i < n; ++i) xn[i] = normalize(x[i], absmax);
+  for (int i = 0; i < n; ++i) c[i] = bucket_code(map, wide.below, xn[i]);
 }
 
 LOWBIT_VECTOR_CLONES
 void encode_codes8(const QMap& map, const float* x, int n, uint8_t* codes, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
-  uint8_t c[kBlock8];  // local: stores through uint8_t* could alias the map and block vectorisation
-  for (int i = 0; i < n; ++i) c[i] = uint8_t(bucket_code(map, normalize(x[i], absmax)));
-  std::memcpy(codes, c, size_t(n));
+  int32_t c[kBlock8];
+  block_codes<kBlock8>(map, x, n, absmax, c);
+  for (int i = 0; i < n; ++i) codes[i] = uint8_t(c[i]);
 }
 
 // Codes of elements [first, first + n) of a 4-bit block; `first` is even.
@@ -34,8 +47,8 @@ LOWBIT_VECTOR_CLONES
 void encode_codes4(const QMap& map, const float* x, int n, uint8_t* packed, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
-  uint8_t c[kBlock4 + 1];
-  for (int i = 0; i < n; ++i) c[i] = uint8_t(bucket_code(map, normalize(x[i], absmax)));
+  int32_t c[kBlock4 + 1];
+  block_codes<kBlock4>(map, x, n, absmax, c);
   c[n] = 0;  // an odd tail leaves the last high nibble zero
   for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
 }

@@ -87,4 +87,15 @@ const QMap& qmap(MapId id) {
   return maps[int(id)];
 }
 
+const QMapWide& qmap_wide(const QMap& map) {
+  static const auto wide = [] {
+    std::vector<QMapWide> w(4);
+    for (int m = 0; m < 4; ++m)
+      for (int s = 0; s < 2; ++s)
+        for (int b = 0; b < kQBuckets; ++b) w[size_t(m)].below[s][b] = qmap(MapId(m)).below[s][b];
+    return w;
+  }();
+  return wide[size_t(&map - &qmap(MapId::SignedDynamic8))];
+}
+
 }  // namespace lowbit

@@ -52,17 +52,20 @@ LOWBIT_HD int q_bucket(uint32_t abs_bits) {
 }
 
 // Same result as nearest_code() for every float (NaN -> 0), in two table
-// lookups and kQMaxScan compares.
-LOWBIT_HD int bucket_code(const QMap& map, float x) {
+// lookups and kQMaxScan compares. `below` is map.below or a widened copy.
+template <class Int>
+LOWBIT_HD int bucket_code(const QMap& map, const Int (&below)[2][kQBuckets], float x) {
   uint32_t u = float_bits(x);
   uint32_t a = u & 0x7FFFFFFFu;
-  int c = map.below[u >> 31][q_bucket(a)];
+  int c = (&below[0][0])[int(u >> 31) * kQBuckets + q_bucket(a)];  // flat index: one gather
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int k = 0; k < kQMaxScan; ++k) c += map.midpoints[c] < x;  // midpoints[n - 1] = +Inf stops the scan
-  return a > 0x7F800000u ? 0 : c;  // NaN: no midpoint is below it
+  return c & -int(a <= 0x7F800000u);  // NaN: no midpoint is below it (branch-free for vectorisation)
 }
+
+LOWBIT_HD int bucket_code(const QMap& map, float x) { return bucket_code(map, map.below, x); }
 
 // Scaled input of the code search; an all-zero block (absmax 0) maps to 0.
 LOWBIT_HD float normalize(float v, float absmax) { return absmax > 0.f ? v / absmax : 0.f; }
