@@ -1,5 +1,5 @@
-// The small kernels around a step: the per-step table upload (values travel
-// as kernel parameters), the non-finite gradient check, and the step-count
+// The small kernels around a step: table uploads (values travel as kernel
+// parameters), the non-finite gradient check, and the step-count
 // update of the device-scalar mode.
 #include <cuda_runtime.h>
 
@@ -10,9 +10,12 @@ namespace cuda {
 namespace {
 
 __global__ void __launch_bounds__(kThreads) upload_kernel(const __grid_constant__ UploadBatch b) {
-  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < b.dyn_count) b.dyn_dst[b.dyn_first + i] = b.dyn[i];
-  if (i < b.scalars_count) b.scalars_dst[b.scalars_first + i] = b.scalars[i];
+  const int stride = int(gridDim.x * blockDim.x);
+  for (int s = 0; s < b.num_segments; ++s) {
+    const UploadSegment seg = b.seg[s];
+    for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < seg.words; i += stride)
+      seg.dst[i] = b.payload[seg.first_word + i];
+  }
 }
 
 __device__ __forceinline__ uint32_t nonfinite16(uint32_t w, uint32_t mask) {
@@ -73,10 +76,10 @@ __global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a
 }  // namespace
 
 void launch_upload(const UploadBatch& batch, void* stream) {
-  const int n = batch.dyn_count > batch.scalars_count ? batch.dyn_count : batch.scalars_count;
-  if (n <= 0) return;
-  upload_kernel<<<dim3(unsigned((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
-                  static_cast<cudaStream_t>(stream)>>>(batch);
+  if (batch.num_segments <= 0 || batch.total_words <= 0) return;
+  const int blocks = (batch.total_words + kThreads - 1) / kThreads;
+  upload_kernel<<<dim3(unsigned(blocks < 32 ? blocks : 32)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(
+      batch);
 }
 
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream) {

@@ -111,6 +111,46 @@ DevParam describe(const ParamView& v, int64_t id, int32_t group) {
   return d;
 }
 
+// Collects host ranges bound for device tables into upload batches (kernel
+// parameters) and launches one upload kernel per full batch.
+class Uploader {
+ public:
+  Uploader(UploadBatch& batch, void* stream) : b_(batch), stream_(stream) {
+    b_.num_segments = 0;
+    b_.total_words = 0;
+  }
+  void add(void* dst, const void* src, size_t bytes) {
+    uint32_t* d = static_cast<uint32_t*>(dst);
+    const uint32_t* s = static_cast<const uint32_t*>(src);
+    size_t words = bytes / 4;  // every table entry is a whole number of 32-bit words
+    while (words > 0) {
+      if (b_.num_segments == kUploadSegments || b_.total_words == kUploadWords) flush();
+      const size_t take = std::min(words, size_t(kUploadWords - b_.total_words));
+      UploadSegment& seg = b_.seg[b_.num_segments++];
+      seg.dst = d;
+      seg.first_word = b_.total_words;
+      seg.words = int32_t(take);
+      std::memcpy(b_.payload + b_.total_words, s, take * 4);
+      b_.total_words += int32_t(take);
+      d += take;
+      s += take;
+      words -= take;
+    }
+  }
+  void flush() {
+    if (b_.num_segments > 0) {
+      launch_upload(b_, stream_);
+      check(cudaGetLastError(), "launching a table upload");
+    }
+    b_.num_segments = 0;
+    b_.total_words = 0;
+  }
+
+ private:
+  UploadBatch& b_;
+  void* stream_;
+};
+
 }  // namespace
 
 CudaEngine::CudaEngine(int device_index) : device_(device_index), batch_(new UploadBatch) {
@@ -134,7 +174,6 @@ CudaEngine::CudaEngine(int device_index) : device_(device_index), batch_(new Upl
     auto host_maps = std::make_unique<DevMaps>();
     std::memset(host_maps.get(), 0, sizeof(DevMaps));
     for (int id = 0; id < 4; ++id) host_maps->map[id] = qmap(MapId(id));
-    for (int id = 0; id < 2; ++id) host_maps->table[id] = build_bucket_table(host_maps->map[id]);
     device_alloc(&maps_, 1, "allocating the quantization maps");
     check(cudaMemcpy(maps_, host_maps.get(), sizeof(DevMaps), cudaMemcpyHostToDevice), "uploading the quantization maps");
     device_alloc(&flag_, 1, "allocating the step flag");
@@ -240,7 +279,6 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
     scalars_ = s;
     steps_ = t;
     param_cap_ = cap;
-    dyn_valid_ = false;
   }
   if (num_chunks > chunk_cap_) {
     int64_t cap = std::max<int64_t>(num_chunks, chunk_cap_ * 2);
@@ -250,61 +288,81 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
     chunks_ = c;
     chunk_cap_ = cap;
   }
+  check(cudaDeviceSynchronize(), "growing the parameter tables");
 }
 
 void CudaEngine::bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
-                      const int32_t* param_group) {
+                      const int32_t* param_group, void* stream) {
+  DeviceGuard guard(device_);
+  update_tables(params, num_params, chunks, num_chunks, param_group, stream);
+}
+
+void CudaEngine::update_tables(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
+                               const int32_t* param_group, void* stream) {
   LOWBIT_REQUIRE(num_params >= 0 && num_chunks >= 0 && (params || !num_params) && (chunks || !num_chunks),
                  LOWBIT_ERROR_INTERNAL, "bind: bad table sizes");
   LOWBIT_REQUIRE(num_params < (int64_t(1) << 31) && num_chunks * kSplit < (int64_t(1) << 31),
                  LOWBIT_ERROR_UNSUPPORTED, "bind: ", num_params, " params in ", num_chunks,
                  " chunks exceed the launch limits");
-  std::vector<DevParam> ps(static_cast<size_t>(num_params));
-  for (int64_t i = 0; i < num_params; ++i) ps[size_t(i)] = describe(params[i], i, param_group ? param_group[i] : 0);
-  std::vector<DevChunk> cs(static_cast<size_t>(num_chunks));
-  for (int64_t k = 0; k < num_chunks; ++k) {
-    const Chunk& c = chunks[k];
-    LOWBIT_REQUIRE(c.param >= 0 && c.param < num_params && c.begin >= 0 && c.begin < c.end &&
-                       c.end <= params[c.param].numel && c.begin % kTile == 0,
-                   LOWBIT_ERROR_INTERNAL, "bind: chunk ", k, " [", c.begin, ", ", c.end, ") of param ", c.param,
-                   " is not a tile-aligned range of a registered parameter");
-    DevChunk d;
-    std::memset(&d, 0, sizeof d);
-    d.begin = c.begin;
-    d.end = c.end;
-    d.param = c.param;
-    cs[size_t(k)] = d;
+  std::vector<DevParam>& ps = params_host_;
+  ps.resize(size_t(num_params));
+  if (param_group) bound_groups_.assign(param_group, param_group + num_params);
+  for (int64_t i = 0; i < num_params; ++i)
+    ps[size_t(i)] = describe(params[i], i, i < int64_t(bound_groups_.size()) ? bound_groups_[size_t(i)] : 0);
+  bool same_chunks = num_chunks == int64_t(bound_chunks_.size());
+  for (int64_t k = 0; same_chunks && k < num_chunks; ++k) {
+    const DevChunk& b = bound_chunks_[size_t(k)];
+    same_chunks = b.begin == chunks[k].begin && b.end == chunks[k].end && b.param == chunks[k].param;
   }
-  std::vector<int32_t> groups(param_group ? param_group : nullptr, param_group ? param_group + num_params : nullptr);
-  const bool same = ps.size() == bound_params_.size() && cs.size() == bound_chunks_.size() &&
-                    groups == bound_groups_ &&
-                    (ps.empty() || std::memcmp(ps.data(), bound_params_.data(), ps.size() * sizeof(DevParam)) == 0) &&
-                    (cs.empty() || std::memcmp(cs.data(), bound_chunks_.data(), cs.size() * sizeof(DevChunk)) == 0);
-  if (same) return;
-  DeviceGuard guard(device_);
-  // Steps in flight may still read the old tables.
-  check(cudaDeviceSynchronize(), "waiting for the device before updating the parameter tables");
-  grow(num_params, num_chunks);
-  if (num_params)
-    check(cudaMemcpy(params_, ps.data(), ps.size() * sizeof(DevParam), cudaMemcpyHostToDevice),
-          "uploading the parameter table");
-  if (num_chunks)
-    check(cudaMemcpy(chunks_, cs.data(), cs.size() * sizeof(DevChunk), cudaMemcpyHostToDevice),
-          "uploading the chunk table");
-  // Parameters beyond the previously bound ones start at step 0.
-  if (num_params > int64_t(bound_params_.size()))
-    check(cudaMemset(steps_ + bound_params_.size(), 0, size_t(num_params - int64_t(bound_params_.size())) * 8),
-          "cudaMemset");
-  check(cudaDeviceSynchronize(), "uploading the parameter tables");
-  bound_params_ = std::move(ps);
-  bound_chunks_ = std::move(cs);
-  bound_groups_ = std::move(groups);
+  std::vector<DevChunk>& cs = chunks_host_;
+  if (!same_chunks) {
+    cs.resize(size_t(num_chunks));
+    for (int64_t k = 0; k < num_chunks; ++k) {
+      const Chunk& c = chunks[k];
+      LOWBIT_REQUIRE(c.param >= 0 && c.param < num_params && c.begin >= 0 && c.begin < c.end &&
+                         c.end <= params[c.param].numel && c.begin % kTile == 0,
+                     LOWBIT_ERROR_INTERNAL, "bind: chunk ", k, " [", c.begin, ", ", c.end, ") of param ", c.param,
+                     " is not a tile-aligned range of a registered parameter");
+      DevChunk d;
+      std::memset(&d, 0, sizeof d);
+      d.begin = c.begin;
+      d.end = c.end;
+      d.param = c.param;
+      cs[size_t(k)] = d;
+    }
+  }
+  const bool same_params =
+      ps.size() == bound_params_.size() &&
+      (ps.empty() || std::memcmp(ps.data(), bound_params_.data(), ps.size() * sizeof(DevParam)) == 0);
+  if (same_params && same_chunks) return;
+  const int64_t old_params = int64_t(bound_params_.size());
+  if (num_params > param_cap_ || num_chunks > chunk_cap_) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture), "cudaStreamIsCapturing");
+    LOWBIT_REQUIRE(capture == cudaStreamCaptureStatusNone, LOWBIT_ERROR_INVALID_STATE,
+                   "stream: parameters were registered since the last step, and the tables they need cannot be "
+                   "allocated during a CUDA graph capture; take one step outside the capture first");
+    // Reallocation: steps in flight may still read the old tables.
+    check(cudaDeviceSynchronize(), "waiting for the device before growing the parameter tables");
+    grow(num_params, num_chunks);  // new step counts are zero
+  } else if (num_params > old_params) {
+    check(cudaMemsetAsync(steps_ + old_params, 0, size_t(num_params - old_params) * sizeof(int64_t),
+                          static_cast<cudaStream_t>(stream)),
+          "cudaMemsetAsync");
+  }
+  // The new tables follow the work already on the stream.
+  Uploader up(*batch_, stream);
+  if (!same_params) up.add(params_, ps.data(), ps.size() * sizeof(DevParam));
+  if (!same_chunks) up.add(chunks_, cs.data(), cs.size() * sizeof(DevChunk));
+  up.flush();
+  if (!same_params) bound_params_.swap(ps);
+  if (!same_chunks) bound_chunks_.swap(cs);
 }
 
-void CudaEngine::sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks) {
+void CudaEngine::sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
   int64_t num_params = 0;
   for (int64_t k = 0; k < num_chunks; ++k) num_params = std::max<int64_t>(num_params, int64_t(chunks[k].param) + 1);
-  bind(params, num_params, chunks, num_chunks, bound_groups_.size() == size_t(num_params) ? bound_groups_.data() : nullptr);
+  update_tables(params, num_params, chunks, num_chunks, nullptr, stream);
 }
 
 void CudaEngine::set_device_scalars(const lowbit_hparams_t* device_hparams, uint64_t seed) {
@@ -312,7 +370,8 @@ void CudaEngine::set_device_scalars(const lowbit_hparams_t* device_hparams, uint
   seed_ = seed;
 }
 
-void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream) {
+void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream,
+                            bool reuse_pending) {
   LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "step: ", num_params,
                  " params given but ", bound_params_.size(), " bound");
   dyn_host_.resize(size_t(num_params));
@@ -345,32 +404,23 @@ void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool ho
     }
     dyn_host_[size_t(i)] = d;
   }
-  if (dyn_valid_ && dyn_host_.size() == dyn_uploaded_.size() && scalars_host_.size() == scalars_uploaded_.size() &&
+  // Reuse is only safe for the upload enqueued by any_nonfinite() just before
+  // step() in the same Optimizer::step: otherwise a replayed CUDA graph may
+  // have rewritten the device tables since.
+  const bool pending = dyn_pending_;
+  dyn_pending_ = false;
+  if (reuse_pending && pending && dyn_host_.size() == dyn_uploaded_.size() && scalars_host_.size() == scalars_uploaded_.size() &&
       (dyn_host_.empty() ||
        std::memcmp(dyn_host_.data(), dyn_uploaded_.data(), dyn_host_.size() * sizeof(DevDyn)) == 0) &&
       (scalars_host_.empty() || std::memcmp(scalars_host_.data(), scalars_uploaded_.data(),
                                             scalars_host_.size() * sizeof(StepScalars)) == 0))
-    return;  // the device already holds exactly these tables
-  const int64_t nd = int64_t(dyn_host_.size()), ns = int64_t(scalars_host_.size());
-  const int64_t batches = std::max((nd + kUploadDyn - 1) / kUploadDyn, (ns + kUploadScalars - 1) / kUploadScalars);
-  dyn_valid_ = false;
-  UploadBatch& b = *batch_;
-  for (int64_t k = 0; k < batches; ++k) {
-    b.dyn_dst = dyn_;
-    b.scalars_dst = scalars_;
-    b.dyn_first = int32_t(std::min<int64_t>(k * kUploadDyn, nd));
-    b.dyn_count = int32_t(std::min<int64_t>(kUploadDyn, nd - b.dyn_first));
-    b.scalars_first = int32_t(std::min<int64_t>(k * kUploadScalars, ns));
-    b.scalars_count = int32_t(std::min<int64_t>(kUploadScalars, ns - b.scalars_first));
-    if (b.dyn_count > 0) std::memcpy(b.dyn, dyn_host_.data() + b.dyn_first, size_t(b.dyn_count) * sizeof(DevDyn));
-    if (b.scalars_count > 0)
-      std::memcpy(b.scalars, scalars_host_.data() + b.scalars_first, size_t(b.scalars_count) * sizeof(StepScalars));
-    launch_upload(b, stream);
-    check(cudaGetLastError(), "launching the per-step table upload");
-  }
-  dyn_uploaded_ = dyn_host_;
-  scalars_uploaded_ = scalars_host_;
-  dyn_valid_ = true;
+    return;  // the check just enqueued uploaded exactly these tables
+  Uploader up(*batch_, stream);
+  up.add(dyn_, dyn_host_.data(), dyn_host_.size() * sizeof(DevDyn));
+  up.add(scalars_, scalars_host_.data(), scalars_host_.size() * sizeof(StepScalars));
+  up.flush();
+  dyn_uploaded_.swap(dyn_host_);
+  scalars_uploaded_.swap(scalars_host_);
 }
 
 void CudaEngine::enqueue_check(void* stream) {
@@ -416,17 +466,18 @@ bool CudaEngine::any_nonfinite(const ParamView* params, const Chunk* chunks, int
   LOWBIT_REQUIRE(capture == cudaStreamCaptureStatusNone, LOWBIT_ERROR_UNSUPPORTED,
                  "stream: with skip_nonfinite = 1 a step waits for the non-finite check on the host, which a CUDA "
                  "graph capture does not allow; capture with skip_nonfinite = 0");
-  sync_tables(params, chunks, num_chunks);
-  upload_dyn(params, int64_t(bound_params_.size()), true, stream);
+  sync_tables(params, chunks, num_chunks, stream);
+  upload_dyn(params, int64_t(bound_params_.size()), true, stream, false);
   enqueue_check(stream);
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the non-finite check");
+  dyn_pending_ = true;  // step() may reuse these tables
   return *host_flag_ != 0;
 }
 
 void CudaEngine::step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
   DeviceGuard guard(device_);
-  sync_tables(params, chunks, num_chunks);
-  upload_dyn(params, int64_t(bound_params_.size()), true, stream);
+  sync_tables(params, chunks, num_chunks, stream);
+  upload_dyn(params, int64_t(bound_params_.size()), true, stream, true);
   launch_all(algo, false, false, stream);
 }
 
@@ -434,7 +485,7 @@ void CudaEngine::enqueue_step(Algo algo, const ParamView* params, int64_t num_pa
                               void* stream) {
   DeviceGuard guard(device_);
   const bool device_scalars = device_hparams_ != nullptr;
-  upload_dyn(params, num_params, !device_scalars, stream);
+  upload_dyn(params, num_params, !device_scalars, stream, false);
   launch_all(algo, check_nonfinite, device_scalars, stream);
 }
 

@@ -15,8 +15,12 @@
 //
 // Memory: optimizer state comes from allocate_zeroed() at registration; the
 // engine's own tables (per-parameter descriptors, chunk map, step counts) are
-// (re)allocated only when the set of registered parameters changes, never by
-// a step over an unchanged set.
+// (re)allocated only when more parameters are registered, never by a step
+// over an unchanged set. Table contents reach the device as kernel parameters
+// of a small upload kernel on the caller's stream (cuda/tables.hpp).
+//
+// A captured graph refers to the tables of the parameters registered at
+// capture time: capture again after registering more parameters.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -50,11 +54,13 @@ class CudaEngine final : public Engine {
   // ---- device-resident interface ------------------------------------------------
   // Describes the registered parameters (views: static fields; grads and
   // scalars are ignored) and their chunks. param_group (host array, may be
-  // null = all 0) is the group of each parameter for the device-scalar mode.
-  // Allocates and uploads only when something changed, after waiting for the
-  // device; new parameters start with step count 0.
+  // null: keep the last one given, or 0) is the group of each parameter for
+  // the device-scalar mode. Does nothing when nothing changed; otherwise
+  // enqueues the new tables on `stream`, and when they outgrow their
+  // allocation, waits for the device and reallocates. New parameters start
+  // with step count 0.
   void bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
-            const int32_t* param_group);
+            const int32_t* param_group, void* stream);
   // device_hparams: device memory holding one lowbit_hparams_t per group, read
   // by every following enqueue_step (nullptr: back to host scalars).
   void set_device_scalars(const lowbit_hparams_t* device_hparams, uint64_t seed);
@@ -74,8 +80,10 @@ class CudaEngine final : public Engine {
   int device_index() const { return device_; }
 
  private:
-  void sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks);
-  void upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream);
+  void update_tables(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
+                     const int32_t* param_group, void* stream);
+  void sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream);
+  void upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream, bool reuse_pending);
   void enqueue_check(void* stream);
   void launch_all(Algo algo, bool check_nonfinite, bool device_scalars, void* stream);
   void grow(int64_t num_params, int64_t num_chunks);
@@ -93,12 +101,12 @@ class CudaEngine final : public Engine {
   int64_t chunk_cap_ = 0;
 
   // Host mirrors of what the device tables hold.
-  std::vector<DevParam> bound_params_;
-  std::vector<DevChunk> bound_chunks_;
+  std::vector<DevParam> bound_params_, params_host_;
+  std::vector<DevChunk> bound_chunks_, chunks_host_;
   std::vector<int32_t> bound_groups_;
   std::vector<DevDyn> dyn_host_, dyn_uploaded_;
   std::vector<StepScalars> scalars_host_, scalars_uploaded_;
-  bool dyn_valid_ = false;  // dyn_uploaded_ / scalars_uploaded_ are what the device holds
+  bool dyn_pending_ = false;  // any_nonfinite() just uploaded dyn_uploaded_ / scalars_uploaded_
   std::unique_ptr<UploadBatch> batch_;
 
   const lowbit_hparams_t* device_hparams_ = nullptr;

@@ -10,6 +10,9 @@
 //     state (cudaMalloc) and for params/grads whose base is 16-byte aligned;
 //     other bases and the partial last 8 elements of a parameter take a
 //     scalar path into the same register layout.
+// The quantization maps (values, midpoints, bucket tables of the code search)
+// are copied to shared memory per block; codes come from bucket_code() (8-bit)
+// and nearest_code() (4-bit) of core/quant.hpp, which give identical codes.
 // The per-element math is core/update_rules.hpp, the codec is core/codec.cpp
 // step for step (same operations in the same order, no FMA contraction: the
 // CUDA sources are built with --fmad=false), so results match the CPU engine
@@ -22,17 +25,10 @@
 #include "core/quant.hpp"
 #include "core/rounding.hpp"
 #include "core/update_rules.hpp"
-#include "cuda/qsearch.hpp"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
 namespace cuda {
-
-struct SharedMap {
-  float values[256];
-  float mids[256];
-  QBucketTable table;
-};
 
 // Raw storage of the 8 elements of one lane (at most 32 bytes).
 struct Raw {
@@ -182,7 +178,7 @@ __device__ __forceinline__ void load_moment(Raw& r, float& scale, const MomentRe
 }
 
 __device__ __forceinline__ void decode_moment(float (&x)[8], uint8_t format, const Raw& r, float scale,
-                                              const SharedMap& sm) {
+                                              const QMap& sm) {
   switch (format) {
     case LOWBIT_STATE_FP32:
 #pragma unroll
@@ -213,26 +209,23 @@ __device__ __forceinline__ void decode_moment(float (&x)[8], uint8_t format, con
 
 // Max of |x[j]| over the valid elements of the lanes of one block: the whole
 // warp (first_offset 16) or each half-warp (first_offset 8). Every lane of
-// the warp must call it.
+// the warp must call it. Same comparison as core/codec.cpp (a NaN never wins),
+// and max is exact, so the order of the reduction does not matter.
 __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int first_offset) {
   float a = 0.f;
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (j < n) a = fmaxf(a, fabsf(x[j]));
-  for (int off = first_offset; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+  for (int j = 0; j < 8; ++j) {
+    float v = fabsf(x[j]);
+    if (j < n) a = v > a ? v : a;
+  }
+  for (int off = first_offset; off > 0; off >>= 1) {
+    float v = __shfl_xor_sync(0xFFFFFFFFu, a, off);
+    a = v > a ? v : a;
+  }
   return a;
 }
 
-// nearest_code() on the 16-entry maps: the same branchless binary search.
-__device__ __forceinline__ int nearest_code16(const float* mids, float x) {
-  int pos = 0;
-#pragma unroll
-  for (int step = 8; step >= 1; step >>= 1)
-    if (x > mids[pos + step - 1]) pos += step;
-  return pos;
-}
-
-__device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const SharedMap& sm, const float (&x)[8],
+__device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, const float (&x)[8],
                                                     int64_t e0, int64_t tile_off, int n, int lane) {
   Raw r;
   zero(r);
@@ -252,7 +245,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const S
       if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        uint32_t c = uint32_t(bucket_code(sm.mids, 256, sm.table.below_pos, sm.table.below_neg, normalize(x[j], absmax)));
+        uint32_t c = uint32_t(bucket_code(sm, normalize(x[j], absmax)));
         r.w[j >> 2] |= c << (8 * (j & 3));
       }
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
@@ -264,7 +257,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const S
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         // Past the end of the tensor the high nibble of the last byte is 0.
-        uint32_t c = j < n ? uint32_t(nearest_code16(sm.mids, normalize(x[j], absmax))) : 0u;
+        uint32_t c = j < n ? uint32_t(nearest_code(sm, normalize(x[j], absmax))) : 0u;
         r.w[0] |= c << (4 * j);
       }
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
@@ -382,7 +375,7 @@ __device__ __forceinline__ StepScalars device_scalars(const lowbit_hparams_t& h,
 
 template <Algo A>
 __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) {
-  __shared__ SharedMap smap[2];
+  __shared__ QMap smap[2];
   __shared__ StepScalars sscalars;
   __shared__ uint64_t skey;
 
@@ -400,17 +393,9 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   for (int k = 0; k < 2; ++k) {
     const uint8_t id = P.map[k];
     if (k >= P.num_moments || id == kNoMap) continue;
-    const QMap& src = args.maps->map[id];
-    const int n = src.n;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      smap[k].values[i] = src.values[i];
-      if (i < n - 1) smap[k].mids[i] = src.midpoints[i];
-    }
-    if (n == 256) {
-      const uint32_t* from = reinterpret_cast<const uint32_t*>(&args.maps->table[id]);
-      uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k].table);
-      for (int i = threadIdx.x; i < int(sizeof(QBucketTable) / 4); i += kThreads) to[i] = from[i];
-    }
+    const uint32_t* from = reinterpret_cast<const uint32_t*>(&args.maps->map[id]);
+    uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k]);
+    for (int i = threadIdx.x; i < int(sizeof(QMap) / 4); i += kThreads) to[i] = __ldg(from + i);
   }
   if (threadIdx.x == 0) {
     if (args.device_scalars) {

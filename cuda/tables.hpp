@@ -8,7 +8,6 @@
 
 #include "core/quant.hpp"
 #include "core/update_rules.hpp"
-#include "cuda/qsearch.hpp"
 #include "lowbit.h"
 
 namespace lowbit {
@@ -63,11 +62,11 @@ struct DevChunk {
 static_assert(sizeof(DevChunk) == 24, "DevChunk layout");
 static_assert(sizeof(StepScalars) == 48, "StepScalars layout (compared bytewise)");
 
-// The four maps of core/qmaps.cpp and the bucket tables of the two 256-code ones.
+// The four maps of core/qmaps.cpp (values, midpoints and bucket tables).
 struct DevMaps {
   QMap map[4];
-  QBucketTable table[2];
 };
+static_assert(sizeof(QMap) % 4 == 0, "maps are copied to shared memory as 32-bit words");
 
 // Everything the step kernel needs, passed by value.
 struct StepArgs {
@@ -87,17 +86,21 @@ struct StepArgs {
   int32_t pad_;
 };
 
-// Per-step tables go to the device as kernel parameters (no staging memory,
-// no host sync, and a captured graph holds the values of the captured step).
-constexpr int kUploadDyn = 1024;
-constexpr int kUploadScalars = 64;
+// Host tables reach the device as the kernel parameters of an upload kernel:
+// no staging memory, no host synchronisation, ordered on the caller's stream,
+// and a captured CUDA graph holds the values of the captured step.
+constexpr int kUploadSegments = 8;
+constexpr int kUploadWords = 7680;  // 30 KiB of payload per launch
+struct UploadSegment {
+  uint32_t* dst;
+  int32_t first_word;  // in payload
+  int32_t words;
+};
 struct UploadBatch {
-  DevDyn* dyn_dst;
-  StepScalars* scalars_dst;
-  int32_t dyn_first, dyn_count;
-  int32_t scalars_first, scalars_count;
-  DevDyn dyn[kUploadDyn];
-  StepScalars scalars[kUploadScalars];
+  UploadSegment seg[kUploadSegments];
+  int32_t num_segments;
+  int32_t total_words;
+  uint32_t payload[kUploadWords];
 };
 static_assert(sizeof(UploadBatch) < 32000, "kernel parameters are limited to 32764 bytes");
 
