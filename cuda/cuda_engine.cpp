@@ -433,6 +433,21 @@ void CudaEngine::enqueue_check(void* stream) {
 
 void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars, void* stream) {
   const int64_t num_chunks = int64_t(bound_chunks_.size());
+  const int64_t num_params = int64_t(bound_params_.size());
+  if (device_scalars) {
+    PrepareArgs p;
+    std::memset(&p, 0, sizeof p);
+    p.params = params_;
+    p.dyn = dyn_;
+    p.scalars = scalars_;
+    p.hparams = device_hparams_;
+    p.steps = steps_;
+    p.seed = seed_;
+    p.num_params = num_params;
+    p.bias_correction_allowed = algo != Algo::Lion;
+    launch_prepare(p, stream);
+    check(cudaGetLastError(), "launching the scalar computation");
+  }
   if (check_nonfinite) enqueue_check(stream);
   StepArgs a;
   std::memset(&a, 0, sizeof a);
@@ -442,10 +457,6 @@ void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars
   a.chunks = chunks_;
   a.maps = maps_;
   a.skip_flag = check_nonfinite ? flag_ : nullptr;
-  a.hparams = device_hparams_;
-  a.steps = steps_;
-  a.seed = seed_;
-  a.device_scalars = device_scalars ? 1 : 0;
   switch (algo) {
     case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
     case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
@@ -454,7 +465,7 @@ void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars
   }
   check(cudaGetLastError(), "launching the step kernel");
   if (device_scalars) {
-    launch_finalize(FinalizeArgs{dyn_, steps_, a.skip_flag, int64_t(bound_params_.size())}, stream);
+    launch_finalize(FinalizeArgs{dyn_, steps_, a.skip_flag, num_params}, stream);
     check(cudaGetLastError(), "launching the step-count update");
   }
 }

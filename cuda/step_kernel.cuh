@@ -209,20 +209,21 @@ __device__ __forceinline__ void decode_moment(float (&x)[8], uint8_t format, con
 
 // Max of |x[j]| over the valid elements of the lanes of one block: the whole
 // warp (first_offset 16) or each half-warp (first_offset 8). Every lane of
-// the warp must call it. Same comparison as core/codec.cpp (a NaN never wins),
-// and max is exact, so the order of the reduction does not matter.
+// the warp must call it. As block_absmax() in core/codec.cpp: the maximum of
+// the bits of |x| as integers (the float order for non-NaN values; exact, so
+// the reduction order does not matter), and 0 when that maximum is a NaN.
 __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int first_offset) {
-  float a = 0.f;
+  uint32_t a = 0;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    float v = fabsf(x[j]);
-    if (j < n) a = v > a ? v : a;
+    uint32_t u = float_bits(x[j]) & 0x7FFFFFFFu;
+    if (j < n) a = u > a ? u : a;
   }
   for (int off = first_offset; off > 0; off >>= 1) {
-    float v = __shfl_xor_sync(0xFFFFFFFFu, a, off);
+    uint32_t v = __shfl_xor_sync(0xFFFFFFFFu, a, off);
     a = v > a ? v : a;
   }
-  return a;
+  return a > 0x7F800000u ? 0.f : bits_float(a);
 }
 
 __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, const float (&x)[8],
@@ -348,29 +349,6 @@ __device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[
   store_elems(P.param, false, e0, n, P.param_al16, r);
 }
 
-// ---- scalars -----------------------------------------------------------------
-
-// Optimizer::step_scalars on the device, from the group's hyper-parameters and
-// the parameter's step count (pow/sqrt in double, rounded once to float).
-template <Algo A>
-__device__ __forceinline__ StepScalars device_scalars(const lowbit_hparams_t& h, int64_t t) {
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  const bool bc = h.bias_correction && A != Algo::Lion;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - pow(double(h.beta1), double(t))) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / sqrt(1.0 - pow(double(h.beta2), double(t))) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = t == 1;
-  return s;
-}
-
 // ---- the kernel ----------------------------------------------------------------
 
 template <Algo A>
@@ -398,14 +376,8 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
     for (int i = threadIdx.x; i < int(sizeof(QMap) / 4); i += kThreads) to[i] = __ldg(from + i);
   }
   if (threadIdx.x == 0) {
-    if (args.device_scalars) {
-      const int64_t t = args.steps[ch.param] + 1;
-      sscalars = device_scalars<A>(args.hparams[P.group], t);
-      skey = rounding_key(args.seed, uint64_t(ch.param), uint64_t(t));
-    } else {
-      sscalars = args.scalars[dyn.scalar_idx];
-      skey = dyn.key;
-    }
+    sscalars = args.scalars[dyn.scalar_idx];
+    skey = dyn.key;
   }
   __syncthreads();
   const StepScalars s = sscalars;

@@ -72,17 +72,25 @@ static_assert(sizeof(QMap) % 4 == 0, "maps are copied to shared memory as 32-bit
 struct StepArgs {
   const DevParam* params;
   const DevDyn* dyn;
-  const StepScalars* scalars;  // host-scalar mode
+  const StepScalars* scalars;  // parameter i uses scalars[dyn[i].scalar_idx] and key dyn[i].key
   const DevChunk* chunks;
   const DevMaps* maps;
   const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
-  // Device-scalar mode (device_scalars != 0): the scalars of parameter i come
-  // from hparams[params[i].group] and step count steps[i] + 1, as
-  // Optimizer::step_scalars computes them, and the rounding key from seed.
+};
+
+// Device-scalar mode: before the step, the scalars and rounding key of every
+// parameter with a gradient are computed on the device, as
+// Optimizer::step_scalars does, from hparams[params[i].group] and step count
+// steps[i] + 1, into scalars[i] / dyn[i].
+struct PrepareArgs {
+  const DevParam* params;
+  DevDyn* dyn;
+  StepScalars* scalars;
   const lowbit_hparams_t* hparams;
   const int64_t* steps;
   uint64_t seed;
-  int32_t device_scalars;
+  int64_t num_params;
+  int32_t bias_correction_allowed;  // 0 for Lion
   int32_t pad_;
 };
 
@@ -126,6 +134,7 @@ template <Algo A>
 void launch_step(const StepArgs& args, int64_t num_chunks, void* stream);
 void launch_upload(const UploadBatch& batch, void* stream);
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
+void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);
 
 }  // namespace cuda
