@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "harness.h"
 
@@ -764,6 +765,31 @@ static void test_error_isolation(void** state) {
   fixture_free(&b);
 }
 
+/* lowbit_last_error() is thread-local: a failure on one thread does not
+ * show on another. */
+static void* provoke_null_handle_error(void* arg) {
+  (void)arg;
+  lowbit_status_t st = lowbit_optimizer_step(NULL, NULL);
+  static int ok;
+  ok = st == LOWBIT_ERROR_NULL_POINTER && strstr(lowbit_last_error(), "opt") != NULL;
+  return &ok;
+}
+
+static void test_thread_local_error(void** state) {
+  (void)state;
+  lowbit_hparams_t h;
+  EXPECT(lowbit_hparams_init(&h, (lowbit_algorithm_t)123), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(),
+         "algorithm", "hparams_init(123)");
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, provoke_null_handle_error, NULL), 0);
+  void* ret = NULL;
+  pthread_join(th, &ret);
+  assert_true(*(int*)ret);
+  /* this thread still sees its own message */
+  assert_non_null(strstr(lowbit_last_error(), "algorithm"));
+  assert_null(strstr(lowbit_last_error(), "opt"));
+}
+
 int main(void) {
   test_seed_init("test_bad_input");
   if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
@@ -779,6 +805,7 @@ int main(void) {
       cmocka_unit_test(test_step_without_params),
       cmocka_unit_test(test_queries),
       cmocka_unit_test(test_error_isolation),
+      cmocka_unit_test(test_thread_local_error),
   };
   return cmocka_run_group_tests_name("bad_input", tests, NULL, NULL);
 }

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "harness.h"
 
@@ -455,11 +456,77 @@ static void test_threads_bit_identical(void** state) {
   free(g);
 }
 
+/* Distinct handles are independent and may be used concurrently (header):
+ * two optimizers stepped from two threads at once give exactly the bits they
+ * give when stepped one after the other. */
+typedef struct {
+  lowbit_algorithm_t algo;
+  lowbit_state_format_t fmt;
+  lowbit_dtype_t pdt;
+  int64_t n;
+  uint64_t seed;
+  void* out; /* final params */
+} conc_job_t;
+
+static void* conc_run(void* arg) {
+  conc_job_t* j = arg;
+  rng_t r = {j->seed};
+  lowbit_optimizer_config_t oc;
+  lowbit_optimizer_config_init(&oc, j->algo);
+  oc.state_format = j->fmt;
+  oc.num_threads = 2;
+  lowbit_hparams_t h;
+  lowbit_hparams_init(&h, j->algo);
+  lowbit_optimizer_t opt = NULL;
+  if (lowbit_optimizer_create(&opt, &oc, &h) != LOWBIT_SUCCESS) return NULL;
+  float* g = calloc((size_t)j->n, 4);
+  for (int64_t e = 0; e < j->n; ++e) tensor_set(j->out, j->pdt, e, 0.1 * rng_normal(&r));
+  lowbit_param_config_t pc;
+  lowbit_param_config_init(&pc);
+  pc.param = make_tensor(j->out, j->n, j->pdt);
+  pc.grad = make_tensor(g, j->n, LOWBIT_DTYPE_FLOAT32);
+  int64_t id;
+  lowbit_optimizer_add_param(opt, &pc, &id);
+  for (int s = 0; s < 8; ++s) {
+    for (int64_t e = 0; e < j->n; ++e) g[e] = (float)rng_normal(&r);
+    lowbit_optimizer_step(opt, NULL);
+  }
+  lowbit_optimizer_destroy(opt);
+  free(g);
+  return j;
+}
+
+static void test_concurrent_handles(void** state) {
+  (void)state;
+  rng_t r = test_rng("concurrent");
+  conc_job_t jobs[2] = {
+      {LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_BF16, LOWBIT_DTYPE_BFLOAT16, 300001, rng_next(&r), NULL},
+      {LOWBIT_ALGORITHM_LION, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_FLOAT32, 200003, rng_next(&r), NULL},
+  };
+  void* seq[2];
+  for (int k = 0; k < 2; ++k) {
+    jobs[k].out = calloc((size_t)jobs[k].n, dtype_size(jobs[k].pdt));
+    assert_non_null(conc_run(&jobs[k]));
+    seq[k] = jobs[k].out;
+    jobs[k].out = calloc((size_t)jobs[k].n, dtype_size(jobs[k].pdt));
+  }
+  pthread_t th[2];
+  for (int k = 0; k < 2; ++k) assert_int_equal(pthread_create(&th[k], NULL, conc_run, &jobs[k]), 0);
+  for (int k = 0; k < 2; ++k) {
+    void* ret = NULL;
+    pthread_join(th[k], &ret);
+    assert_non_null(ret);
+    assert_memory_equal(seq[k], jobs[k].out, (size_t)jobs[k].n * dtype_size(jobs[k].pdt));
+    free(seq[k]);
+    free(jobs[k].out);
+  }
+}
+
 int main(void) {
   test_seed_init("test_full_precision");
   if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
   enum { NMATRIX = NUM_ALGOS * 2 * 3, NLARGE = NUM_ALGOS, NMANY = NUM_ALGOS };
-  struct CMUnitTest tests[NMATRIX + NLARGE + NMANY + 3];
+  struct CMUnitTest tests[NMATRIX + NLARGE + NMANY + 4];
   int k = 0;
   for (int i = 0; i < NMATRIX; ++i) {
     struct CMUnitTest t = cmocka_unit_test_prestate(test_matrix, (void*)(intptr_t)i);
@@ -477,9 +544,11 @@ int main(void) {
     struct CMUnitTest t1 = cmocka_unit_test(test_skip_nonfinite);
     struct CMUnitTest t2 = cmocka_unit_test(test_nonfinite_propagates);
     struct CMUnitTest t3 = cmocka_unit_test(test_threads_bit_identical);
+    struct CMUnitTest t4 = cmocka_unit_test(test_concurrent_handles);
     tests[k++] = t1;
     tests[k++] = t2;
     tests[k++] = t3;
+    tests[k++] = t4;
   }
   return _cmocka_run_group_tests("full_precision", tests, (size_t)k, NULL, NULL);
 }
