@@ -7,7 +7,7 @@ the library named by the environment variable ``LOWBIT_LIBRARY`` (for build
 trees). ``lowbit.torch`` holds drop-in ``torch.optim.Optimizer`` classes.
 """
 
-from ._capi import Algorithm, CheckpointMode, Device, Dtype, StateFormat, Status
+from ._capi import Algorithm, CheckpointMode, CommBackend, CommCudaAware, Device, Dtype, StateFormat, Status
 from ._capi import VERSION as HEADER_VERSION
 from ._lib import (
     ArrayError,
@@ -31,6 +31,7 @@ from ._lib import (
     status_string,
 )
 from ._lib import LIB as _LIB
+from ._comm import Communicator
 from ._optimizer import Optimizer, ParamInfo
 
 __version__ = "0.1.0"
@@ -59,6 +60,9 @@ __all__ = [
     "ArrayError",
     "BufferTooSmallError",
     "CheckpointMode",
+    "CommBackend",
+    "CommCudaAware",
+    "Communicator",
     "CommunicationError",
     "CorruptDataError",
     "CudaError",

@@ -390,6 +390,9 @@ Hparams = _struct_type("lowbit_hparams_t")
 OptimizerConfig = _struct_type("lowbit_optimizer_config_t")
 ParamConfig = _struct_type("lowbit_param_config_t")
 ParamInfo = _struct_type("lowbit_param_info_t")
+CommConfig = _struct_type("lowbit_comm_config_t")
+CommInfo = _struct_type("lowbit_comm_info_t")
+CommStats = _struct_type("lowbit_comm_stats_t")
 
 # name -> (restype, [argtypes]) derived from FUNCTION_DECLS.
 FUNCTIONS = {

@@ -466,6 +466,27 @@ class Optimizer:
         """step_with_grads on an already-built lowbit_tensor_t array."""
         self._call("lowbit_optimizer_step_with_grads", grads_array, c_int64(n), c_void_p(stream))
 
+    # -- 1-bit Adam
+
+    def set_comm(self, comm) -> None:
+        """1-bit Adam: the lowbit.Communicator that averages gradients during
+        warm-up and compressed momentum after freeze_step. The optimizer keeps
+        a reference to it, but does not own it: close the optimizer before
+        closing the communicator."""
+        handle = None if comm is None else c_void_p(comm.handle)
+        self._call("lowbit_optimizer_set_comm", handle)
+        self._comm = comm
+
+    def set_momentum_mask(self, param_id: int, mask) -> None:
+        """1-bit Adam: elements where `mask` (numel values, host) is 0 keep a
+        momentum of exactly zero. None removes the mask."""
+        if mask is None:
+            self._call("lowbit_optimizer_set_momentum_mask", c_int64(int(param_id)), None, c_int64(0))
+            return
+        m = np.ascontiguousarray(np.asarray(mask) != 0, dtype=np.uint8).reshape(-1)
+        self._call("lowbit_optimizer_set_momentum_mask", c_int64(int(param_id)),
+                   m.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), c_int64(m.size))
+
     @property
     def last_step_skipped(self) -> bool:
         out = c_int32(0)
