@@ -19,7 +19,9 @@
 // bit for bit. Each lane first issues all loads of a tile, then decodes, so
 // the loads of one tile are in flight together.
 #pragma once
+#ifndef LOWBIT_CUDA_EMULATION  // tests/cuda/emu: the same kernel code run on the host
 #include <cuda_runtime.h>
+#endif
 
 #include "core/float16.hpp"
 #include "core/quant.hpp"

@@ -1,0 +1,108 @@
+// Device code of the small kernels around a step: table uploads (values travel
+// as kernel parameters), the non-finite gradient check, and in the
+// device-scalar mode the per-parameter scalars and the step-count update.
+// Launched from aux_kernels.cu.
+#pragma once
+#ifndef LOWBIT_CUDA_EMULATION
+#include <cuda_runtime.h>
+#endif
+
+#include "core/rounding.hpp"
+#include "cuda/tables.hpp"
+
+namespace lowbit {
+namespace cuda {
+
+__global__ void __launch_bounds__(kThreads) upload_kernel(const __grid_constant__ UploadBatch b) {
+  const int stride = int(gridDim.x * blockDim.x);
+  for (int s = 0; s < b.num_segments; ++s) {
+    const UploadSegment seg = b.seg[s];
+    for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < seg.words; i += stride)
+      seg.dst[i] = b.payload[seg.first_word + i];
+  }
+}
+
+__device__ __forceinline__ uint32_t nonfinite16(uint32_t w, uint32_t mask) {
+  return uint32_t((w & mask) == mask) | uint32_t(((w >> 16) & mask) == mask);
+}
+
+__device__ __forceinline__ uint32_t nonfinite_words(const uint4& v, bool wide, uint32_t mask) {
+  if (wide) {
+    return uint32_t((v.x & 0x7F800000u) == 0x7F800000u) | uint32_t((v.y & 0x7F800000u) == 0x7F800000u) |
+           uint32_t((v.z & 0x7F800000u) == 0x7F800000u) | uint32_t((v.w & 0x7F800000u) == 0x7F800000u);
+  }
+  return nonfinite16(v.x, mask) | nonfinite16(v.y, mask) | nonfinite16(v.z, mask) | nonfinite16(v.w, mask);
+}
+
+// Block b scans part b % kSplit of chunk b / kSplit: 16-byte loads when the
+// gradient base is 16-byte aligned, element loads for the rest.
+__global__ void __launch_bounds__(kThreads) check_kernel(const CheckArgs a) {
+  const DevChunk ch = a.chunks[blockIdx.x / kSplit];
+  const int part = int(blockIdx.x % kSplit);
+  const DevDyn dyn = a.dyn[ch.param];
+  if (dyn.grad == nullptr) return;
+  const int64_t len = ch.end - ch.begin;
+  const int64_t per = ((len + kSplit - 1) / kSplit + 7) / 8 * 8;
+  const int64_t b = ch.begin + per * part;
+  const int64_t e = b + per < ch.end ? b + per : ch.end;
+  const bool wide = dyn.gdtype == kF32;
+  const uint32_t mask16 = dyn.gdtype == kBF16 ? 0x7F80u : 0x7C00u;
+  uint32_t bad = 0;
+  int64_t scalar_from = b;
+  if (dyn.grad_al16 && b < e) {
+    // b is a multiple of 8 elements, so b and every 8th element after it are 16-byte aligned.
+    const int64_t groups = (e - b) / 8;
+    if (wide) {
+      const uint4* g = reinterpret_cast<const uint4*>(static_cast<const float*>(dyn.grad) + b);
+      for (int64_t k = threadIdx.x; k < groups; k += kThreads)
+        bad |= nonfinite_words(__ldg(g + 2 * k), true, 0) | nonfinite_words(__ldg(g + 2 * k + 1), true, 0);
+    } else {
+      const uint4* g = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(dyn.grad) + b);
+      for (int64_t k = threadIdx.x; k < groups; k += kThreads) bad |= nonfinite_words(__ldg(g + k), false, mask16);
+    }
+    scalar_from = b + groups * 8;
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < e; i += kThreads) {
+    if (wide)
+      bad |= uint32_t((static_cast<const uint32_t*>(dyn.grad)[i] & 0x7F800000u) == 0x7F800000u);
+    else
+      bad |= uint32_t((static_cast<const uint16_t*>(dyn.grad)[i] & mask16) == mask16);
+  }
+  if (__syncthreads_or(int(bad)) && threadIdx.x == 0) *a.flag = 1;
+}
+
+// Optimizer::step_scalars on the device (pow and sqrt in double, rounded once
+// to float; CUDA's double pow is within 2 ulps of double, the host's within 1,
+// so the float results agree except in rare last-bit cases).
+__global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.num_params || a.dyn[i].grad == nullptr) return;
+  const lowbit_hparams_t h = a.hparams[a.params[i].group];
+  const int64_t t = a.steps[i] + 1;
+  StepScalars s{};
+  s.lr = h.lr;
+  s.beta1 = h.beta1;
+  s.beta2 = h.beta2;
+  s.eps = h.eps;
+  s.weight_decay = h.weight_decay;
+  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
+  const bool bc = h.bias_correction && a.bias_correction_allowed;
+  s.step_size = float(bc ? double(h.lr) / (1.0 - pow(double(h.beta1), double(t))) : double(h.lr));
+  s.inv_sqrt_bc2 = float(bc ? 1.0 / sqrt(1.0 - pow(double(h.beta2), double(t))) : 1.0);
+  s.momentum = h.momentum;
+  s.dampening = h.dampening;
+  s.nesterov = h.nesterov;
+  s.first_step = t == 1;
+  a.scalars[i] = s;
+  a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(t));
+  a.dyn[i].scalar_idx = int32_t(i);
+}
+
+__global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.num_params || (a.skip_flag && *a.skip_flag != 0)) return;
+  if (a.dyn[i].grad != nullptr) a.steps[i] += 1;
+}
+
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,106 @@
+// Host emulation of the CUDA features the lowbit kernels use, so the kernel
+// source (cuda/step_kernel.cuh, cuda/aux_kernels.cuh) and the engine
+// (cuda/cuda_engine.cpp) run and are checked on a machine without a GPU.
+//
+// A launch runs its blocks one after another; the threads of a block are
+// fibers on one OS thread, switched only at barriers, so every interleaving
+// the kernels' synchronisation allows is a valid schedule here too.
+// __syncthreads waits for all threads of the block that have not exited;
+// __shfl_xor_sync is a warp exchange between two barriers of the 32 lanes
+// (all lanes must take part, as on the GPU: a deadlock aborts with a message);
+// __shared__ variables are function statics, shared by the fibers of the
+// running block. Memory is host memory: the runtime functions the engine
+// calls (cudaMalloc, cudaMemcpy, ...) are implemented in emu.cpp over
+// malloc/memcpy, streams are ignored and work runs at launch.
+//
+// Arithmetic is the host compiler's: this checks the kernels' logic (tiles,
+// chunks, tails, alignment paths, packing, block reductions, tables), not the
+// device's floating point, which the GPU suites check against the CPU engine.
+#pragma once
+#define LOWBIT_CUDA_EMULATION 1
+
+#include <cuda_runtime.h>  // types (uint4, cudaStream_t, ...) and the runtime API declarations
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace lowbit {
+namespace cuda {
+namespace emu {
+
+struct Idx {
+  unsigned x, y, z;
+};
+Idx thread_idx();
+Idx block_idx();
+Idx block_dim();
+Idx grid_dim();
+void sync_block();
+uint32_t warp_exchange(uint32_t value, unsigned src_lane);
+int block_or(int pred);
+// Runs body once per thread of every block.
+void launch(unsigned grid, unsigned block, const std::function<void()>& body);
+
+}  // namespace emu
+}  // namespace cuda
+}  // namespace lowbit
+
+#undef __global__
+#undef __device__
+#undef __forceinline__
+#undef __shared__
+#undef __launch_bounds__
+#undef __grid_constant__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define threadIdx (::lowbit::cuda::emu::thread_idx())
+#define blockIdx (::lowbit::cuda::emu::block_idx())
+#define blockDim (::lowbit::cuda::emu::block_dim())
+#define gridDim (::lowbit::cuda::emu::grid_dim())
+
+inline void __syncthreads() { ::lowbit::cuda::emu::sync_block(); }
+inline int __syncthreads_or(int pred) { return ::lowbit::cuda::emu::block_or(pred); }
+
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  if (mask != 0xFFFFFFFFu) __builtin_trap();  // the kernels only shuffle full warps
+  uint32_t u;
+  std::memcpy(&u, &value, 4);
+  uint32_t r = ::lowbit::cuda::emu::warp_exchange(u, (threadIdx.x & 31u) ^ unsigned(lane_mask));
+  T out;
+  std::memcpy(&out, &r, 4);
+  return out;
+}
+
+namespace lowbit {
+namespace cuda {
+namespace emu {
+[[noreturn]] void misaligned(const void* p, unsigned bytes);
+template <class T>
+inline const T* aligned(const T* p) {
+  // A vector access must be aligned to its size on the GPU (else it faults).
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0) misaligned(p, unsigned(sizeof(T)));
+  return p;
+}
+}  // namespace emu
+}  // namespace cuda
+}  // namespace lowbit
+
+template <class T>
+inline T __ldcs(const T* p) {
+  return *::lowbit::cuda::emu::aligned(p);
+}
+template <class T>
+inline T __ldg(const T* p) {
+  return *::lowbit::cuda::emu::aligned(p);
+}
+template <class T>
+inline void __stcs(T* p, T v) {
+  *const_cast<T*>(::lowbit::cuda::emu::aligned(p)) = v;
+}

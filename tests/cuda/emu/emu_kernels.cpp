@@ -1,0 +1,42 @@
+// The launchers of cuda/*.cu, running the same kernel source under emu.hpp.
+#include "emu.hpp"
+
+#include "cuda/aux_kernels.cuh"
+#include "cuda/step_kernel.cuh"
+
+namespace lowbit {
+namespace cuda {
+
+template <Algo A>
+void launch_step(const StepArgs& args, int64_t num_chunks, void*) {
+  if (num_chunks <= 0) return;
+  emu::launch(unsigned(num_chunks * kSplit), kThreads, [&] { step_kernel<A>(args); });
+}
+template void launch_step<Algo::AdamW>(const StepArgs&, int64_t, void*);
+template void launch_step<Algo::Adam>(const StepArgs&, int64_t, void*);
+template void launch_step<Algo::Lion>(const StepArgs&, int64_t, void*);
+template void launch_step<Algo::Sgd>(const StepArgs&, int64_t, void*);
+
+void launch_upload(const UploadBatch& batch, void*) {
+  if (batch.num_segments <= 0 || batch.total_words <= 0) return;
+  const int blocks = (batch.total_words + kThreads - 1) / kThreads;
+  emu::launch(unsigned(blocks < 32 ? blocks : 32), kThreads, [&] { upload_kernel(batch); });
+}
+
+void launch_check(const CheckArgs& args, int64_t num_chunks, void*) {
+  if (num_chunks <= 0) return;
+  emu::launch(unsigned(num_chunks * kSplit), kThreads, [&] { check_kernel(args); });
+}
+
+void launch_prepare(const PrepareArgs& args, void*) {
+  if (args.num_params <= 0) return;
+  emu::launch(unsigned((args.num_params + kThreads - 1) / kThreads), kThreads, [&] { prepare_kernel(args); });
+}
+
+void launch_finalize(const FinalizeArgs& args, void*) {
+  if (args.num_params <= 0) return;
+  emu::launch(unsigned((args.num_params + kThreads - 1) / kThreads), kThreads, [&] { finalize_kernel(args); });
+}
+
+}  // namespace cuda
+}  // namespace lowbit
