@@ -222,15 +222,16 @@ void compare(const std::string& label, const Side& c, const Side& g) {
 
 // One case through the Engine interface as Optimizer drives it.
 void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const DtypeCase& d,
-              const std::vector<ParamSpec>& specs, int steps, int nan_step, int64_t* cases) {
+              const std::vector<ParamSpec>& specs, int steps, int nan_step, int64_t* cases, int num_groups = 2,
+              bool move_params = false) {
   char buf[200];
   std::snprintf(buf, sizeof buf, "%s %s+%s %s", a.name, format_name(fmt[0]), format_name(fmt[1]), d.name);
   const std::string label = buf;
   const int moments = a.algo == Algo::AdamW || a.algo == Algo::Adam
                           ? 2
                           : (a.algo == Algo::Lion || a.momentum != 0.f ? 1 : 0);  // as moment_count()
-  lowbit_hparams_t hp[2];
-  std::memset(hp, 0, sizeof hp);
+  std::vector<lowbit_hparams_t> hp(static_cast<size_t>(num_groups));
+  std::memset(hp.data(), 0, hp.size() * sizeof(lowbit_hparams_t));
   hp[0].struct_size = sizeof(lowbit_hparams_t);
   hp[0].lr = a.lr;
   hp[0].beta1 = 0.9f;
@@ -241,9 +242,11 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
   hp[0].dampening = a.dampening;
   hp[0].nesterov = a.nesterov;
   hp[0].bias_correction = 1;
-  hp[1] = hp[0];
-  hp[1].lr = a.lr * 0.5f;
-  hp[1].weight_decay = a.wd * 2.f;
+  for (int k = 1; k < num_groups; ++k) {
+    hp[size_t(k)] = hp[0];
+    hp[size_t(k)].lr = a.lr / float(k + 1);
+    hp[size_t(k)].weight_decay = a.wd * float(k + 1);
+  }
   const uint64_t seed = next(g_rng);
 
   std::vector<std::vector<uint8_t>> init(specs.size());
@@ -282,8 +285,18 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
       for (Side* side : {&cpu, &gpu}) {
         ParamView& v = side->views[i];
         v.grad = no_grad ? nullptr : side->grads[i];
-        v.scalars = scalars_for(hp[specs[i].group], a.algo, t[i] + 1);
+        v.scalars = scalars_for(hp[size_t(specs[i].group)], a.algo, t[i] + 1);
         v.rounding_key = rounding_key(seed, uint64_t(i), uint64_t(t[i] + 1));
+      }
+    }
+    if (s == 3 && move_params) {
+      // New param buffers (as XLA hands out): the engine's parameter table changes between steps.
+      for (Side* side : {&cpu, &gpu}) {
+        ParamView& v = side->views[0];
+        const size_t bytes = size_t(v.numel) * dbytes(v.param_dtype);
+        void* fresh = side->buffer(bytes, 0);
+        std::memcpy(fresh, v.param, bytes);
+        v.param = fresh;
       }
     }
     const int64_t nc = int64_t(chunks.size());
@@ -342,6 +355,19 @@ void test_large(void**) {
   run_case(kAlgos[2], f4, kDtypes[8], kLarge, 2, 0, &cases);
   run_case(kAlgos[0], f4, kDtypes[0], kLarge, 2, 0, &cases);
   std::printf("large: %lld cases bit-identical\n", (long long)cases);
+}
+
+// Many parameters in many groups: the per-step tables take several upload
+// batches (1024 parameter entries, 64 distinct scalar sets per batch), and a
+// parameter buffer that moves between steps changes the parameter table.
+void test_many_params(void**) {
+  int64_t cases = 0;
+  std::vector<ParamSpec> many;
+  for (int i = 0; i < 2500; ++i) many.push_back({33 + (i % 7) * 50, i % 5 == 0, int32_t(i % 150)});
+  const lowbit_state_format_t f8[2] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT};
+  run_case(kAlgos[0], f8, kDtypes[3], many, 3, 0, &cases, 150, true);
+  run_case(kAlgos[3], f8, kDtypes[4], kSmall, 4, 0, &cases, 2, true);
+  std::printf("many params: %lld cases bit-identical\n", (long long)cases);
 }
 
 // The device-scalar mode: bind, device hparams and step counts, enqueue_step
@@ -443,7 +469,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
-      cmocka_unit_test(test_large),        cmocka_unit_test(test_device_scalars),
+      cmocka_unit_test(test_large),        cmocka_unit_test(test_many_params),  cmocka_unit_test(test_device_scalars),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
