@@ -4,7 +4,18 @@ stochastic rounding and error-correction bytes for 16-bit weights) from Python.
 The package talks to the liblowbit shared library through ctypes (ABI mode, no
 compiler needed at import). It uses the copy installed inside the package, or
 the library named by the environment variable ``LOWBIT_LIBRARY`` (for build
-trees). ``lowbit.torch`` holds drop-in ``torch.optim.Optimizer`` classes.
+trees).
+
+* :class:`lowbit.Optimizer`: AdamW / Adam / Lion / SGD / 1-bit Adam over
+  caller-owned arrays (numpy on the CPU; DLPack or ``__cuda_array_interface__``
+  objects such as torch, cupy or jax arrays on CUDA), updated in place.
+* :class:`lowbit.Communicator`: the 1-bit compressed allreduce over an mpi4py
+  communicator or NCCL.
+* ``lowbit.torch``: drop-in ``torch.optim.Optimizer`` classes.
+
+Every failure raises a :class:`lowbit.LowbitError` subclass (chosen by the
+library's status, e.g. :class:`InvalidArgumentError` is also a ValueError)
+carrying the library's message.
 """
 
 from ._capi import Algorithm, CheckpointMode, CommBackend, CommCudaAware, Device, Dtype, StateFormat, Status
