@@ -8,8 +8,9 @@
  *     rejects sizes it does not know with LOWBIT_ERROR_INVALID_ARGUMENT.
  *     Use the lowbit_*_init() helpers: they fill struct_size and defaults.
  *   - Enum values and status codes are explicit and never reused. Every enum
- *     has a *_FORCE_INT32 member so that it is 32 bits wide and any int32
- *     value (e.g. a bad one from a caller) is representable; it is never valid.
+ *     has *_FORCE_INT32 and *_FORCE_INT32_MIN members so that it is 32 bits
+ *     wide and any int32 value (e.g. a bad one from a caller) is
+ *     representable; they are never valid values.
  *   - Handles are opaque. Create functions take the out-param first; destroy
  *     functions accept NULL.
  *   - No C++ exception, abort() or exit() ever crosses this boundary: every
@@ -78,7 +79,8 @@ typedef enum lowbit_status {
   LOWBIT_ERROR_NONFINITE = 12, /* NaN/Inf where a finite value is required */
   LOWBIT_ERROR_COMMUNICATION = 13,
   LOWBIT_ERROR_INTERNAL = 14,
-  LOWBIT_STATUS_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_STATUS_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_STATUS_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_status_t;
 
 /* Static, never NULL, "unknown status" for values not listed above. */
@@ -102,13 +104,15 @@ typedef enum lowbit_dtype {
   LOWBIT_DTYPE_FLOAT32 = 1,
   LOWBIT_DTYPE_BFLOAT16 = 2,
   LOWBIT_DTYPE_FLOAT16 = 3,
-  LOWBIT_DTYPE_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_DTYPE_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_DTYPE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_dtype_t;
 
 typedef enum lowbit_device {
   LOWBIT_DEVICE_CPU = 1,
   LOWBIT_DEVICE_CUDA = 2,
-  LOWBIT_DEVICE_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_DEVICE_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_DEVICE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_device_t;
 
 /* A flat, contiguous tensor. The library never owns `data`. */
@@ -132,7 +136,8 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
   LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
   LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,
-  LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
 
 /* How one optimizer moment is stored. Block layouts (all row-major over the
@@ -153,7 +158,8 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_8BIT = 3,
   LOWBIT_STATE_4BIT = 4,
   LOWBIT_STATE_FP8 = 5,
-  LOWBIT_STATE_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_STATE_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
 
 /* Hyper-parameters of one parameter group. All may change between steps. */
@@ -228,7 +234,10 @@ typedef struct lowbit_param_config {
 LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* config);
 
 /* Registers a parameter; ids are 0, 1, 2, ... in registration order and stay
- * valid for the life of the handle. State is allocated here, zero-initialised. */
+ * valid for the life of the handle (out_param_id is required). State is
+ * allocated here, zero-initialised. With error correction, the 16-bit weight
+ * and its byte together carry 8 more significand bits than the weight alone
+ * (bf16: 16 significant bits), so updates far below one 16-bit ulp add up. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_add_param(lowbit_optimizer_t opt, const lowbit_param_config_t* config,
                                                       int64_t* out_param_id);
 
@@ -292,7 +301,8 @@ typedef enum lowbit_checkpoint_mode {
   LOWBIT_CHECKPOINT_COMPRESSED = 1,   /* codes + scales, as stored */
   LOWBIT_CHECKPOINT_MATERIALIZED_FP32 = 2, /* fp32 moments */
   LOWBIT_CHECKPOINT_MATERIALIZED_BF16 = 3, /* bf16 moments */
-  LOWBIT_CHECKPOINT_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_CHECKPOINT_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_CHECKPOINT_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_checkpoint_mode_t;
 
 /* Serialises the whole optimizer state (groups, steps, moments, error-

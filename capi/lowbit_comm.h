@@ -97,7 +97,8 @@ extern "C" {
 typedef enum lowbit_comm_backend {
   LOWBIT_COMM_BACKEND_MPI = 1,
   LOWBIT_COMM_BACKEND_NCCL = 2,
-  LOWBIT_COMM_BACKEND_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_COMM_BACKEND_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_COMM_BACKEND_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_comm_backend_t;
 
 /* How an MPI communicator moves CUDA tensors. */
@@ -105,7 +106,8 @@ typedef enum lowbit_comm_cuda_aware {
   LOWBIT_COMM_CUDA_AWARE_AUTO = -1,   /* CUDA-aware if MPIX_Query_cuda_support() says so */
   LOWBIT_COMM_CUDA_AWARE_NEVER = 0,   /* stage through pinned host memory */
   LOWBIT_COMM_CUDA_AWARE_ALWAYS = 1,  /* pass device pointers to MPI (caller vouches) */
-  LOWBIT_COMM_CUDA_AWARE_FORCE_INT32 = 0x7FFFFFFF
+  LOWBIT_COMM_CUDA_AWARE_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_COMM_CUDA_AWARE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_comm_cuda_aware_t;
 
 typedef struct lowbit_comm_config {

@@ -57,6 +57,7 @@ class Status(enum.IntEnum):
     ERROR_COMMUNICATION = 13
     ERROR_INTERNAL = 14
     STATUS_FORCE_INT32 = 0x7FFFFFFF  # makes the C enum 32 bits wide
+    STATUS_FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class Dtype(enum.IntEnum):
@@ -64,12 +65,14 @@ class Dtype(enum.IntEnum):
     BFLOAT16 = 2
     FLOAT16 = 3
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class Device(enum.IntEnum):
     CPU = 1
     CUDA = 2
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class Algorithm(enum.IntEnum):
@@ -79,6 +82,7 @@ class Algorithm(enum.IntEnum):
     SGD = 4
     ONEBIT_ADAM = 5
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class StateFormat(enum.IntEnum):
@@ -89,6 +93,7 @@ class StateFormat(enum.IntEnum):
     BIT4 = 4  # LOWBIT_STATE_4BIT
     FP8 = 5
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class CheckpointMode(enum.IntEnum):
@@ -96,12 +101,14 @@ class CheckpointMode(enum.IntEnum):
     MATERIALIZED_FP32 = 2
     MATERIALIZED_BF16 = 3
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class CommBackend(enum.IntEnum):
     MPI = 1
     NCCL = 2
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 class CommCudaAware(enum.IntEnum):
@@ -109,6 +116,7 @@ class CommCudaAware(enum.IntEnum):
     NEVER = 0
     ALWAYS = 1
     FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
 
 
 NCCL_UNIQUE_ID_BYTES = 128
