@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# Tests step tiny models back to back: idle OpenMP workers should sleep, not spin.
+export OMP_WAIT_POLICY=PASSIVE
 
 build=${LOWBIT_BUILD_DIR:-build}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release
