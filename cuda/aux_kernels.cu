@@ -4,12 +4,15 @@
 namespace lowbit {
 namespace cuda {
 
-void launch_upload(const UploadBatch& batch, void* stream) {
+template <class Batch>
+void launch_upload(const Batch& batch, void* stream) {
   if (batch.num_segments <= 0 || batch.total_words <= 0) return;
   const int blocks = (batch.total_words + kThreads - 1) / kThreads;
-  upload_kernel<<<dim3(unsigned(blocks < 32 ? blocks : 32)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(
-      batch);
+  upload_kernel<Batch><<<dim3(unsigned(blocks < 32 ? blocks : 32)), dim3(kThreads), 0,
+                         static_cast<cudaStream_t>(stream)>>>(batch);
 }
+template void launch_upload<UploadBatch>(const UploadBatch&, void*);
+template void launch_upload<UploadBatchSmall>(const UploadBatchSmall&, void*);
 
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream) {
   if (num_chunks <= 0) return;

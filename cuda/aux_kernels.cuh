@@ -13,7 +13,8 @@
 namespace lowbit {
 namespace cuda {
 
-__global__ void __launch_bounds__(kThreads) upload_kernel(const __grid_constant__ UploadBatch b) {
+template <class Batch>
+__global__ void __launch_bounds__(kThreads) upload_kernel(const __grid_constant__ Batch b) {
   const int stride = int(gridDim.x * blockDim.x);
   for (int s = 0; s < b.num_segments; ++s) {
     const UploadSegment seg = b.seg[s];

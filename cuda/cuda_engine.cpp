@@ -112,48 +112,73 @@ DevParam describe(const ParamView& v, int64_t id, int32_t group) {
 }
 
 // Collects host ranges bound for device tables into upload batches (kernel
-// parameters) and launches one upload kernel per full batch.
+// parameters) and launches one upload kernel per full batch; small batches
+// while the stream is being captured into a CUDA graph.
 class Uploader {
  public:
-  Uploader(UploadBatch& batch, void* stream) : b_(batch), stream_(stream) {
-    b_.num_segments = 0;
-    b_.total_words = 0;
+  Uploader(UploadBatch& large, UploadBatchSmall& small, void* stream) : large_(large), small_(small), stream_(stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture), "cudaStreamIsCapturing");
+    use_small_ = capture != cudaStreamCaptureStatusNone;
+    reset();
   }
   void add(void* dst, const void* src, size_t bytes) {
+    if (use_small_)
+      add(small_, dst, src, bytes);
+    else
+      add(large_, dst, src, bytes);
+  }
+  void flush() {
+    if (use_small_)
+      flush(small_);
+    else
+      flush(large_);
+  }
+
+ private:
+  void reset() {
+    large_.num_segments = small_.num_segments = 0;
+    large_.total_words = small_.total_words = 0;
+  }
+  template <class Batch>
+  void add(Batch& b, void* dst, const void* src, size_t bytes) {
     uint32_t* d = static_cast<uint32_t*>(dst);
     const uint32_t* s = static_cast<const uint32_t*>(src);
     size_t words = bytes / 4;  // every table entry is a whole number of 32-bit words
     while (words > 0) {
-      if (b_.num_segments == kUploadSegments || b_.total_words == kUploadWords) flush();
-      const size_t take = std::min(words, size_t(kUploadWords - b_.total_words));
-      UploadSegment& seg = b_.seg[b_.num_segments++];
+      if (b.num_segments == kUploadSegments || b.total_words == Batch::kWords) flush(b);
+      const size_t take = std::min(words, size_t(Batch::kWords - b.total_words));
+      UploadSegment& seg = b.seg[b.num_segments++];
       seg.dst = d;
-      seg.first_word = b_.total_words;
+      seg.first_word = b.total_words;
       seg.words = int32_t(take);
-      std::memcpy(b_.payload + b_.total_words, s, take * 4);
-      b_.total_words += int32_t(take);
+      std::memcpy(b.payload + b.total_words, s, take * 4);
+      b.total_words += int32_t(take);
       d += take;
       s += take;
       words -= take;
     }
   }
-  void flush() {
-    if (b_.num_segments > 0) {
-      launch_upload(b_, stream_);
+  template <class Batch>
+  void flush(Batch& b) {
+    if (b.num_segments > 0) {
+      launch_upload(b, stream_);
       check(cudaGetLastError(), "launching a table upload");
     }
-    b_.num_segments = 0;
-    b_.total_words = 0;
+    b.num_segments = 0;
+    b.total_words = 0;
   }
 
- private:
-  UploadBatch& b_;
+  UploadBatch& large_;
+  UploadBatchSmall& small_;
   void* stream_;
+  bool use_small_ = false;
 };
 
 }  // namespace
 
-CudaEngine::CudaEngine(int device_index) : device_(device_index), batch_(new UploadBatch) {
+CudaEngine::CudaEngine(int device_index)
+    : device_(device_index), batch_(new UploadBatch), small_batch_(new UploadBatchSmall) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -351,7 +376,7 @@ void CudaEngine::update_tables(const ParamView* params, int64_t num_params, cons
           "cudaMemsetAsync");
   }
   // The new tables follow the work already on the stream.
-  Uploader up(*batch_, stream);
+  Uploader up(*batch_, *small_batch_, stream);
   if (!same_params) up.add(params_, ps.data(), ps.size() * sizeof(DevParam));
   if (!same_chunks) up.add(chunks_, cs.data(), cs.size() * sizeof(DevChunk));
   up.flush();
@@ -415,7 +440,7 @@ void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool ho
       (scalars_host_.empty() || std::memcmp(scalars_host_.data(), scalars_uploaded_.data(),
                                             scalars_host_.size() * sizeof(StepScalars)) == 0))
     return;  // the check just enqueued uploaded exactly these tables
-  Uploader up(*batch_, stream);
+  Uploader up(*batch_, *small_batch_, stream);
   up.add(dyn_, dyn_host_.data(), dyn_host_.size() * sizeof(DevDyn));
   up.add(scalars_, scalars_host_.data(), scalars_host_.size() * sizeof(StepScalars));
   up.flush();

@@ -108,6 +108,7 @@ class CudaEngine final : public Engine {
   std::vector<StepScalars> scalars_host_, scalars_uploaded_;
   bool dyn_pending_ = false;  // any_nonfinite() just uploaded dyn_uploaded_ / scalars_uploaded_
   std::unique_ptr<UploadBatch> batch_;
+  std::unique_ptr<UploadBatchSmall> small_batch_;
 
   const lowbit_hparams_t* device_hparams_ = nullptr;
   uint64_t seed_ = 0;

@@ -96,21 +96,28 @@ struct PrepareArgs {
 
 // Host tables reach the device as the kernel parameters of an upload kernel:
 // no staging memory, no host synchronisation, ordered on the caller's stream,
-// and a captured CUDA graph holds the values of the captured step.
+// and a captured CUDA graph holds the values of the captured step. Batches of
+// 30 KiB use the large kernel parameters of CUDA >= 12.1 (sm_70+); under
+// stream capture the engine uses batches under the classic 4 KiB limit, so a
+// graph never depends on large parameters in kernel nodes.
 constexpr int kUploadSegments = 8;
-constexpr int kUploadWords = 7680;  // 30 KiB of payload per launch
 struct UploadSegment {
   uint32_t* dst;
   int32_t first_word;  // in payload
   int32_t words;
 };
-struct UploadBatch {
+template <int Words>
+struct UploadBatchT {
+  static constexpr int kWords = Words;
   UploadSegment seg[kUploadSegments];
   int32_t num_segments;
   int32_t total_words;
-  uint32_t payload[kUploadWords];
+  uint32_t payload[Words];
 };
+using UploadBatch = UploadBatchT<7680>;     // 30 KiB of payload per launch
+using UploadBatchSmall = UploadBatchT<960>; // 3.75 KiB
 static_assert(sizeof(UploadBatch) < 32000, "kernel parameters are limited to 32764 bytes");
+static_assert(sizeof(UploadBatchSmall) < 4000, "the small batch fits the 4 KiB parameter limit");
 
 struct CheckArgs {
   const DevParam* params;
@@ -132,7 +139,8 @@ struct FinalizeArgs {
 // by the caller with cudaGetLastError.
 template <Algo A>
 void launch_step(const StepArgs& args, int64_t num_chunks, void* stream);
-void launch_upload(const UploadBatch& batch, void* stream);
+template <class Batch>
+void launch_upload(const Batch& batch, void* stream);
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
 void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);

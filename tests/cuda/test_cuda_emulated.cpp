@@ -34,17 +34,20 @@
 #include <string>
 #include <vector>
 
-extern "C" {
-#include <cmocka.h>
-}
 #include <cuda_runtime.h>
 
 #include "core/engine.hpp"
+#include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/rounding.hpp"
 #include "core/state.hpp"
 #include "cuda/cuda_engine.hpp"
 
+extern "C" {
+#include <cmocka.h>
+}
+
 using namespace lowbit;
+constexpr uintptr_t kCapturingStream = 0xCA9u;  // tests/cuda/emu/emu.hpp: reported as capturing
 
 namespace {
 
@@ -223,7 +226,7 @@ void compare(const std::string& label, const Side& c, const Side& g) {
 // One case through the Engine interface as Optimizer drives it.
 void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const DtypeCase& d,
               const std::vector<ParamSpec>& specs, int steps, int nan_step, int64_t* cases, int num_groups = 2,
-              bool move_params = false) {
+              bool move_params = false, bool capture_after_first = false) {
   char buf[200];
   std::snprintf(buf, sizeof buf, "%s %s+%s %s", a.name, format_name(fmt[0]), format_name(fmt[1]), d.name);
   const std::string label = buf;
@@ -300,14 +303,28 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
       }
     }
     const int64_t nc = int64_t(chunks.size());
+    // Steps after the first on a stream "under capture" (emulated): small
+    // upload batches; the host-side non-finite check must refuse to run.
+    void* gstream = capture_after_first && s > 1 ? reinterpret_cast<void*>(kCapturingStream) : nullptr;
     const bool skip_c = cpu_engine->any_nonfinite(cpu.views.data(), chunks.data(), nc, nullptr);
-    const bool skip_g = gpu_engine->any_nonfinite(gpu.views.data(), chunks.data(), nc, nullptr);
+    bool skip_g = skip_c;
+    if (gstream) {
+      bool refused = false;
+      try {
+        gpu_engine->any_nonfinite(gpu.views.data(), chunks.data(), nc, gstream);
+      } catch (const Error& e) {
+        refused = e.status() == LOWBIT_ERROR_UNSUPPORTED && std::strstr(e.what(), "stream") != nullptr;
+      }
+      if (!refused) fail_msg("%s: any_nonfinite under capture did not refuse with UNSUPPORTED", label.c_str());
+    } else {
+      skip_g = gpu_engine->any_nonfinite(gpu.views.data(), chunks.data(), nc, nullptr);
+    }
     if (skip_c != (s == nan_step) || skip_g != skip_c)
       fail_msg("%s step %d: non-finite check CPU %d GPU %d, expected %d", label.c_str(), s, int(skip_c), int(skip_g),
                int(s == nan_step));
     if (skip_c) continue;
     cpu_engine->step(a.algo, cpu.views.data(), chunks.data(), nc, nullptr);
-    gpu_engine->step(a.algo, gpu.views.data(), chunks.data(), nc, nullptr);
+    gpu_engine->step(a.algo, gpu.views.data(), chunks.data(), nc, gstream);
     for (size_t i = 0; i < specs.size(); ++i)
       if (cpu.views[i].grad) ++t[i];
     compare(label + " step " + std::to_string(s), cpu, gpu);
@@ -367,6 +384,7 @@ void test_many_params(void**) {
   const lowbit_state_format_t f8[2] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT};
   run_case(kAlgos[0], f8, kDtypes[3], many, 3, 0, &cases, 150, true);
   run_case(kAlgos[3], f8, kDtypes[4], kSmall, 4, 0, &cases, 2, true);
+  run_case(kAlgos[0], f8, kDtypes[6], many, 3, 0, &cases, 150, true, true);  // small batches while "capturing"
   std::printf("many params: %lld cases bit-identical\n", (long long)cases);
 }
 

@@ -289,8 +289,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
-  *status = cudaStreamCaptureStatusNone;
+// The stream handle lowbit::cuda::emu::kCapturingStream reports an active
+// capture (work still runs at once), so tests reach the engine's capture paths.
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  *status = stream == reinterpret_cast<cudaStream_t>(lowbit::cuda::emu::kCapturingStream) ? cudaStreamCaptureStatusActive
+                                                                                         : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }

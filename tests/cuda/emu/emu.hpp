@@ -29,6 +29,9 @@ namespace lowbit {
 namespace cuda {
 namespace emu {
 
+// A stream handle that the emulated runtime reports as being captured.
+constexpr uintptr_t kCapturingStream = 0xCA9u;
+
 struct Idx {
   unsigned x, y, z;
 };

@@ -17,11 +17,14 @@ template void launch_step<Algo::Adam>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Lion>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Sgd>(const StepArgs&, int64_t, void*);
 
-void launch_upload(const UploadBatch& batch, void*) {
+template <class Batch>
+void launch_upload(const Batch& batch, void*) {
   if (batch.num_segments <= 0 || batch.total_words <= 0) return;
   const int blocks = (batch.total_words + kThreads - 1) / kThreads;
   emu::launch(unsigned(blocks < 32 ? blocks : 32), kThreads, [&] { upload_kernel(batch); });
 }
+template void launch_upload<UploadBatch>(const UploadBatch&, void*);
+template void launch_upload<UploadBatchSmall>(const UploadBatchSmall&, void*);
 
 void launch_check(const CheckArgs& args, int64_t num_chunks, void*) {
   if (num_chunks <= 0) return;
