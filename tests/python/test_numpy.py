@@ -185,7 +185,10 @@ def test_16bit_params_round_to_nearest_each_step(dtype, algo, rng):
             opt.step()
             got = p.astype(np.float64)
             diff = np.abs(got - want)
-            assert np.all(diff <= _ulp16(want, dtype) * 1.0001), f"step {t}: max diff {diff.max()}"
+            # one ulp of the result, plus the fp32 arithmetic of the library
+            # (a few 2^-24 of the operands) where the result nearly cancels
+            tol = _ulp16(want, dtype) * 1.0001 + 2.0 ** -21 * (np.abs(before) + 0.1)
+            assert np.all(diff <= tol), f"step {t}: worst excess {(diff - tol).max()}"
             exact += int((diff == 0).sum())
             total += n
         assert exact / total > 0.99
@@ -311,12 +314,15 @@ def test_min_quantized_numel_and_second_state():
 
 
 # Relative L2 errors (first moment, second moment, param change) after 50
-# AdamW steps on grads whose scale spans 4 decades, measured over 10 seeds:
-#   bf16 0.004 0.007 0.002 | 8bit 0.027 0.020 0.037 | fp8 0.061 0.107 0.039 |
-#   4bit 0.354 0.237 0.612 (16 codes per block of 128: a coarse state).
-# The bounds are ~1.5x the worst measured value.
-QUANT_BOUNDS = {"bf16": (0.006, 0.01, 0.004), "8bit": (0.04, 0.03, 0.055), "fp8": (0.09, 0.16, 0.06),
-                "4bit": (0.53, 0.36, 0.9)}
+# AdamW steps, gradient magnitudes spanning a factor ~60 inside each block,
+# worst of 40 seeds:
+#   bf16 0.004 0.007 0.002 | 8bit 0.028 0.019 0.026 | fp8 0.060 0.118 0.039 |
+#   4bit 0.405 0.189 0.547 (16 codes per block of 128: a coarse state).
+# The bounds are ~1.5x those. (Wider ranges inside a block make 8-bit and FP8
+# second moments underflow to 0: see test_update_stays_bounded_when_a_second_
+# moment_underflows.)
+QUANT_BOUNDS = {"bf16": (0.006, 0.011, 0.004), "8bit": (0.042, 0.03, 0.04), "fp8": (0.09, 0.18, 0.06),
+                "4bit": (0.6, 0.29, 0.82)}
 
 
 @pytest.mark.parametrize("fmt", list(QUANT_BOUNDS))
@@ -325,13 +331,14 @@ def test_low_precision_state_tracks_the_reference(fmt, rng):
     p = rng.standard_normal(n).astype(np.float32)
     p0 = p.astype(np.float64)
     g = np.zeros(n, np.float32)
-    scale = np.exp(rng.uniform(-3, 1, n)).astype(np.float32)  # moments over several decades
+    scale = np.exp(rng.uniform(-1.5, 1.5, n)).astype(np.float32)
     ref = Reference("adamw", p, **HP["adamw"])
     with _make("adamw", state=fmt) as opt:
         opt.add_param(p, g)
         assert opt.param_info(0).state_format == fmt
         for _ in range(50):
-            g[...] = rng.standard_normal(n).astype(np.float32) * scale + 0.3 * scale
+            sign = np.where(rng.random(n) < 0.65, 1.0, -1.0)
+            g[...] = (scale * sign * rng.uniform(0.3, 1.5, n)).astype(np.float32)
             opt.step()
             ref.step(g)
         m, v = opt.read_moment(0, 0), opt.read_moment(0, 1)
@@ -344,6 +351,34 @@ def test_low_precision_state_tracks_the_reference(fmt, rng):
     assert rel(v, ref.v) < bv
     assert rel(p - p0, ref.p - p0) < bp
     assert np.all(v >= 0)
+
+
+UNDERFLOW_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="library: a positive second moment far below its block's absmax is stored as 0 in 8-bit and FP8 "
+           "state, so the next AdamW update is lr*m/eps (reported to the lead)")
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", pytest.param("8bit", marks=UNDERFLOW_BUG), "4bit",
+                                 pytest.param("fp8", marks=UNDERFLOW_BUG)])
+def test_update_stays_bounded_when_a_second_moment_underflows(fmt):
+    """One block: element 0 has gradient 1, the others 1e-4 at the first
+    step and 0 at the second. Exact AdamW moves every weight by at most ~lr
+    per step (|m_hat| <= sqrt(v_hat) here); a second moment decoded as 0
+    while the first is not gives lr * m_hat / eps instead (~45 with lr 1e-2)."""
+    n = 256
+    g1 = np.full(n, 1e-4, np.float32)
+    g1[0] = 1.0
+    g2 = np.zeros(n, np.float32)
+    g2[0] = 1.0
+    p = np.zeros(n, np.float32)
+    with lowbit.Optimizer("adamw", lr=1e-2, weight_decay=0.0, state=fmt, min_quantized_numel=1) as opt:
+        opt.add_param(p)
+        opt.step([g1])
+        assert np.abs(p).max() <= 1.01e-2
+        before = p.copy()
+        opt.step([g2])
+    assert np.abs(p - before).max() <= 1.5e-2
 
 
 def test_nonfinite_gradient_skips_the_whole_step(rng):
