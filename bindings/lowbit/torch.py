@@ -95,7 +95,15 @@ class LowbitOptimizer(torch.optim.Optimizer):
     _moment_names: tuple = ()
 
     def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
-                 error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=0):
+                 error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=0,
+                 foreach=None, fused=None, capturable=False, differentiable=False):
+        # torch's implementation switches: lowbit always runs its own fused
+        # kernel, so foreach/fused are accepted and have no effect.
+        del foreach, fused
+        if capturable:
+            raise ValueError("capturable=True is not supported by lowbit (the step reads hyper-parameters on the host)")
+        if differentiable:
+            raise ValueError("differentiable=True is not supported by lowbit")
         self._state_format = parse_state_format(state, "state")
         self._second_state = parse_state_format(second_state, "second_state")
         self._config = dict(
@@ -185,8 +193,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     @property
     def last_step_skipped(self) -> bool:
-        """True if the last step found a NaN/Inf gradient and changed nothing
-        (on CUDA this waits for the flag of the device's step)."""
+        """True if the last step found a NaN/Inf gradient and changed nothing.
+        On CUDA the flag is written by the device: synchronise the stream
+        before reading it."""
         return any(dev.handle.last_step_skipped for dev in self._devices.values())
 
     def state_bytes(self) -> int:

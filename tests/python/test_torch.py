@@ -240,6 +240,9 @@ def test_refuses_amsgrad_state_and_options():
         lt.AdamW(m.parameters(), amsgrad=True)
     with pytest.raises(ValueError, match="maximize"):
         lt.SGD(m.parameters(), lr=0.1, maximize=True)
+    with pytest.raises(ValueError, match="capturable"):
+        lt.Adam(m.parameters(), capturable=True)
+    lt.AdamW(m.parameters(), fused=True, foreach=False)  # torch's kernel choices: accepted, no effect
     o1 = torch.optim.AdamW(m.parameters(), amsgrad=True)
     x, y = _data()
     _train_step(m, o1, x, y)
