@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <vector>
 
 #if !defined(__x86_64__)
@@ -226,7 +227,40 @@ int block_or(int pred) {
   return r;
 }
 
-void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
+namespace {
+
+using Work = std::function<void()>;
+using Recording = std::vector<Work>;
+
+std::map<const void*, Recording>& captures() {
+  static std::map<const void*, Recording> c;
+  return c;
+}
+
+void run_kernel(unsigned grid, unsigned block, const std::function<void()>& body);
+
+}  // namespace
+
+bool capturing(const void* stream) {
+  return stream == reinterpret_cast<const void*>(kCapturingStream) || captures().count(stream) != 0;
+}
+
+// Runs `work` now, or records it into the graph being captured on `stream`.
+void submit(const void* stream, Work work) {
+  auto it = captures().find(stream);
+  if (it != captures().end())
+    it->second.push_back(std::move(work));
+  else
+    work();
+}
+
+void launch(unsigned grid, unsigned block, std::function<void()> body, void* stream) {
+  submit(stream, [grid, block, body] { run_kernel(grid, block, body); });
+}
+
+namespace {
+
+void run_kernel(unsigned grid, unsigned block, const std::function<void()>& body) {
   Scheduler& s = S();
   if (s.running) die("nested launch");
   if (block == 0 || block > kMaxThreads) die("bad block size");
@@ -240,6 +274,8 @@ void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
   }
   s.running = false;
 }
+
+}  // namespace
 
 }  // namespace emu
 }  // namespace cuda
@@ -279,21 +315,68 @@ cudaError_t cudaMemset(void* p, int v, size_t bytes) {
   std::memset(p, v, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return cudaMemset(p, v, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t stream) {
+  lowbit::cuda::emu::submit(stream, [p, v, bytes] { std::memset(p, v, bytes); });
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t stream) {
+  lowbit::cuda::emu::submit(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 // The stream handle lowbit::cuda::emu::kCapturingStream reports an active
 // capture (work still runs at once), so tests reach the engine's capture paths.
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  *status = stream == reinterpret_cast<cudaStream_t>(lowbit::cuda::emu::kCapturingStream) ? cudaStreamCaptureStatusActive
-                                                                                         : cudaStreamCaptureStatusNone;
+  *status = lowbit::cuda::emu::capturing(stream) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  static uintptr_t next = 0x10000;
+  *stream = reinterpret_cast<cudaStream_t>(next += 0x100);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (!stream || lowbit::cuda::emu::capturing(stream)) return cudaErrorIllegalState;
+  lowbit::cuda::emu::captures()[stream];
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  auto& c = lowbit::cuda::emu::captures();
+  auto it = c.find(stream);
+  if (it == c.end()) return cudaErrorIllegalState;
+  *graph = reinterpret_cast<cudaGraph_t>(new lowbit::cuda::emu::Recording(std::move(it->second)));
+  c.erase(it);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* num_nodes) {
+  if (nodes) return cudaErrorNotSupported;
+  *num_nodes = reinterpret_cast<lowbit::cuda::emu::Recording*>(graph)->size();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = reinterpret_cast<cudaGraphExec_t>(
+      new lowbit::cuda::emu::Recording(*reinterpret_cast<lowbit::cuda::emu::Recording*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  const auto& nodes = *reinterpret_cast<lowbit::cuda::emu::Recording*>(exec);
+  lowbit::cuda::emu::submit(stream, [nodes] {
+    for (const auto& work : nodes) work();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<lowbit::cuda::emu::Recording*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<lowbit::cuda::emu::Recording*>(graph);
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }

@@ -11,7 +11,9 @@
 // __shared__ variables are function statics, shared by the fibers of the
 // running block. Memory is host memory: the runtime functions the engine
 // calls (cudaMalloc, cudaMemcpy, ...) are implemented in emu.cpp over
-// malloc/memcpy, streams are ignored and work runs at launch.
+// malloc/memcpy; work runs at launch, except on a stream under capture, where
+// launches and async copies are recorded and run by cudaGraphLaunch (so
+// kernel arguments are the values of capture time, as on the GPU).
 //
 // Arithmetic is the host compiler's: this checks the kernels' logic (tiles,
 // chunks, tails, alignment paths, packing, block reductions, tables), not the
@@ -42,8 +44,9 @@ Idx grid_dim();
 void sync_block();
 uint32_t warp_exchange(uint32_t value, unsigned src_lane);
 int block_or(int pred);
-// Runs body once per thread of every block.
-void launch(unsigned grid, unsigned block, const std::function<void()>& body);
+// Runs body once per thread of every block, now, or, when `stream` is being
+// captured (cudaStreamBeginCapture), as a node of the graph being recorded.
+void launch(unsigned grid, unsigned block, std::function<void()> body, void* stream);
 
 }  // namespace emu
 }  // namespace cuda
