@@ -373,9 +373,19 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   for (int k = 0; k < 2; ++k) {
     const uint8_t id = P.map[k];
     if (k >= P.num_moments || id == kNoMap) continue;
-    const uint32_t* from = reinterpret_cast<const uint32_t*>(&args.maps->map[id]);
-    uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k]);
-    for (int i = threadIdx.x; i < int(sizeof(QMap) / 4); i += kThreads) to[i] = __ldg(from + i);
+    const QMap& src = args.maps->map[id];
+    const int n = __ldg(&src.n);
+    if (n == 256) {  // 8-bit: values, midpoints and the bucket tables
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(&src);
+      uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k]);
+      for (int i = threadIdx.x; i < int(sizeof(QMap) / 4); i += kThreads) to[i] = __ldg(from + i);
+    } else {  // 4-bit: nearest_code() reads n and the n - 1 midpoints, decoding the n values
+      for (int i = threadIdx.x; i < n; i += kThreads) {
+        smap[k].values[i] = __ldg(&src.values[i]);
+        smap[k].midpoints[i] = __ldg(&src.midpoints[i]);
+      }
+      if (threadIdx.x == 0) smap[k].n = n;
+    }
   }
   if (threadIdx.x == 0) {
     sscalars = args.scalars[dyn.scalar_idx];
