@@ -150,7 +150,10 @@ typedef enum lowbit_algorithm {
  *   FP8:  one e4m3 (finite, max 448) byte per element, blocks of 256 with one
  *         fp32 scale (absmax / 448) each.
  * Codes are the nearest map value to x / absmax; exact ties go to the lower
- * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0. */
+ * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0.
+ * One exception: a positive second moment never stores as 0 (8BIT: it takes
+ * the smallest positive code; FP8: the smallest subnormal), so the Adam
+ * denominator cannot collapse to eps while the first moment is non-zero. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,

@@ -124,10 +124,9 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
         values.resize(size_t(p.param.numel));
         decode_moment(host, p.param.numel, values.data());
         out_format = mode == LOWBIT_CHECKPOINT_MATERIALIZED_FP32 ? LOWBIT_STATE_FP32 : LOWBIT_STATE_BF16;
-        MomentView out{out_format, nullptr, nullptr, nullptr};
         data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
         scales.clear();
-        out.data = data.data();
+        MomentView out = lowbit::moment_view(out_format, m, data.data(), nullptr);
         encode_moment(out, p.param.numel, values.data());
       }
       w.put<uint32_t>(uint32_t(out_format));
@@ -225,8 +224,9 @@ void Optimizer::load(const uint8_t* bytes, int64_t size) {
                          scale_bytes == uint64_t(moment_scale_bytes(format, numel)),
                      LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
                      " has an inconsistent layout (format ", int(format), ", block ", block, ")");
-      MomentView src{format, const_cast<uint8_t*>(r.take(data_bytes, "moment data")), nullptr, moment_map(format, m)};
-      src.scales = reinterpret_cast<float*>(const_cast<uint8_t*>(r.take(scale_bytes, "moment scales")));
+      uint8_t* src_data = const_cast<uint8_t*>(r.take(data_bytes, "moment data"));
+      uint8_t* stored_scales = const_cast<uint8_t*>(r.take(scale_bytes, "moment scales"));
+      MomentView src = lowbit::moment_view(format, m, src_data, reinterpret_cast<float*>(stored_scales));
       const MomentState& dst = p.moment[m];
       if (format == dst.format) {
         out.moment[m].data.assign(static_cast<uint8_t*>(src.data), static_cast<uint8_t*>(src.data) + data_bytes);

@@ -26,38 +26,42 @@ inline float block_absmax(const float* x, int n) {
 // Codes of a block: x / absmax into a local array, then the bucket search over
 // it with int32 codes (byte-narrowed arithmetic keeps GCC from vectorising).
 template <int kMax>
-inline void block_codes(const QMap& map, const float* x, int n, float absmax, int32_t* c) {
+inline void block_codes(const QMap& map, bool second, const float* x, int n, float absmax, int32_t* c) {
   const QMapWide& wide = qmap_wide(map);  // int32 tables: 32-bit gathers
   float xn[kMax];
   for (int i = 0; i < n; ++i) xn[i] = normalize(x[i], absmax);
   for (int i = 0; i < n; ++i) c[i] = bucket_code(map, wide.below, xn[i]);
+  if (second)
+    for (int i = 0; i < n; ++i) c[i] = floor_positive(map, c[i], xn[i]);
 }
 
 LOWBIT_VECTOR_CLONES
-void encode_codes8(const QMap& map, const float* x, int n, uint8_t* codes, float* scale) {
+void encode_codes8(const QMap& map, bool second, const float* x, int n, uint8_t* codes, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
   int32_t c[kBlock8];
-  block_codes<kBlock8>(map, x, n, absmax, c);
+  block_codes<kBlock8>(map, second, x, n, absmax, c);
   for (int i = 0; i < n; ++i) codes[i] = uint8_t(c[i]);
 }
 
 // Codes of elements [first, first + n) of a 4-bit block; `first` is even.
 LOWBIT_VECTOR_CLONES
-void encode_codes4(const QMap& map, const float* x, int n, uint8_t* packed, float* scale) {
+void encode_codes4(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale) {
   float absmax = block_absmax(x, n);
   *scale = absmax;
   int32_t c[kBlock4 + 1];
-  block_codes<kBlock4>(map, x, n, absmax, c);
+  block_codes<kBlock4>(map, second, x, n, absmax, c);
   c[n] = 0;  // an odd tail leaves the last high nibble zero
   for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
 }
 
 LOWBIT_VECTOR_CLONES
-void encode_fp8(const float* x, int n, uint8_t* codes, float* scale) {
+void encode_fp8(bool second, const float* x, int n, uint8_t* codes, float* scale) {
   float s = block_absmax(x, n) / kFp8Max;
   *scale = s;
   for (int i = 0; i < n; ++i) codes[i] = s > 0.f ? float_to_e4m3(x[i] / s) : uint8_t(0);
+  if (second)
+    for (int i = 0; i < n; ++i) codes[i] = floor_positive_e4m3(codes[i], x[i]);
 }
 
 }  // namespace
@@ -113,19 +117,19 @@ void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* 
     case LOWBIT_STATE_8BIT: {
       uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
       for (int b = 0; b < n; b += kBlock8)
-        encode_codes8(*mv.map, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
+        encode_codes8(*mv.map, mv.second, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
       return;
     }
     case LOWBIT_STATE_4BIT: {
       uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
       for (int b = 0; b < n; b += kBlock4)
-        encode_codes4(*mv.map, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2, &mv.scales[(base + b) / kBlock4]);
+        encode_codes4(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2, &mv.scales[(base + b) / kBlock4]);
       return;
     }
     case LOWBIT_STATE_FP8: {
       uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
       for (int b = 0; b < n; b += kBlock8)
-        encode_fp8(in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
+        encode_fp8(mv.second, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
       return;
     }
     default: return;

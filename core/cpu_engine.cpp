@@ -64,6 +64,17 @@ bool chunk_has_nonfinite(const ParamView& pv, const Chunk& c) {
   return bad != 0;
 }
 
+// Below this many elements a step runs on the calling thread: waking a team
+// costs more than it saves, and it would compete with the caller's own
+// threads (BLAS, data loading) between steps.
+constexpr int64_t kParallelMinElements = 1 << 18;
+
+int64_t total_elements(const Chunk* chunks, int64_t num_chunks) {
+  int64_t total = 0;
+  for (int64_t k = 0; k < num_chunks; ++k) total += chunks[k].end - chunks[k].begin;
+  return total;
+}
+
 class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(int num_threads) : num_threads_(num_threads) {
@@ -91,7 +102,8 @@ class CpuEngine final : public Engine {
 
   bool any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
     int found = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found) if (num_chunks > 1)
+    const bool parallel = total_elements(chunks, num_chunks) >= kParallelMinElements;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found) if (parallel)
     for (int64_t k = 0; k < num_chunks; ++k) {
       const ParamView& pv = params[chunks[k].param];
       if (pv.grad && chunk_has_nonfinite(pv, chunks[k])) found |= 1;
@@ -100,7 +112,8 @@ class CpuEngine final : public Engine {
   }
 
   void step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (num_chunks > 1)
+    const bool parallel = total_elements(chunks, num_chunks) >= kParallelMinElements;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
     for (int64_t k = 0; k < num_chunks; ++k) {
       const ParamView& pv = params[chunks[k].param];
       if (pv.grad) step_chunk(algo, pv, chunks[k]);

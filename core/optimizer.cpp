@@ -144,12 +144,8 @@ void Optimizer::set_grad(int64_t id, const lowbit_tensor_t* grad) {
 }
 
 MomentView Optimizer::moment_view(const ParamState& p, int m) const {
-  MomentView v;
-  v.format = p.moment[m].format;
-  v.data = p.moment[m].data.data();
-  v.scales = static_cast<float*>(p.moment[m].scales.data());
-  v.map = moment_map(v.format, m);
-  return v;
+  return lowbit::moment_view(p.moment[m].format, m, p.moment[m].data.data(),
+                             static_cast<float*>(p.moment[m].scales.data()));
 }
 
 StepScalars Optimizer::step_scalars(const ParamState& p) const {

@@ -67,6 +67,14 @@ LOWBIT_HD int bucket_code(const QMap& map, const Int (&below)[2][kQBuckets], flo
 
 LOWBIT_HD int bucket_code(const QMap& map, float x) { return bucket_code(map, map.below, x); }
 
+// Second moments never store a positive value as zero: it takes the next
+// (smallest positive) code instead, so an Adam denominator cannot collapse to
+// eps while the first moment of the same element is non-zero.
+LOWBIT_HD int floor_positive(const QMap& map, int code, float x) {
+  return code + int((map.values[code] == 0.f) & (x > 0.f));
+}
+LOWBIT_HD uint8_t floor_positive_e4m3(uint8_t code, float x) { return uint8_t(code | uint8_t((code == 0) & (x > 0.f))); }
+
 // Scaled input of the code search; an all-zero block (absmax 0) maps to 0.
 LOWBIT_HD float normalize(float v, float absmax) { return absmax > 0.f ? v / absmax : 0.f; }
 

@@ -65,4 +65,14 @@ const QMap* moment_map(lowbit_state_format_t format, int moment) {
   return nullptr;
 }
 
+MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales) {
+  MomentView v;
+  v.format = format;
+  v.data = data;
+  v.scales = scales;
+  v.map = moment_map(format, moment);
+  v.second = moment == 1;
+  return v;
+}
+
 }  // namespace lowbit

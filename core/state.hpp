@@ -18,6 +18,7 @@ struct MomentView {
   void* data = nullptr;
   float* scales = nullptr;
   const QMap* map = nullptr;  // 8BIT / 4BIT only
+  bool second = false;        // a second moment: positive values never encode to 0 (floor_positive)
 };
 
 enum class WeightRounding : int32_t { Nearest = 0, Stochastic = 1, ErrorCorrection = 2 };
@@ -47,5 +48,7 @@ const char* dtype_name(lowbit_dtype_t dtype);
 int64_t dtype_bytes(lowbit_dtype_t dtype);
 // The map of moment 0 (signed) or 1 (unsigned) for a quantized format.
 const QMap* moment_map(lowbit_state_format_t format, int moment);
+// The view of moment 0 or 1 stored in `format` at data / scales.
+MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
 
 }  // namespace lowbit

@@ -228,8 +228,10 @@ __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int fi
   return a > 0x7F800000u ? 0.f : bits_float(a);
 }
 
-__device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, const float (&x)[8],
-                                                    int64_t e0, int64_t tile_off, int n, int lane) {
+// `second`: a second moment, whose positive values never encode to 0 (floor_positive in core/quant.hpp).
+__device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, bool second,
+                                                    const float (&x)[8], int64_t e0, int64_t tile_off, int n,
+                                                    int lane) {
   Raw r;
   zero(r);
   switch (mr.format) {
@@ -248,7 +250,9 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        uint32_t c = uint32_t(bucket_code(sm, normalize(x[j], absmax)));
+        float xn = normalize(x[j], absmax);
+        int code = bucket_code(sm, xn);
+        uint32_t c = uint32_t(second ? floor_positive(sm, code, xn) : code);
         r.w[j >> 2] |= c << (8 * (j & 3));
       }
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
@@ -260,7 +264,9 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         // Past the end of the tensor the high nibble of the last byte is 0.
-        uint32_t c = j < n ? uint32_t(nearest_code(sm, normalize(x[j], absmax))) : 0u;
+        float xn = normalize(x[j], absmax);
+        int code = nearest_code(sm, xn);
+        uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, xn) : code) : 0u;
         r.w[0] |= c << (4 * j);
       }
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
@@ -271,7 +277,8 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       if (lane == 0) mr.scales[tile_off / kBlock8] = s;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        uint32_t c = s > 0.f ? uint32_t(float_to_e4m3(x[j] / s)) : 0u;
+        uint8_t code = s > 0.f ? float_to_e4m3(x[j] / s) : uint8_t(0);
+        uint32_t c = second ? floor_positive_e4m3(code, x[j]) : code;
         r.w[j >> 2] |= c << (8 * (j & 3));
       }
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
@@ -428,8 +435,8 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
 
-    encode_store_moment(mom0, smap[0], m, e0, tile_off, n, lane);
-    encode_store_moment(mom1, smap[1], v, e0, tile_off, n, lane);
+    encode_store_moment(mom0, smap[0], false, m, e0, tile_off, n, lane);
+    encode_store_moment(mom1, smap[1], true, v, e0, tile_off, n, lane);
     store_param(P, p, e0, n, key);
   }
 }

@@ -92,11 +92,7 @@ ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi
                    LOWBIT_ERROR_INVALID_ARGUMENT, "moment scales are ", ffi_dtype_name(scales.element_type()),
                    shape_string(scales.dimensions()), " but the ", format_name(f), " format of ", numel,
                    " elements needs ", moment_scale_bytes(f, numel) / 4, " float32 scales");
-    MomentView mv;
-    mv.format = f;
-    mv.data = data.untyped_data();
-    mv.scales = static_cast<float*>(scales.untyped_data());
-    mv.map = moment_map(f, moment);
+    MomentView mv = moment_view(f, moment, data.untyped_data(), static_cast<float*>(scales.untyped_data()));
     decode_moment(mv, numel, static_cast<float*>(out->untyped_data()));
   });
 }

@@ -340,11 +340,8 @@ class StepDecoder {
       std::string why = concat("the ", format_name(fmt), " format of a ", numel, "-element param");
       check_size(i, data_part[m], data, ddt, data_elems, why.c_str());
       check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, numel) / 4, why.c_str());
-      MomentView& mv = v.moment[m];
-      mv.format = fmt;
-      mv.data = b.out[1 + 2 * m].untyped_data();
-      mv.scales = static_cast<float*>(b.out[2 + 2 * m].untyped_data());
-      mv.map = moment_map(fmt, m);
+      v.moment[m] = moment_view(fmt, m, b.out[1 + 2 * m].untyped_data(),
+                                static_cast<float*>(b.out[2 + 2 * m].untyped_data()));
     }
     const ffi::AnyBuffer& ecc = b.in[6];
     switch (rounding) {

@@ -391,7 +391,8 @@ static inline const char* format_name(lowbit_state_format_t f) {
 /* The stored value of one element in a format, given its block's scale
  * (absmax as the library computes it: the largest |fp32 value| of the
  * block). `second`: 0 for a first moment (signed map), 1 for a second moment
- * (unsigned map) of the 8/4-bit formats. FP32 keeps the float64 value (the
+ * (unsigned map of the 8/4-bit formats; in 8-bit and FP8 a positive value
+ * takes the smallest positive code rather than 0). FP32 keeps the float64 value (the
  * reference stays in double), BF16 rounds to nearest even. */
 static inline double ref_quant_value(lowbit_state_format_t fmt, int second, float absmax, double in) {
   switch (fmt) {
@@ -403,6 +404,7 @@ static inline double ref_quant_value(lowbit_state_format_t fmt, int second, floa
       const qmap_t* map = &g_qmaps[fmt == LOWBIT_STATE_8BIT ? (second ? QMAP_U8 : QMAP_S8) : (second ? QMAP_U4 : QMAP_S4)];
       float x = (float)in / absmax;
       int k = qmap_nearest_fast(map, x);
+      if (second && map->v[k] == 0.0 && x > 0.f) ++k; /* a positive second moment never stores as 0 */
       return (double)((float)map->v[k] * absmax);
     }
     case LOWBIT_STATE_FP8: {
@@ -410,6 +412,7 @@ static inline double ref_quant_value(lowbit_state_format_t fmt, int second, floa
       if (!(scale > 0.f)) return 0.0;
       float x = (float)in / scale;
       int c = e4m3_code_fast(x);
+      if (second && c == 0 && x > 0.f) c = 1; /* a positive second moment never stores as 0 */
       return (double)((float)(signbit(x) ? -g_e4m3[c] : g_e4m3[c]) * scale);
     }
     default: return NAN;

@@ -353,19 +353,13 @@ def test_low_precision_state_tracks_the_reference(fmt, rng):
     assert np.all(v >= 0)
 
 
-UNDERFLOW_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="library: a positive second moment far below its block's absmax is stored as 0 in 8-bit and FP8 "
-           "state, so the next AdamW update is lr*m/eps (reported to the lead)")
-
-
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", pytest.param("8bit", marks=UNDERFLOW_BUG), "4bit",
-                                 pytest.param("fp8", marks=UNDERFLOW_BUG)])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "8bit", "4bit", "fp8"])
 def test_update_stays_bounded_when_a_second_moment_underflows(fmt):
     """One block: element 0 has gradient 1, the others 1e-4 at the first
     step and 0 at the second. Exact AdamW moves every weight by at most ~lr
     per step (|m_hat| <= sqrt(v_hat) here); a second moment decoded as 0
-    while the first is not gives lr * m_hat / eps instead (~45 with lr 1e-2)."""
+    while the first is not would give lr * m_hat / eps instead (~45 with lr
+    1e-2). The library never stores a positive second moment as 0."""
     n = 256
     g1 = np.full(n, 1e-4, np.float32)
     g1[0] = 1.0
