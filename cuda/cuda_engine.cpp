@@ -102,6 +102,7 @@ DevParam describe(const ParamView& v, int64_t id, int32_t group) {
                    LOWBIT_ERROR_INTERNAL, "param ", id, ": moment ", k, " has format ", int(m.format),
                    m.data ? "" : " and no data");
     d.format[k] = uint8_t(m.format);
+    d.second[k] = m.second ? 1 : 0;
     d.mdata[k] = m.data;
     d.mscale[k] = m.scales;
     if (is_quantized(m.format))

@@ -435,8 +435,8 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
 
-    encode_store_moment(mom0, smap[0], false, m, e0, tile_off, n, lane);
-    encode_store_moment(mom1, smap[1], true, v, e0, tile_off, n, lane);
+    encode_store_moment(mom0, smap[0], P.second[0] != 0, m, e0, tile_off, n, lane);
+    encode_store_moment(mom1, smap[1], P.second[1] != 0, v, e0, tile_off, n, lane);
     store_param(P, p, e0, n, key);
   }
 }

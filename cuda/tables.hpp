@@ -39,7 +39,8 @@ struct DevParam {
   uint8_t param_al16;   // param base is 16-byte aligned
   uint8_t format[2];    // lowbit_state_format_t of each moment
   uint8_t map[2];       // MapId of each quantized moment or kNoMap
-  uint8_t pad_[4];
+  uint8_t second[2];    // MomentView::second: positive values never encode to 0
+  uint8_t pad_[2];
 };
 static_assert(sizeof(DevParam) == 72, "DevParam layout (no implicit padding: tables are compared bytewise)");
 

@@ -188,10 +188,9 @@ void build(Side& s, Algo algo, int moments, const lowbit_state_format_t fmt[2], 
     s.grads[i] = s.buffer(size_t(sp.numel) * dbytes(d.g), off_g);
     v.num_moments = moments;
     for (int k = 0; k < moments; ++k) {
-      v.moment[k].format = fmt[k];
-      v.moment[k].data = s.alloc_state(size_t(moment_data_bytes(fmt[k], sp.numel)));
-      v.moment[k].scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(fmt[k], sp.numel))));
-      v.moment[k].map = moment_map(fmt[k], k);
+      void* data = s.alloc_state(size_t(moment_data_bytes(fmt[k], sp.numel)));
+      float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(fmt[k], sp.numel))));
+      v.moment[k] = moment_view(fmt[k], k, data, scales);  // as Optimizer builds them
     }
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
   }
