@@ -11,7 +11,7 @@ root="$(cd "$(dirname "$0")/../../.." && pwd)"
 out="${1:-$root/build-cuda-emu}"
 cuda_inc="${CUDA_INCLUDE:-/usr/local/cuda/include}"
 mkdir -p "$out/obj"
-flags=(-std=c++17 -O2 -fopenmp -Wno-unknown-pragmas -DLOWBIT_CUDA_ENGINE -I"$root" -I"$root/capi" -I"$cuda_inc")
+flags=(-std=c++17 -O2 -ffp-contract=off -fopenmp -Wno-unknown-pragmas -DLOWBIT_CUDA_ENGINE -I"$root" -I"$root/capi" -I"$cuda_inc")
 srcs=("$root"/core/*.cpp "$root"/comm/*.cpp "$root"/capi/*.cpp "$root/cuda/cuda_engine.cpp" "$root"/tests/cuda/emu/*.cpp)
 objs=()
 cmds=()
