@@ -14,5 +14,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/lowbitConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/lowbitConfig.cmake ${PROJECT_BINARY_DIR}/lowbitConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/lowbit)
 
+# Relocatable: the prefix is found relative to the .pc file.
+file(RELATIVE_PATH LOWBIT_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 configure_file(cmake/lowbit.pc.in ${PROJECT_BINARY_DIR}/lowbit.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/lowbit.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
