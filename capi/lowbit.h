@@ -37,7 +37,9 @@
  *     itself returns LOWBIT_SUCCESS. On CUDA the check is done on the device,
  *     so the skip flag becomes valid once the stream reaches the step.
  *   - With skip_nonfinite = 0 no check is made and non-finite values
- *     propagate into params and state, as in plain PyTorch optimizers.
+ *     propagate into params and state, as in plain PyTorch optimizers; in a
+ *     quantized state a NaN makes its block's scale, and so the whole block,
+ *     NaN (CPU and CUDA alike).
  */
 #ifndef LOWBIT_H
 #define LOWBIT_H

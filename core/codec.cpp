@@ -20,7 +20,7 @@ inline float block_absmax(const float* x, int n) {
     uint32_t u = float_bits(x[i]) & 0x7FFFFFFFu;
     a = u > a ? u : a;
   }
-  return a > 0x7F800000u ? 0.f : bits_float(a);  // a NaN bit pattern never wins in float compares either
+  return bits_float(a);  // a NaN wins (its bits are the largest): the block decodes as NaN
 }
 
 // Codes of a block: x / absmax into a local array, then the bucket search over

@@ -225,7 +225,7 @@ __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int fi
     uint32_t v = __shfl_xor_sync(0xFFFFFFFFu, a, off);
     a = v > a ? v : a;
   }
-  return a > 0x7F800000u ? 0.f : bits_float(a);
+  return bits_float(a);  // a NaN wins (its bits are the largest): the block decodes as NaN, as on the CPU
 }
 
 // `second`: a second moment, whose positive values never encode to 0 (floor_positive in core/quant.hpp).

@@ -163,6 +163,29 @@ void test_block_encoding_is_brute_force(void**) {
       }
 }
 
+// With skip_nonfinite = 0 a NaN reaches the state: its block's scale becomes
+// NaN and the whole block decodes as NaN (it propagates, as in fp32 state),
+// rather than the block silently turning into zeros.
+void test_nan_poisons_its_block(void**) {
+  for (lowbit_state_format_t format : {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8})
+    for (int moment = 0; moment < 2; ++moment) {
+      const int n = 600;
+      std::vector<float> x(n, 0.5f), back(n);
+      x[300] = NAN;
+      std::vector<uint8_t> data(size_t(moment_data_bytes(format, n)));
+      std::vector<float> scales(size_t(num_blocks(format, n)));
+      MomentView mv = moment_view(format, moment, data.data(), scales.data());
+      encode_moment(mv, n, x.data());
+      decode_moment(mv, n, back.data());
+      int block = int(block_size(format));
+      for (int i = 0; i < n; ++i) {
+        bool poisoned = i / block == 300 / block;
+        if (poisoned != bool(std::isnan(back[size_t(i)])))
+          fail_msg("format %d moment %d element %d: %g", format, moment, i, double(back[size_t(i)]));
+      }
+    }
+}
+
 // Nearest e4m3 value by exhaustive search; ties to the even code; saturating.
 uint8_t brute_e4m3(float x) {
   if (std::isnan(x)) return 0x7F;
@@ -241,6 +264,7 @@ int main(void) {
       cmocka_unit_test(test_nearest_code_is_brute_force),
       cmocka_unit_test(test_bucket_search_everywhere),
       cmocka_unit_test(test_block_encoding_is_brute_force),
+      cmocka_unit_test(test_nan_poisons_its_block),
       cmocka_unit_test(test_e4m3),
       cmocka_unit_test(test_16bit_rounding),
   };
