@@ -23,16 +23,26 @@ inline float block_absmax(const float* x, int n) {
   return bits_float(a);  // a NaN wins (its bits are the largest): the block decodes as NaN
 }
 
-// Codes of a block: x / absmax into a local array, then the bucket search over
+// The code of x (already divided by absmax) from the CPU tables: three
+// independent lookups by bucket; the same code as bucket_code().
+inline int wide_code(const QMapWide& w, float x) {
+  uint32_t u = float_bits(x);
+  uint32_t a = u & 0x7FFFFFFFu;
+  int k = int(u >> 31) * kQBuckets + q_bucket(a);
+  int c = (&w.below[0][0])[k] + int((&w.mid0[0][0])[k] < x) + int((&w.mid1[0][0])[k] < x);
+  return c & -int(a <= 0x7F800000u);  // NaN: no midpoint is below it
+}
+
+// Codes of a block: x / absmax into a local array, then the code search over
 // it with int32 codes (byte-narrowed arithmetic keeps GCC from vectorising).
 template <int kMax>
 inline void block_codes(const QMap& map, bool second, const float* x, int n, float absmax, int32_t* c) {
-  const QMapWide& wide = qmap_wide(map);  // int32 tables: 32-bit gathers
+  const QMapWide& wide = qmap_wide(map);
   float xn[kMax];
   for (int i = 0; i < n; ++i) xn[i] = normalize(x[i], absmax);
-  for (int i = 0; i < n; ++i) c[i] = bucket_code(map, wide.below, xn[i]);
-  if (second)
-    for (int i = 0; i < n; ++i) c[i] = floor_positive(map, c[i], xn[i]);
+  for (int i = 0; i < n; ++i) c[i] = wide_code(wide, xn[i]);
+  if (second)  // floor_positive(): a positive second moment never takes the code of 0
+    for (int i = 0; i < n; ++i) c[i] += int((c[i] == wide.zero_code) & (xn[i] > 0.f));
 }
 
 LOWBIT_VECTOR_CLONES

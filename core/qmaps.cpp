@@ -90,9 +90,20 @@ const QMap& qmap(MapId id) {
 const QMapWide& qmap_wide(const QMap& map) {
   static const auto wide = [] {
     std::vector<QMapWide> w(4);
-    for (int m = 0; m < 4; ++m)
+    for (int m = 0; m < 4; ++m) {
+      const QMap& q = qmap(MapId(m));
+      QMapWide& t = w[size_t(m)];
       for (int s = 0; s < 2; ++s)
-        for (int b = 0; b < kQBuckets; ++b) w[size_t(m)].below[s][b] = qmap(MapId(m)).below[s][b];
+        for (int b = 0; b < kQBuckets; ++b) {
+          int c = q.below[s][b];
+          t.below[s][b] = c;
+          t.mid0[s][b] = q.midpoints[c];  // midpoints[n - 1..255] are +Inf
+          t.mid1[s][b] = c + 1 < 256 ? q.midpoints[c + 1] : INFINITY;
+        }
+      t.zero_code = -1;
+      for (int i = 0; i < q.n; ++i)
+        if (q.values[i] == 0.f) t.zero_code = i;
+    }
     return w;
   }();
   return wide[size_t(&map - &qmap(MapId::SignedDynamic8))];

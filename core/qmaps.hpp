@@ -9,10 +9,17 @@ enum class MapId { SignedDynamic8, UnsignedDynamic8, SignedDynamic4, UnsignedLin
 
 const QMap& qmap(MapId id);
 
-// The bucket tables of a map widened to int32, so the CPU code search can use
-// 32-bit gathers and vectorise: [sign][bucket], as QMap::below.
+// The CPU form of a map's bucket search, built for 32-bit gathers that do
+// not depend on each other: per [sign][bucket] the count of midpoints below
+// the bucket and the next two midpoints, so that
+//   code = below + (mid0 < x) + (mid1 < x)
+// equals bucket_code(map, x) (the midpoints are sorted). zero_code is the
+// index of the value 0 (-1 if the map has none).
 struct QMapWide {
   int32_t below[2][kQBuckets];
+  float mid0[2][kQBuckets];
+  float mid1[2][kQBuckets];
+  int32_t zero_code;
 };
 const QMapWide& qmap_wide(const QMap& map);
 
