@@ -116,6 +116,7 @@ void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
   }
 }
 
+LOWBIT_VECTOR_CLONES
 void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in) {
   switch (mv.format) {
     case LOWBIT_STATE_FP32: std::memcpy(static_cast<float*>(mv.data) + base, in, sizeof(float) * n); return;

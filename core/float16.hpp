@@ -32,11 +32,12 @@ LOWBIT_HD bool is_finite_bits(uint32_t u) { return (u & 0x7F800000u) != 0x7F8000
 
 LOWBIT_HD float bf16_to_float(uint16_t h) { return bits_float(uint32_t(h) << 16); }
 
+// Branch-free (a select for NaN) so conversion loops vectorise.
 LOWBIT_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
 
 LOWBIT_HD float fp16_to_float(uint16_t h) {
