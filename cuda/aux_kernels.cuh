@@ -8,6 +8,7 @@
 #endif
 
 #include "core/rounding.hpp"
+#include "core/step_scalars.hpp"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -72,29 +73,15 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const CheckArgs a) {
   if (__syncthreads_or(int(bad)) && threadIdx.x == 0) *a.flag = 1;
 }
 
-// Optimizer::step_scalars on the device (pow and sqrt in double, rounded once
-// to float; CUDA's double pow is within 2 ulps of double, the host's within 1,
-// so the float results agree except in rare last-bit cases).
+// make_step_scalars (core/step_scalars.hpp) on the device: pow and sqrt in
+// double, rounded once to float; CUDA's double pow is within 2 ulps, the
+// host's within 1, so the float results agree except in rare last-bit cases.
 __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= a.num_params || a.dyn[i].grad == nullptr) return;
   const lowbit_hparams_t h = a.hparams[a.params[i].group];
   const int64_t t = a.steps[i] + 1;
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  const bool bc = h.bias_correction && a.bias_correction_allowed;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - pow(double(h.beta1), double(t))) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / sqrt(1.0 - pow(double(h.beta2), double(t))) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = t == 1;
-  a.scalars[i] = s;
+  a.scalars[i] = make_step_scalars(h, a.bias_correction_allowed, a.steps[i]);
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(t));
   a.dyn[i].scalar_idx = int32_t(i);
 }

@@ -40,6 +40,7 @@
 #include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/rounding.hpp"
 #include "core/state.hpp"
+#include "core/step_scalars.hpp"
 #include "cuda/cuda_engine.hpp"
 
 extern "C" {
@@ -79,25 +80,6 @@ void fill(void* out, lowbit_dtype_t d, int64_t n, int emin, int emax) {
       std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
     }
   }
-}
-
-// Optimizer::step_scalars, restated.
-StepScalars scalars_for(const lowbit_hparams_t& h, Algo algo, int64_t t) {
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  bool bc = h.bias_correction && algo != Algo::Lion;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - std::pow(double(h.beta1), double(t))) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / std::sqrt(1.0 - std::pow(double(h.beta2), double(t))) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = t == 1;
-  return s;
 }
 
 struct AlgoCase {
@@ -287,7 +269,7 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
       for (Side* side : {&cpu, &gpu}) {
         ParamView& v = side->views[i];
         v.grad = no_grad ? nullptr : side->grads[i];
-        v.scalars = scalars_for(hp[size_t(specs[i].group)], a.algo, t[i] + 1);
+        v.scalars = make_step_scalars(hp[size_t(specs[i].group)], a.algo != Algo::Lion, t[i]);
         v.rounding_key = rounding_key(seed, uint64_t(i), uint64_t(t[i] + 1));
       }
     }
@@ -456,7 +438,7 @@ void test_device_scalars(void**) {
         }
         std::memcpy(gpu.grads[i], cpu.grads[i], size_t(specs[i].numel) * dbytes(d.g));
         cpu.views[i].grad = cpu.grads[i];
-        cpu.views[i].scalars = scalars_for(hp[specs[i].group], a.algo, t[i] + 1);
+        cpu.views[i].scalars = make_step_scalars(hp[specs[i].group], a.algo != Algo::Lion, t[i]);
         cpu.views[i].rounding_key = rounding_key(seed, uint64_t(i), uint64_t(t[i] + 1));
       }
       gpu_engine->enqueue_step(a.algo, gpu.views.data(), int64_t(specs.size()), true, nullptr);

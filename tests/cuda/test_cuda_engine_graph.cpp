@@ -29,6 +29,7 @@
 #include "core/engine.hpp"
 #include "core/rounding.hpp"
 #include "core/state.hpp"
+#include "core/step_scalars.hpp"
 #include "cuda/cuda_engine.hpp"
 
 using namespace lowbit;
@@ -63,25 +64,6 @@ constexpr int kNP = int(sizeof kSpecs / sizeof kSpecs[0]);
 constexpr int kReplays = 12;
 constexpr int kLrChange = 5;
 constexpr int kNanReplay = 8;
-
-// Optimizer::step_scalars, restated for the reference side.
-StepScalars host_scalars(const lowbit_hparams_t& h, Algo algo, int64_t t) {
-  StepScalars s{};
-  s.lr = h.lr;
-  s.beta1 = h.beta1;
-  s.beta2 = h.beta2;
-  s.eps = h.eps;
-  s.weight_decay = h.weight_decay;
-  s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  bool bc = h.bias_correction && algo != Algo::Lion;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - std::pow(double(h.beta1), double(t))) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / std::sqrt(1.0 - std::pow(double(h.beta2), double(t))) : 1.0);
-  s.momentum = h.momentum;
-  s.dampening = h.dampening;
-  s.nesterov = h.nesterov;
-  s.first_step = t == 1;
-  return s;
-}
 
 // State, params and grads of all parameters on one engine.
 struct Side {
@@ -228,7 +210,7 @@ void run(Algo algo, const char* name) {
     if (skip) continue;
     for (int i = 0; i < kNP; ++i) {
       ParamView& v = cpu.views[size_t(i)];
-      v.scalars = host_scalars(hp[kSpecs[i].group], algo, steps[size_t(i)] + 1);
+      v.scalars = make_step_scalars(hp[kSpecs[i].group], algo != Algo::Lion, steps[size_t(i)]);
       v.rounding_key = rounding_key(seed, uint64_t(i), uint64_t(steps[size_t(i)] + 1));
     }
     cpu_engine->step(algo, cpu.views.data(), chunks.data(), int64_t(chunks.size()), nullptr);
