@@ -7,6 +7,9 @@ liblowbit_jax.so next to LOWBIT_LIBRARY, else inside the package. Where jax
 is not installed the tests skip (importorskip in each module); where jax is
 installed but the libraries are missing they skip locally and fail under CI
 (CI=true), where a missing build must not hide the tests.
+
+tests/common (shared with tests/python: the float64 reference of the optimizer
+updates, float64_reference.py) is put on sys.path.
 """
 
 import ctypes
@@ -18,6 +21,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bindings"))
+COMMON = ROOT / "tests" / "common"
+if str(COMMON) not in sys.path:
+    sys.path.insert(0, str(COMMON))
 
 
 def _missing(message):

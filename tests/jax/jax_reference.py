@@ -1,7 +1,8 @@
-"""Independent references for the JAX tests: the update rules in float64
-numpy, decoders of the state formats written from the header's description
-(with the golden maps of tests/c/qmaps_golden.h), and a ctypes driver of the
-C API (lowbit_optimizer_*), so that the JAX path can be compared with both."""
+"""Independent references for the JAX tests besides the update rules (those
+are in tests/common/float64_reference.py, shared with tests/python): decoders
+of the state formats written from the header's description (with the golden
+maps of tests/c/qmaps_golden.h), and a ctypes driver of the C API
+(lowbit_optimizer_*), so that the JAX path can be compared with both."""
 
 import ctypes
 import pathlib
@@ -15,49 +16,6 @@ from lowbit import _capi
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 ALGORITHMS = {"adamw": 1, "adam": 2, "lion": 3, "sgd": 4}
-
-
-# ----------------------------------------------------------------- update rules
-
-
-def ref_step(algo, h, p, g, m, v, step):
-    """One step in float64 of a param that has taken `step` steps before; returns (p, m, v).
-    Hyper-parameters are float32 in the API, so they are rounded to float32
-    first (1 - beta2 with beta2 = float32(0.999) differs from 0.001 by 1e-5)."""
-    h = {k: float(np.float32(v)) for k, v in h.items()}
-    p, g = np.float64(p), np.float64(g)
-    m = None if m is None else np.float64(m)
-    v = None if v is None else np.float64(v)
-    lr, wd = h["lr"], h.get("weight_decay", 0.0)
-    t = step + 1
-    if algo in ("adamw", "adam"):
-        b1, b2, eps = h["beta1"], h["beta2"], h["eps"]
-        if algo == "adamw":
-            p = p * (1 - lr * wd)
-        else:
-            g = g + wd * p
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        if h.get("bias_correction", 1):
-            step_size, denom = lr / (1 - b1**t), np.sqrt(v) / np.sqrt(1 - b2**t) + eps
-        else:
-            step_size, denom = lr, np.sqrt(v) + eps
-        p = p - step_size * m / denom
-        return p, m, v
-    if algo == "lion":
-        b1, b2 = h["beta1"], h["beta2"]
-        c = b1 * m + (1 - b1) * g
-        p = p * (1 - lr * wd) - lr * np.sign(c)
-        m = b2 * m + (1 - b2) * g
-        return p, m, v
-    if algo == "sgd":
-        mom, damp = h.get("momentum", 0.0), h.get("dampening", 0.0)
-        g = g + wd * p
-        if mom != 0:
-            m = g if step == 0 else mom * m + (1 - damp) * g
-            g = g + mom * m if h.get("nesterov", 0) else m
-        return p - lr * g, m, v
-    raise ValueError(algo)
 
 
 # ----------------------------------------------------------------- formats

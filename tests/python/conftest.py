@@ -3,6 +3,9 @@
 With LOWBIT_LIBRARY set (a build tree: scripts/test.sh, make -f Makefile.python
 test) the package is imported from bindings/ in this checkout; otherwise the
 installed package is used, and bindings/ only when none is installed.
+
+tests/common (shared with tests/jax: the float64 reference of the optimizer
+updates, float64_reference.py) is put on sys.path.
 """
 
 import importlib.util
@@ -14,9 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BINDINGS = ROOT / "bindings"
+COMMON = ROOT / "tests" / "common"
 
 if os.environ.get("LOWBIT_LIBRARY") or importlib.util.find_spec("lowbit") is None:
     sys.path.insert(0, str(BINDINGS))
+if str(COMMON) not in sys.path:
+    sys.path.insert(0, str(COMMON))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import lowbit
-from reference import Reference, bf16_round
+from float64_reference import Reference, bf16_round, fp16_round, ulp16
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = ml_dtypes.bfloat16
@@ -146,16 +146,6 @@ def test_16bit_grads_for_fp32_params(grad_dtype, rng):
         np.testing.assert_allclose(p, ref.p, rtol=2e-5, atol=2e-5)
 
 
-def _ulp16(x, dtype):
-    """Spacing of the 16-bit format at |x| (as float64)."""
-    x = np.abs(np.asarray(x, np.float64))
-    if dtype == "bf16":
-        e = np.floor(np.log2(np.maximum(x, 2.0 ** -126)))
-        return 2.0 ** (e - 7)
-    e = np.floor(np.log2(np.maximum(x, 2.0 ** -14)))
-    return 2.0 ** (e - 10)
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("algo", ["adamw", "sgd"])
 def test_16bit_params_round_to_nearest_each_step(dtype, algo, rng):
@@ -181,13 +171,13 @@ def test_16bit_params_round_to_nearest_each_step(dtype, algo, rng):
             if _num_moments(name) == 2:
                 ref.v = opt.read_moment(0, 1).astype(np.float64)
             ref.step(g)
-            want = bf16_round(ref.p) if dtype == "bf16" else ref.p.astype(np.float16).astype(np.float64)
+            want = bf16_round(ref.p) if dtype == "bf16" else fp16_round(ref.p)
             opt.step()
             got = p.astype(np.float64)
             diff = np.abs(got - want)
             # one ulp of the result, plus the fp32 arithmetic of the library
             # (a few 2^-24 of the operands) where the result nearly cancels
-            tol = _ulp16(want, dtype) * 1.0001 + 2.0 ** -21 * (np.abs(before) + 0.1)
+            tol = ulp16(want, dtype) * 1.0001 + 2.0 ** -21 * (np.abs(before) + 0.1)
             assert np.all(diff <= tol), f"step {t}: worst excess {(diff - tol).max()}"
             exact += int((diff == 0).sum())
             total += n

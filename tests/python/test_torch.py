@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import lowbit  # noqa: E402
 import lowbit.torch as lt  # noqa: E402
+from float64_reference import Reference  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -88,24 +89,23 @@ def test_fp32_state_matches_torch_over_50_steps(ours, theirs, kwargs):
 def test_lion_matches_a_float64_reference():
     x, y = _data()
     model = _model()
-    ref = [p.detach().double().clone() for p in model.parameters()]
-    mom = [torch.zeros_like(r) for r in ref]
-    opt = lt.Lion(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    hp = dict(lr=1e-3, beta1=0.9, beta2=0.99, weight_decay=0.1)
+    refs = [Reference("lion", p.detach().double().numpy(), **hp) for p in model.parameters()]
+    opt = lt.Lion(model.parameters(), lr=hp["lr"], betas=(hp["beta1"], hp["beta2"]), weight_decay=hp["weight_decay"])
     for _ in range(30):
         # the reference uses the grads lowbit sees (computed at lowbit's weights)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        grads = [p.grad.double() for p in model.parameters()]
-        before = [p.detach().double().clone() for p in model.parameters()]
+        grads = [p.grad.double().numpy() for p in model.parameters()]
+        before = [p.detach().double().numpy() for p in model.parameters()]
         opt.step()
-        for i, g in enumerate(grads):
-            c = 0.9 * mom[i] + 0.1 * g
-            ref[i] = before[i] * (1 - 1e-3 * 0.1) - 1e-3 * torch.sign(c)
-            mom[i] = 0.99 * mom[i] + 0.01 * g
-        for p, r in zip(model.parameters(), ref):
-            assert (p.detach().double() - r).abs().max().item() < 1e-6
-    for p, m in zip(model.parameters(), mom):
-        torch.testing.assert_close(opt.read_moment(p, 0).double(), m, rtol=1e-5, atol=1e-8)
+        for r, b, g in zip(refs, before, grads):
+            r.p = b  # each step from lowbit's weights; the momentum is the reference's own
+            r.step(g)
+        for p, r in zip(model.parameters(), refs):
+            assert np.abs(p.detach().double().numpy() - r.p).max() < 1e-6
+    for p, r in zip(model.parameters(), refs):
+        torch.testing.assert_close(opt.read_moment(p, 0).double(), torch.from_numpy(r.m), rtol=1e-5, atol=1e-8)
 
 
 def _teacher_task():
