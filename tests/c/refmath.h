@@ -28,6 +28,7 @@
 
 #include "lowbit.h"
 #include "qmaps_golden.h"
+#include "../common/test_seed.h"
 
 #define REF_U (0x1p-24)
 #define REF_K 16.0
@@ -57,18 +58,13 @@ static inline double rng_normal(rng_t* r) {
   }
 }
 
-/* The suite seed: LOWBIT_TEST_SEED if set, else time and pid. Printed so any
- * failure can be replayed exactly. Each test derives its own stream from it
- * and its name, so a single test replays whatever ran before it. */
+/* The suite seed (tests/common/test_seed.h: fixed unless LOWBIT_TEST_SEED
+ * says otherwise), printed so any failure can be replayed exactly. Each test
+ * derives its own stream from it and its name, so a single test replays
+ * whatever ran before it. */
 static uint64_t g_test_seed;
 static inline void test_seed_init(const char* suite) {
-  const char* env = getenv("LOWBIT_TEST_SEED");
-  if (env && *env)
-    g_test_seed = strtoull(env, NULL, 0);
-  else
-    g_test_seed = (uint64_t)time(NULL) * 1000003ull ^ (uint64_t)getpid() * 0x9E3779B97F4A7C15ull;
-  printf("%s: seed %llu (replay with LOWBIT_TEST_SEED=%llu)\n", suite, (unsigned long long)g_test_seed,
-         (unsigned long long)g_test_seed);
+  g_test_seed = lowbit_test_seed(suite);
   fflush(stdout);
 }
 static inline rng_t test_rng(const char* name) {

@@ -21,12 +21,13 @@ extern "C" {
 #include "core/qmaps.hpp"
 #include "core/quant.hpp"
 #include "qmaps_golden.h"
+#include "../common/test_seed.h"
 
 using namespace lowbit;
 
 namespace {
 
-std::mt19937_64 rng(std::random_device{}());
+std::mt19937_64 rng;  // seeded in main()
 
 float from_bits(uint32_t u) { return bits_float(u); }
 
@@ -259,6 +260,7 @@ void test_16bit_rounding(void**) {
 }  // namespace
 
 int main(void) {
+  rng.seed(lowbit_test_seed("test_quantizers"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_maps_match_golden),
       cmocka_unit_test(test_nearest_code_is_brute_force),
