@@ -1,5 +1,6 @@
 // The C boundary: runs a body, turns every exception into a status and a
-// message (thread-local, and on the handle when there is one).
+// message (thread-local, and on the handle when there is one). Every entry
+// point goes through guarded() or, for a handle, on_handle().
 #pragma once
 #include <new>
 #include <string>
@@ -10,6 +11,7 @@
 namespace lowbit {
 
 void set_thread_error(const std::string& message);
+const char* thread_error();
 
 template <class Body>
 lowbit_status_t guarded(std::string* handle_error, Body&& body) noexcept {
@@ -37,6 +39,21 @@ lowbit_status_t guarded(std::string* handle_error, Body&& body) noexcept {
   } catch (...) {
   }
   return status;
+}
+
+// Runs `body(*handle->impl)` on a non-NULL handle (a struct with `impl` and
+// `last_error`), recording a failure on the handle and the thread; `name`
+// names the handle argument in the NULL message.
+template <class Handle, class Body>
+lowbit_status_t on_handle(Handle* handle, const char* name, Body&& body) noexcept {
+  if (!handle) return guarded(nullptr, [&] { fail(LOWBIT_ERROR_NULL_POINTER, name, " is NULL"); });
+  return guarded(&handle->last_error, [&] { body(*handle->impl); });
+}
+
+// The message of the last failed call on a handle; for NULL, the thread's.
+template <class Handle>
+const char* last_error_of(const Handle* handle) noexcept {
+  return handle ? handle->last_error.c_str() : thread_error();
 }
 
 #define LOWBIT_REQUIRE_PTR(p, name) LOWBIT_REQUIRE((p) != nullptr, LOWBIT_ERROR_NULL_POINTER, name " is NULL")

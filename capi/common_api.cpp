@@ -5,9 +5,10 @@
 
 namespace lowbit {
 namespace {
-thread_local std::string thread_error;
+thread_local std::string thread_error_message;
 }
-void set_thread_error(const std::string& message) { thread_error = message; }
+void set_thread_error(const std::string& message) { thread_error_message = message; }
+const char* thread_error() { return thread_error_message.c_str(); }
 }  // namespace lowbit
 
 extern "C" {
@@ -33,7 +34,7 @@ LOWBIT_API const char* lowbit_status_string(lowbit_status_t status) {
   }
 }
 
-LOWBIT_API const char* lowbit_last_error(void) { return lowbit::thread_error.c_str(); }
+LOWBIT_API const char* lowbit_last_error(void) { return lowbit::thread_error(); }
 
 LOWBIT_API int lowbit_version(void) { return LOWBIT_VERSION; }
 

@@ -29,13 +29,28 @@
  *     calls only enqueue work: no hidden host synchronisation and no hidden
  *     allocation inside lowbit_optimizer_step().
  *
+ * Steps on CUDA
+ *   - lowbit_optimizer_step() enqueues on `stream` and returns: the hyper-
+ *     parameters, the per-parameter step counts (bias corrections), the
+ *     non-finite check and the skip decision all live on the device, so no
+ *     step waits for the GPU, with skip_nonfinite = 1 as well, and a whole
+ *     step can be captured in a CUDA graph (see lowbit_optimizer_step).
+ *   - Registration (add_param, set_momentum_mask), checkpoints, moment and
+ *     step-count reads and writes are blocking: they are ordered after the
+ *     work already enqueued on the `stream` they take (registration: after all
+ *     work on the device) and return when done.
+ *   - 1-bit Adam over MPI is host-driven: its step waits for the stream
+ *     before each exchange (capi/lowbit_comm.h). It also waits once, at the
+ *     step that may cross freeze_step, to learn whether earlier steps were
+ *     skipped.
+ *
  * Non-finite gradients
  *   - With lowbit_optimizer_config_t.skip_nonfinite = 1 (the default), a step
  *     first checks every gradient; if any element is NaN or +-Inf, the whole
  *     step is skipped (params, state and step counters unchanged, like AMP's
  *     found-inf) and lowbit_optimizer_last_step_skipped() reports 1. The call
  *     itself returns LOWBIT_SUCCESS. On CUDA the check is done on the device,
- *     so the skip flag becomes valid once the stream reaches the step.
+ *     so the skip flag becomes valid once the stream has passed the step.
  *   - With skip_nonfinite = 0 no check is made and non-finite values
  *     propagate into params and state, as in plain PyTorch optimizers; in a
  *     quantized state a NaN makes its block's scale, and so the whole block,
@@ -47,9 +62,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LOWBIT_VERSION_MAJOR 0
-#define LOWBIT_VERSION_MINOR 1
-#define LOWBIT_VERSION_PATCH 0
+/* LOWBIT_VERSION_MAJOR / _MINOR / _PATCH, generated from the CMake project
+ * version (the one place the version number is written). */
+#include "lowbit_version.h"
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define LOWBIT_VERSION (LOWBIT_VERSION_MAJOR * 10000 + LOWBIT_VERSION_MINOR * 100 + LOWBIT_VERSION_PATCH)
 
@@ -167,6 +182,15 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
 
+/* How a 16-bit weight receives the fp32 result of a step. */
+typedef enum lowbit_rounding {
+  LOWBIT_ROUNDING_NEAREST = 0,          /* round to nearest even (always for fp32 params) */
+  LOWBIT_ROUNDING_STOCHASTIC = 1,       /* counter-based stochastic rounding */
+  LOWBIT_ROUNDING_ERROR_CORRECTION = 2, /* nearest plus one error-correction byte per element */
+  LOWBIT_ROUNDING_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_ROUNDING_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_rounding_t;
+
 /* Hyper-parameters of one parameter group. All may change between steps. */
 typedef struct lowbit_hparams {
   size_t struct_size;
@@ -213,7 +237,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out,
                                                    const lowbit_hparams_t* hparams);
 LOWBIT_API lowbit_status_t lowbit_optimizer_destroy(lowbit_optimizer_t opt);
 
-/* Message of the last failed call on this handle ("" if none). */
+/* Message of the last failed call on this handle ("" if none); for NULL, the
+ * thread's lowbit_last_error(). */
 LOWBIT_API const char* lowbit_optimizer_last_error(lowbit_optimizer_t opt);
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, const lowbit_hparams_t* hparams,
@@ -252,7 +277,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int
                                                      const lowbit_tensor_t* grad);
 
 /* One step over every parameter that has a gradient, using the registered
- * gradients. */
+ * gradients. On CUDA it only enqueues work on `stream` (no host wait, no
+ * allocation), so it can be captured in a CUDA graph: a replay takes one more
+ * step with the gradient buffers, the device step counts and the device
+ * hyper-parameters (lowbit_optimizer_device_hparams) of the moment it runs.
+ * Hyper-parameters changed on the host since the last uncaptured step are
+ * written into the graph with their values at capture time. Capture again
+ * after registering parameters, loading a checkpoint, changing a gradient
+ * pointer or a momentum mask. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
 
 /* One step with gradients given for this step only: grads[i] belongs to param
@@ -267,11 +299,15 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t o
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm);
 
 /* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
- * 0 keep a momentum of exactly zero. NULL removes the mask. */
+ * 0 keep a momentum of exactly zero. NULL removes the mask. Blocking, like
+ * registration (the mask is copied into engine memory). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel);
 
-/* 1 if the last step was skipped because a gradient was not finite. */
+/* 1 if the last step was skipped because a gradient was not finite. On CUDA
+ * the value is written by the device: it is valid once the stream of that
+ * step has passed it (e.g. after cudaStreamSynchronize); reading it does not
+ * wait. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_last_step_skipped(lowbit_optimizer_t opt, int32_t* out);
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_num_params(lowbit_optimizer_t opt, int64_t* out);
@@ -279,7 +315,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_num_params(lowbit_optimizer_t opt, i
 typedef struct lowbit_param_info {
   size_t struct_size;
   int64_t numel;
-  int64_t step; /* number of steps applied to this parameter */
+  int64_t step; /* number of steps applied to this parameter (CUDA: waits for the device) */
   int32_t group;
   lowbit_dtype_t param_dtype;
   lowbit_state_format_t state_format;        /* resolved (threshold applied) */
@@ -296,9 +332,62 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, i
 LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, int64_t param_id, int64_t* out);
 
 /* Copies one moment (0: first, 1: second) of a param, dequantized, into a
- * caller buffer of numel floats on the host. For inspection and tests. */
+ * caller buffer of numel floats on the host. Blocking, after the work on
+ * `stream`. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
-                                                        float* out, int64_t numel);
+                                                        float* out, int64_t numel, void* stream);
+
+/* Replaces one moment of a param by `values` (numel fp32 on the host); the
+ * library encodes them into the param's state format (quantized formats:
+ * blockwise, as a step would). Values must be finite, and a second moment
+ * (Adam's variance) >= 0; otherwise LOWBIT_ERROR_NONFINITE /
+ * LOWBIT_ERROR_INVALID_ARGUMENT name the first bad element and nothing
+ * changes. Blocking, after the work on `stream`. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_write_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
+                                                         const float* values, int64_t numel, void* stream);
+
+/* Sets the number of steps applied to a param (param_id -1: every param), as
+ * the next step's bias correction and stochastic-rounding bits see it.
+ * step >= 0. Blocking, after the work on `stream`. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_step(lowbit_optimizer_t opt, int64_t param_id, int64_t step,
+                                                     void* stream);
+
+/* Engine memory holding the lowbit_hparams_t of a group as steps read it:
+ * host memory for a CPU optimizer, device memory for CUDA. A captured CUDA
+ * graph reads lr and the other hyper-parameters from here at every replay,
+ * so a schedule can write them (e.g. cudaMemcpyAsync on the replay stream)
+ * between replays. Host-side set_hparams / set_lr of the group replace what
+ * was written here at the next step; get_hparams and checkpoints report the
+ * host-side values. The pointer stays valid for the life of the handle. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_device_hparams(lowbit_optimizer_t opt, int32_t group,
+                                                           lowbit_hparams_t** out);
+
+/* ---------------------------------------------------------------- state plan */
+
+/* The optimizer state a parameter gets: the one home of the layout rules
+ * (format resolution and the size threshold, moment counts, block and byte
+ * sizes, error correction over stochastic rounding), for callers that keep
+ * the state themselves (lowbit.jax). */
+typedef struct lowbit_state_plan {
+  size_t struct_size;           /* set by the caller */
+  int32_t num_moments;          /* 0, 1 or 2 */
+  lowbit_state_format_t format[2]; /* resolved; LOWBIT_STATE_DEFAULT for a moment the algorithm does not keep */
+  int64_t block_size[2];        /* elements per fp32 scale; 0 for unquantized formats */
+  int64_t data_bytes[2];        /* codes / values of each moment */
+  int64_t scale_count[2];       /* fp32 scales of each moment */
+  lowbit_rounding_t rounding;   /* how the weight is written back */
+  int64_t ecc_bytes;            /* error-correction bytes (numel, or 0) */
+  int64_t state_bytes;          /* everything above, as lowbit_optimizer_state_bytes reports */
+} lowbit_state_plan_t;
+
+/* Plans the state of a param of param->param.numel elements and dtype
+ * param->param.dtype (data and device are not used) with the per-param
+ * overrides of `param`, in an optimizer made with `config` whose group
+ * param->group has `hparams`. Exactly what lowbit_optimizer_add_param would
+ * allocate. */
+LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config_t* config,
+                                                   const lowbit_hparams_t* hparams,
+                                                   const lowbit_param_config_t* param, lowbit_state_plan_t* out);
 
 /* ---------------------------------------------------------------- checkpoints */
 
@@ -311,16 +400,19 @@ typedef enum lowbit_checkpoint_mode {
 } lowbit_checkpoint_mode_t;
 
 /* Serialises the whole optimizer state (groups, steps, moments, error-
- * correction bytes). With buffer == NULL only *out_size is set. */
+ * correction bytes). With buffer == NULL only *out_size is set. Checkpoint
+ * calls are blocking: they read or write the state after the work already
+ * enqueued on `stream`, and return when done. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
-                                                 int64_t capacity, int64_t* out_size);
+                                                 int64_t capacity, int64_t* out_size, void* stream);
 LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
-                                                      const char* path);
+                                                      const char* path, void* stream);
 /* Loads a checkpoint into an optimizer with the same params registered (same
  * count and sizes). Any format/mode is accepted and converted to this
  * optimizer's formats. On any error the optimizer is left untouched. */
-LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size);
-LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path);
+LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size,
+                                                 void* stream);
+LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path, void* stream);
 
 #ifdef __cplusplus
 }

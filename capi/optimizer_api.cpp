@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "boundary.hpp"
+#include "comm/communicator.hpp"
+#include "core/defaults.hpp"
 #include "core/optimizer.hpp"
 #include "core/validation.hpp"
 
@@ -18,11 +20,9 @@ using lowbit::guarded;
 
 namespace {
 
-// Runs `body(impl)` on a non-NULL handle, recording errors on the handle.
 template <class Body>
 lowbit_status_t on_handle(lowbit_optimizer_t opt, Body&& body) noexcept {
-  if (!opt) return guarded(nullptr, [] { lowbit::fail(LOWBIT_ERROR_NULL_POINTER, "opt (the optimizer handle) is NULL"); });
-  return guarded(&opt->last_error, [&] { body(*opt->impl); });
+  return lowbit::on_handle(opt, "opt (the optimizer handle)", std::forward<Body>(body));
 }
 
 }  // namespace
@@ -33,20 +33,7 @@ LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* h, lowbit_algor
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(h, "hparams");
     lowbit::check_algorithm(algorithm);
-    std::memset(h, 0, sizeof(*h));
-    h->struct_size = sizeof(*h);
-    h->lr = 1e-3f;
-    h->beta1 = 0.9f;
-    h->beta2 = 0.999f;
-    h->eps = 1e-8f;
-    h->weight_decay = algorithm == LOWBIT_ALGORITHM_ADAMW ? 0.01f : 0.f;
-    h->bias_correction = algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM ? 0 : 1;
-    if (algorithm == LOWBIT_ALGORITHM_LION) {
-      h->lr = 1e-4f;
-      h->beta2 = 0.99f;
-    } else if (algorithm == LOWBIT_ALGORITHM_SGD) {
-      h->lr = 1e-2f;
-    }
+    *h = lowbit::default_hparams(algorithm);
   });
 }
 
@@ -54,25 +41,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "config");
     lowbit::check_algorithm(algorithm);
-    std::memset(c, 0, sizeof(*c));
-    c->struct_size = sizeof(*c);
-    c->algorithm = algorithm;
-    c->device = LOWBIT_DEVICE_CPU;
-    c->state_format = LOWBIT_STATE_FP32;
-    c->second_state_format = LOWBIT_STATE_DEFAULT;
-    c->min_quantized_numel = 4096;
-    c->skip_nonfinite = 1;
-    c->freeze_step = 100;
+    *c = lowbit::default_config(algorithm);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* c) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "param_config");
-    std::memset(c, 0, sizeof(*c));
-    c->struct_size = sizeof(*c);
-    c->stochastic_rounding = -1;
-    c->error_correction = -1;
+    *c = lowbit::default_param_config();
   });
 }
 
@@ -94,9 +70,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_destroy(lowbit_optimizer_t opt) {
   return LOWBIT_SUCCESS;
 }
 
-LOWBIT_API const char* lowbit_optimizer_last_error(lowbit_optimizer_t opt) {
-  return opt ? opt->last_error.c_str() : lowbit_last_error();
-}
+LOWBIT_API const char* lowbit_optimizer_last_error(lowbit_optimizer_t opt) { return lowbit::last_error_of(opt); }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, const lowbit_hparams_t* hparams,
                                                       int32_t* out_group) {
@@ -153,10 +127,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t o
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm) {
-  return on_handle(opt, [&](lowbit::Optimizer& o) {
-    LOWBIT_REQUIRE_PTR(comm, "comm");
-    o.set_comm(comm);
-  });
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_comm(lowbit::communicator_from_handle(comm)); });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
@@ -195,15 +166,49 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, 
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
-                                                        float* out, int64_t numel) {
-  return on_handle(opt, [&](lowbit::Optimizer& o) { o.read_moment(param_id, moment, out, numel); });
+                                                        float* out, int64_t numel, void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.read_moment(param_id, moment, out, numel, stream); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_write_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
+                                                         const float* values, int64_t numel, void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.write_moment(param_id, moment, values, numel, stream); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_step(lowbit_optimizer_t opt, int64_t param_id, int64_t step,
+                                                     void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_step(param_id, step, stream); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_device_hparams(lowbit_optimizer_t opt, int32_t group,
+                                                           lowbit_hparams_t** out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.device_hparams(group);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config_t* config,
+                                                   const lowbit_hparams_t* hparams,
+                                                   const lowbit_param_config_t* param, lowbit_state_plan_t* out) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(config, "config");
+    LOWBIT_REQUIRE_PTR(hparams, "hparams");
+    LOWBIT_REQUIRE_PTR(param, "param");
+    LOWBIT_REQUIRE_PTR(out, "out");
+    lowbit::check_struct_size(out->struct_size, sizeof(lowbit_state_plan_t), "out");
+    lowbit::check_config(*config);
+    lowbit::check_hparams(*hparams, config->algorithm);
+    lowbit::check_struct_size(param->struct_size, sizeof(lowbit_param_config_t), "param");
+    *out = lowbit::to_c_plan(lowbit::plan_param_state(*config, *hparams, *param), param->param.numel);
+  });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
-                                                 int64_t capacity, int64_t* out_size) {
+                                                 int64_t capacity, int64_t* out_size, void* stream) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out_size, "out_size");
-    std::vector<uint8_t> bytes = o.save(mode);
+    std::vector<uint8_t> bytes = o.save(mode, stream);
     *out_size = int64_t(bytes.size());
     if (!buffer) return;
     LOWBIT_REQUIRE(capacity >= int64_t(bytes.size()), LOWBIT_ERROR_BUFFER_TOO_SMALL, "capacity = ", capacity,
@@ -213,10 +218,10 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
-                                                      const char* path) {
+                                                      const char* path, void* stream) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(path, "path");
-    std::vector<uint8_t> bytes = o.save(mode);
+    std::vector<uint8_t> bytes = o.save(mode, stream);
     // Write a temporary file and rename it, so a failed save never clobbers a good checkpoint.
     std::string tmp = std::string(path) + ".tmp";
     FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -231,14 +236,15 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lo
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size) {
+LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size,
+                                                 void* stream) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(buffer, "buffer");
-    o.load(static_cast<const uint8_t*>(buffer), size);
+    o.load(static_cast<const uint8_t*>(buffer), size, stream);
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path) {
+LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path, void* stream) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(path, "path");
     FILE* f = std::fopen(path, "rb");
@@ -250,7 +256,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, co
     bool read_error = std::ferror(f) != 0;
     std::fclose(f);
     LOWBIT_REQUIRE(!read_error, LOWBIT_ERROR_IO, "path = \"", path, "\": read error");
-    o.load(bytes.data(), int64_t(bytes.size()));
+    o.load(bytes.data(), int64_t(bytes.size()), stream);
   });
 }
 

@@ -4,7 +4,8 @@ install(TARGETS lowbit EXPORT lowbitTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(FILES capi/lowbit.h capi/lowbit_comm.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES capi/lowbit.h capi/lowbit_comm.h ${LOWBIT_GENERATED_INCLUDE_DIR}/lowbit_version.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT lowbitTargets NAMESPACE lowbit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/lowbit)
 
 configure_package_config_file(cmake/lowbitConfig.cmake.in ${PROJECT_BINARY_DIR}/lowbitConfig.cmake

@@ -14,6 +14,7 @@
 
 #include "codec.hpp"
 #include "crc32.hpp"
+#include "defaults.hpp"
 #include "error.hpp"
 #include "float16.hpp"
 #include "optimizer.hpp"
@@ -81,7 +82,7 @@ struct LoadedParam {
 
 }  // namespace
 
-std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
+std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream) const {
   LOWBIT_REQUIRE(mode >= LOWBIT_CHECKPOINT_COMPRESSED && mode <= LOWBIT_CHECKPOINT_MATERIALIZED_BF16,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "mode = ", int(mode), " is not a lowbit_checkpoint_mode_t value");
   Writer w;
@@ -102,20 +103,22 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
   }
   std::vector<uint8_t> data, scales;
   std::vector<float> values;
-  for (const ParamState& p : params_) {
+  const std::vector<int64_t> step_counts = steps(stream);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ParamState& p = params_[i];
     size_t record_start = w.out.size();
     w.put<int64_t>(p.param.numel);
     w.put<uint32_t>(uint32_t(p.param.dtype));
     w.put<int32_t>(p.group);
-    w.put<int64_t>(p.step);
+    w.put<int64_t>(step_counts[i]);
     w.put<uint32_t>(uint32_t(p.rounding));
     w.put<uint32_t>(uint32_t(p.num_moments));
     for (int m = 0; m < p.num_moments; ++m) {
       const MomentState& ms = p.moment[m];
       data.resize(ms.data.bytes());
       scales.resize(ms.scales.bytes());
-      engine_->copy_to_host(data.data(), ms.data.data(), data.size());
-      engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size());
+      engine_->copy_to_host(data.data(), ms.data.data(), data.size(), stream);
+      engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size(), stream);
       lowbit_state_format_t out_format = ms.format;
       if (mode != LOWBIT_CHECKPOINT_COMPRESSED) {
         MomentView host = moment_view(p, m);
@@ -137,7 +140,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
       w.append(scales.data(), scales.size());
     }
     data.resize(p.ecc.bytes());
-    if (!data.empty()) engine_->copy_to_host(data.data(), p.ecc.data(), data.size());
+    if (!data.empty()) engine_->copy_to_host(data.data(), p.ecc.data(), data.size(), stream);
     w.put<uint64_t>(data.size());
     w.append(data.data(), data.size());
     w.put<uint32_t>(crc32(w.out.data() + record_start, w.out.size() - record_start));
@@ -148,7 +151,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode) const {
   return std::move(w.out);
 }
 
-void Optimizer::load(const uint8_t* bytes, int64_t size) {
+void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
   LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
   Reader r(bytes, size_t(size));
@@ -180,7 +183,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size) {
   int64_t freeze_step = r.get<int64_t>("freeze_step");
   std::vector<lowbit_hparams_t> groups(num_groups);
   for (lowbit_hparams_t& h : groups) {
-    lowbit_hparams_init(&h, config_.algorithm);
+    h = default_hparams(config_.algorithm);
     for (float* f : {&h.lr, &h.beta1, &h.beta2, &h.eps, &h.weight_decay, &h.momentum, &h.dampening})
       *f = r.get<float>("hparams");
     h.nesterov = r.get<int32_t>("nesterov");
@@ -266,20 +269,27 @@ void Optimizer::load(const uint8_t* bytes, int64_t size) {
                    LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, ": SGD momentum does not match its state");
 
   // Commit: nothing below can fail on the CPU engine.
+  std::vector<int64_t> step_counts(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     ParamState& p = params_[i];
     for (int m = 0; m < p.num_moments; ++m) {
-      engine_->copy_from_host(p.moment[m].data.data(), loaded[i].moment[m].data.data(), p.moment[m].data.bytes());
+      engine_->copy_from_host(p.moment[m].data.data(), loaded[i].moment[m].data.data(), p.moment[m].data.bytes(),
+                              stream);
       engine_->copy_from_host(p.moment[m].scales.data(), loaded[i].moment[m].scales.data(),
-                              p.moment[m].scales.bytes());
+                              p.moment[m].scales.bytes(), stream);
     }
-    if (p.ecc.bytes()) engine_->copy_from_host(p.ecc.data(), loaded[i].ecc.data(), p.ecc.bytes());
+    if (p.ecc.bytes()) engine_->copy_from_host(p.ecc.data(), loaded[i].ecc.data(), p.ecc.bytes(), stream);
     p.group = loaded[i].group;
-    p.step = loaded[i].step;
+    param_groups_[i] = p.group;
+    step_counts[i] = loaded[i].step;
   }
+  if (!step_counts.empty()) engine_->write_steps(step_counts.data(), int64_t(step_counts.size()), stream);
   groups_ = std::move(groups);
+  push_hparams();
+  bind(0);
   config_.freeze_step = freeze_step;
   config_.seed = seed;  // stochastic rounding continues with the same bits
+  if (onebit_) refresh_onebit_steps(stream);
 }
 
 }  // namespace lowbit

@@ -175,7 +175,7 @@ void load_param_tile(const ParamView& pv, int64_t base, int n, float* out) {
 }
 
 LOWBIT_VECTOR_CLONES
-void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in) {
+void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, const float* in) {
   if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
     std::memcpy(static_cast<float*>(pv.param) + base, in, sizeof(float) * n);
     return;
@@ -191,7 +191,7 @@ void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in)
       return;
     case WeightRounding::Stochastic:
       for (int i = 0; i < n; ++i) {
-        uint32_t bits = random_bits(pv.rounding_key, uint64_t(base + i));
+        uint32_t bits = random_bits(key, uint64_t(base + i));
         h[i] = bf16 ? float_to_bf16_sr(in[i], bits) : float_to_fp16_sr(in[i], bits);
       }
       return;

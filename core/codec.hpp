@@ -15,7 +15,8 @@ void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int 
 // Param value as the optimizer sees it: the 16-bit weight plus its
 // error-correction byte when error correction is on.
 void load_param_tile(const ParamView& pv, int64_t base, int n, float* out);
-void store_param_tile(const ParamView& pv, int64_t base, int n, const float* in);
+// `key`: the stochastic-rounding key of this step (rounding_key()).
+void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, const float* in);
 
 // Whole-moment helpers (checkpoints, read_moment): tile loops over numel.
 void decode_moment(const MomentView& mv, int64_t numel, float* out);

@@ -1,16 +1,24 @@
 // The CPU engine: OpenMP over ~64K-element chunks; inside a chunk, tiles of
 // kTile elements are decoded into fp32 stack arrays, updated by a loop the
-// compiler vectorises, and encoded back. No heap allocation per step; extra
-// memory is O(threads x tile).
+// compiler vectorises, and encoded back. Hyper-parameters and step counts are
+// host memory; a step computes each parameter's scalars, checks the
+// gradients, sweeps the chunks and advances the counts, on the calling
+// thread's schedule (the stream argument is ignored). No heap allocation per
+// step: everything a step touches is sized by bind().
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "codec.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "param_io.hpp"
+#include "rounding.hpp"
 #include "simd.hpp"
+#include "step_scalars.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -20,8 +28,8 @@ namespace lowbit {
 namespace {
 
 template <Algo A>
-LOWBIT_VECTOR_CLONES void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v) {
+LOWBIT_VECTOR_CLONES void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g,
+                                      float* __restrict m, float* __restrict v) {
   for (int i = 0; i < n; ++i) update_element<A>(s, p[i], g[i], m[i], v[i]);
 }
 
@@ -29,36 +37,37 @@ struct alignas(64) Tile {
   float p[kTile], g[kTile], m[kTile], v[kTile];
 };
 
-void step_chunk(Algo algo, const ParamView& pv, const Chunk& c) {
+void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
+                const Chunk& c) {
   Tile t;
   for (int64_t base = c.begin; base < c.end; base += kTile) {
     int n = int(c.end - base < kTile ? c.end - base : kTile);
-    load_tensor_tile(pv.grad, pv.grad_dtype, base, n, t.g);
+    load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
     load_param_tile(pv, base, n, t.p);
     if (pv.num_moments > 0) decode_moment_tile(pv.moment[0], base, n, t.m);
     if (pv.num_moments > 1) decode_moment_tile(pv.moment[1], base, n, t.v);
     switch (algo) {
-      case Algo::AdamW: update_tile<Algo::AdamW>(pv.scalars, n, t.p, t.g, t.m, t.v); break;
-      case Algo::Adam: update_tile<Algo::Adam>(pv.scalars, n, t.p, t.g, t.m, t.v); break;
-      case Algo::Lion: update_tile<Algo::Lion>(pv.scalars, n, t.p, t.g, t.m, t.v); break;
-      case Algo::Sgd: update_tile<Algo::Sgd>(pv.scalars, n, t.p, t.g, t.m, t.v); break;
+      case Algo::AdamW: update_tile<Algo::AdamW>(s, n, t.p, t.g, t.m, t.v); break;
+      case Algo::Adam: update_tile<Algo::Adam>(s, n, t.p, t.g, t.m, t.v); break;
+      case Algo::Lion: update_tile<Algo::Lion>(s, n, t.p, t.g, t.m, t.v); break;
+      case Algo::Sgd: update_tile<Algo::Sgd>(s, n, t.p, t.g, t.m, t.v); break;
     }
     if (pv.num_moments > 0) encode_moment_tile(pv.moment[0], base, n, t.m);
     if (pv.num_moments > 1) encode_moment_tile(pv.moment[1], base, n, t.v);
-    store_param_tile(pv, base, n, t.p);
+    store_param_tile(pv, key, base, n, t.p);
   }
 }
 
 LOWBIT_VECTOR_CLONES
-bool chunk_has_nonfinite(const ParamView& pv, const Chunk& c) {
-  if (pv.grad_dtype == LOWBIT_DTYPE_FLOAT32) {
-    const uint32_t* g = static_cast<const uint32_t*>(pv.grad);
+bool chunk_has_nonfinite(const GradView& grad, const Chunk& c) {
+  if (grad.dtype == LOWBIT_DTYPE_FLOAT32) {
+    const uint32_t* g = static_cast<const uint32_t*>(grad.data);
     uint32_t bad = 0;
     for (int64_t i = c.begin; i < c.end; ++i) bad |= uint32_t((g[i] & 0x7F800000u) == 0x7F800000u);
     return bad != 0;
   }
-  const uint16_t* g = static_cast<const uint16_t*>(pv.grad);
-  uint16_t exp_mask = pv.grad_dtype == LOWBIT_DTYPE_BFLOAT16 ? 0x7F80u : 0x7C00u;
+  const uint16_t* g = static_cast<const uint16_t*>(grad.data);
+  uint16_t exp_mask = grad.dtype == LOWBIT_DTYPE_BFLOAT16 ? 0x7F80u : 0x7C00u;
   uint32_t bad = 0;
   for (int64_t i = c.begin; i < c.end; ++i) bad |= uint32_t((g[i] & exp_mask) == exp_mask);
   return bad != 0;
@@ -69,11 +78,7 @@ bool chunk_has_nonfinite(const ParamView& pv, const Chunk& c) {
 // threads (BLAS, data loading) between steps.
 constexpr int64_t kParallelMinElements = 1 << 18;
 
-int64_t total_elements(const Chunk* chunks, int64_t num_chunks) {
-  int64_t total = 0;
-  for (int64_t k = 0; k < num_chunks; ++k) total += chunks[k].end - chunks[k].begin;
-  return total;
-}
+int32_t layout_format(const ParamView& v, int m) { return m < v.num_moments ? int32_t(v.moment[m].format) : 0; }
 
 class CpuEngine final : public Engine {
  public:
@@ -92,36 +97,201 @@ class CpuEngine final : public Engine {
     if (!p) fail(LOWBIT_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of optimizer state");
     return p;
   }
+  void* allocate_scratch(size_t bytes) override {
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) fail(LOWBIT_ERROR_OUT_OF_MEMORY, "could not allocate ", bytes, " bytes of optimizer workspace");
+    return p;
+  }
   void release(void* ptr) noexcept override { std::free(ptr); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+  void copy_to_host(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+  void copy_from_host(void* dst, const void* src, size_t bytes, void*) override {
     if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void wait(void*) override {}
+
+  void bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
+            const int32_t* param_group, int64_t first_changed, void*) override {
+    // Registration appends: copy only what may have changed.
+    const size_t keep = size_t(std::min<int64_t>(first_changed, std::min<int64_t>(num_params, int64_t(params_.size()))));
+    size_t keep_chunks = 0;
+    while (keep_chunks < chunks_.size() && keep_chunks < size_t(num_chunks) && size_t(chunks_[keep_chunks].param) < keep)
+      ++keep_chunks;
+    params_.resize(keep);
+    params_.insert(params_.end(), params + keep, params + num_params);
+    chunks_.resize(keep_chunks);
+    chunks_.insert(chunks_.end(), chunks + keep_chunks, chunks + num_chunks);
+    groups_.resize(keep);
+    groups_.insert(groups_.end(), param_group + keep, param_group + num_params);
+    steps_.resize(size_t(num_params), 0);
+    scalars_.resize(size_t(num_params));
+    keys_.resize(size_t(num_params));
+    grads_.resize(size_t(num_params));
+    offsets_.resize(size_t(num_params), 0);
+    masks_.resize(size_t(num_params), nullptr);
+    total_ = 0;
+    for (const Chunk& c : chunks_) total_ += c.end - c.begin;
   }
 
-  bool any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
+  void set_hparams(const lowbit_hparams_t* groups, int32_t num_groups) override {
+    hparams_.assign(groups, groups + num_groups);
+  }
+  lowbit_hparams_t* hparams_memory(int32_t group) override { return &hparams_[size_t(group)]; }
+
+  void step(Algo algo, const GradView* grads, int64_t num_params, const StepControl& ctl, void*) override {
+    check_count(num_params, "step");
+    const int64_t shared = ctl.shared_count ? int64_t(*ctl.shared_count) : -1;
+    bool skip = false;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      grads_[i] = grads[i];
+      if (!grads[i].data) continue;
+      lowbit_hparams_t h = hparams_[size_t(groups_[i])];
+      if (ctl.lr) h.lr = *ctl.lr;
+      const int64_t t = shared >= 0 ? shared : steps_[i];
+      scalars_[i] = make_step_scalars(h, algo != Algo::Lion, t);
+      keys_[i] = rounding_key(ctl.seed, uint64_t(i), uint64_t(t + 1));
+      if (ctl.layout) {
+        const int32_t* rec = ctl.layout + 3 * i;
+        skip |= rec[0] != layout_format(params_[i], 0) || rec[1] != layout_format(params_[i], 1) ||
+                rec[2] != int32_t(params_[i].rounding);
+      }
+    }
+    if (!skip && ctl.check_nonfinite) skip = any_nonfinite();
+    if (!skip) {
+      const int64_t n = int64_t(chunks_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel())
+      for (int64_t k = 0; k < n; ++k) {
+        const Chunk& c = chunks_[size_t(k)];
+        const size_t i = size_t(c.param);
+        if (grads_[i].data) step_chunk(algo, params_[i], grads_[i], scalars_[i], keys_[i], c);
+      }
+      if (shared < 0)
+        for (size_t i = 0; i < params_.size(); ++i) steps_[i] += grads_[i].data ? 1 : 0;
+    }
+    if (ctl.shared_count_out) *ctl.shared_count_out = int32_t(shared + (skip ? 0 : 1));
+    skipped_ = skip;
+  }
+
+  bool last_step_skipped() const override { return skipped_; }
+
+  void read_steps(int64_t* out, int64_t num_params, void*) override {
+    check_count(num_params, "read_steps");
+    std::memcpy(out, steps_.data(), size_t(num_params) * sizeof(int64_t));
+  }
+  void write_steps(const int64_t* in, int64_t num_params, void*) override {
+    check_count(num_params, "write_steps");
+    std::memcpy(steps_.data(), in, size_t(num_params) * sizeof(int64_t));
+  }
+
+  // ---- 1-bit Adam
+  void bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) override {
+    check_count(num_params, "bind_onebit");
+    offsets_.assign(offsets, offsets + num_params);
+    masks_.assign(masks, masks + num_params);
+  }
+
+  void onebit_gather(const GradView* grads, float* bucket, void*) override {
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      float* out = bucket + offsets_[i];
+      for (int64_t b = c.begin; b < c.end; b += kTile)
+        load_tensor_tile(grads[i].data, grads[i].dtype, b, int(std::min<int64_t>(kTile, c.end - b)), out + b);
+    });
+  }
+
+  void onebit_mask(void*) override {
+    if (skipped_) return;
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      if (!masks_[i]) return;
+      float* m = static_cast<float*>(params_[i].moment[0].data);
+      for (int64_t k = c.begin; k < c.end; ++k)
+        if (!masks_[i][k]) m[k] = 0.f;
+    });
+  }
+
+  void onebit_momentum(const GradView* grads, float* bucket, void*) override {
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      StepScalars s{};
+      s.beta1 = hparams_[size_t(groups_[i])].beta1;
+      const float* m = static_cast<const float*>(params_[i].moment[0].data);
+      const uint8_t* mask = masks_[i];
+      float* out = bucket + offsets_[i];
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(grads[i].data, grads[i].dtype, k);
+        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g);
+      }
+    });
+  }
+
+  void onebit_apply(const OneBitApply& a, void*) override {
+    skipped_ = a.skip;
+    if (a.skip) return;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      scalars_[i] = make_onebit_scalars(hparams_[size_t(groups_[i])], steps_[i], a.freeze_step);
+      keys_[i] = rounding_key(a.seed, uint64_t(i), uint64_t(steps_[i] + 1));
+    }
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      float* m = static_cast<float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      const float* avg = a.bucket + offsets_[i];
+      const uint8_t* mask = masks_[i];
+      const int32_t r = int32_t(pv.rounding);
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float mk = mask && !mask[k] ? 0.f : avg[k];
+        m[k] = mk;
+        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
+        lowbit::onebit_apply(s, p, mk, v[k]);
+        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
+      }
+    });
+    for (int64_t& t : steps_) ++t;
+  }
+
+ private:
+  void check_count(int64_t n, const char* what) const {
+    LOWBIT_REQUIRE(n == int64_t(params_.size()), LOWBIT_ERROR_INTERNAL, what, ": ", n, " params given, ",
+                   params_.size(), " bound");
+  }
+  bool parallel() const { return total_ >= kParallelMinElements; }
+
+  bool any_nonfinite() const {
     int found = 0;
-    const bool parallel = total_elements(chunks, num_chunks) >= kParallelMinElements;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found) if (parallel)
-    for (int64_t k = 0; k < num_chunks; ++k) {
-      const ParamView& pv = params[chunks[k].param];
-      if (pv.grad && chunk_has_nonfinite(pv, chunks[k])) found |= 1;
+    const int64_t n = int64_t(chunks_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) reduction(| : found) if (parallel())
+    for (int64_t k = 0; k < n; ++k) {
+      const Chunk& c = chunks_[size_t(k)];
+      const GradView& g = grads_[size_t(c.param)];
+      if (g.data && chunk_has_nonfinite(g, c)) found |= 1;
     }
     return found != 0;
   }
 
-  void step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void*) override {
-    const bool parallel = total_elements(chunks, num_chunks) >= kParallelMinElements;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel)
-    for (int64_t k = 0; k < num_chunks; ++k) {
-      const ParamView& pv = params[chunks[k].param];
-      if (pv.grad) step_chunk(algo, pv, chunks[k]);
-    }
+  template <class Body>
+  void for_chunks(const Body& body) const {
+    const int64_t n = int64_t(chunks_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel())
+    for (int64_t k = 0; k < n; ++k) body(chunks_[size_t(k)]);
   }
 
- private:
   int num_threads_;
+  std::vector<ParamView> params_;
+  std::vector<Chunk> chunks_;
+  std::vector<int32_t> groups_;
+  std::vector<lowbit_hparams_t> hparams_;
+  std::vector<int64_t> steps_;
+  std::vector<StepScalars> scalars_;
+  std::vector<uint64_t> keys_;
+  std::vector<GradView> grads_;
+  std::vector<int64_t> offsets_;
+  std::vector<const uint8_t*> masks_;
+  int64_t total_ = 0;
+  bool skipped_ = false;
 };
 
 }  // namespace

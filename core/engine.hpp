@@ -1,7 +1,14 @@
-// An engine runs steps on one device: it owns how state memory is allocated
-// and how the per-element math of update_rules.hpp is swept over the
-// parameters. The CPU engine is always built; the CUDA engine (cuda/) when
-// the toolkit is found.
+// An engine runs steps on one device: it owns how state memory is allocated,
+// where the hyper-parameters and per-parameter step counts live, and how the
+// per-element math of update_rules.hpp is swept over the parameters. The CPU
+// engine is always built; the CUDA engine (cuda/) when the toolkit is found.
+//
+// Life cycle: bind() at registration (and whenever the parameters' storage
+// changes: a checkpoint load, the JAX handlers' buffers) may allocate and
+// wait; set_hparams() only records; step() only enqueues: the scalars of a
+// step (bias corrections, rounding keys) come from the engine's hparams and
+// step counts, the non-finite check and the skip decision are made on the
+// engine's device, so a CUDA step never waits for the GPU.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,20 +27,100 @@ struct Chunk {
 
 constexpr int64_t kChunkElements = 64 * 1024;
 
+// The gradient of one parameter for one step (data == nullptr: the
+// parameter is not updated by this step).
+struct GradView {
+  const void* data = nullptr;
+  lowbit_dtype_t dtype = LOWBIT_DTYPE_FLOAT32;
+};
+
+// How one step takes its scalars. Pointers are engine memory (host memory for
+// the CPU engine, device memory for CUDA) and are read in stream order.
+struct StepControl {
+  bool check_nonfinite = false;  // a NaN/Inf gradient element makes the step change nothing
+  uint64_t seed = 0;             // stochastic rounding
+  // One step count for every parameter (the JAX state's count) instead of the
+  // engine's per-parameter counts; *count_out = *count + 1 unless the step
+  // was skipped (count_out may alias count).
+  const int32_t* shared_count = nullptr;
+  int32_t* shared_count_out = nullptr;
+  const float* lr = nullptr;  // when set, replaces hparams.lr of every group
+  // When set: N x 3 int32 (format of moment 0, of moment 1 (0: none),
+  // lowbit_rounding_t) recorded with the state; a parameter whose entry
+  // differs from how it is bound makes the step change nothing.
+  const int32_t* layout = nullptr;
+};
+
+// 1-bit Adam's compressed stage, after the momentum exchange.
+struct OneBitApply {
+  const float* bucket = nullptr;  // the averaged momentum, flat (bind_onebit offsets)
+  int64_t freeze_step = 0;        // the variance is frozen since this step (its bias correction too)
+  uint64_t seed = 0;
+  bool skip = false;                        // CPU: the exchange found a non-finite value
+  const int32_t* device_skip = nullptr;     // CUDA: the same, written in stream order by the exchange
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
   virtual lowbit_device_t device() const = 0;
+
+  // ---- memory
   // Zero-filled memory for optimizer state; throws lowbit::Error on failure.
   virtual void* allocate_zeroed(size_t bytes) = 0;
+  // Uninitialised scratch memory (1-bit Adam's exchange bucket).
+  virtual void* allocate_scratch(size_t bytes) = 0;
   virtual void release(void* ptr) noexcept = 0;
-  // Blocking copies between engine memory and the host (checkpoints, reads).
-  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
-  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
-  // True if any gradient element of a parameter with a gradient is NaN/Inf.
-  virtual bool any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) = 0;
-  // One step of `algo` over every chunk whose parameter has a gradient.
-  virtual void step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) = 0;
+  // Copies between engine memory and the host after the work on `stream`;
+  // they return when the copy is done.
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes, void* stream) = 0;
+  // Waits for the work enqueued on `stream`.
+  virtual void wait(void* stream) = 0;
+
+  // ---- registration
+  // The parameters (their static fields: param, dtype, numel, moments, ecc,
+  // rounding), their chunks (in parameter order) and the group of each.
+  // Parameters are matched by index: those past the previous count start
+  // with step count 0, the others keep theirs. Parameters before
+  // `first_changed` (and their chunks and groups) are the same as in the
+  // previous bind (registration appends). Changes reach the engine's tables
+  // in `stream` order; may allocate (and then wait for the device).
+  virtual void bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
+                    const int32_t* param_group, int64_t first_changed, void* stream) = 0;
+  // The hyper-parameters of every group, as the next step reads them.
+  virtual void set_hparams(const lowbit_hparams_t* groups, int32_t num_groups) = 0;
+  // Engine memory holding group g's hparams as steps read them (valid until
+  // set_hparams changes the number of groups).
+  virtual lowbit_hparams_t* hparams_memory(int32_t group) = 0;
+
+  // ---- steps
+  // One step of `algo` over every bound parameter whose grads[i].data is
+  // set (num_params == the bound count). Only enqueues.
+  virtual void step(Algo algo, const GradView* grads, int64_t num_params, const StepControl& ctl, void* stream) = 0;
+  // Whether the last step (or 1-bit apply) was skipped. CUDA: valid once the
+  // stream has passed it; never waits.
+  virtual bool last_step_skipped() const = 0;
+  // The engine's per-parameter step counts (blocking, after `stream`).
+  virtual void read_steps(int64_t* out, int64_t num_params, void* stream) = 0;
+  virtual void write_steps(const int64_t* in, int64_t num_params, void* stream) = 0;
+
+  // ---- 1-bit Adam (core/onebit_adam.cpp): every parameter has fp32
+  // moments and a place in one flat fp32 bucket.
+  // offsets[i]: where parameter i starts in the bucket; masks[i]: engine
+  // memory, numel bytes (0: momentum kept at zero), or nullptr. After bind().
+  virtual void bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) = 0;
+  // Warm-up: bucket <- the gradients as fp32.
+  virtual void onebit_gather(const GradView* grads, float* bucket, void* stream) = 0;
+  // After a warm-up step: masked momentum elements back to zero, unless the
+  // step was skipped.
+  virtual void onebit_mask(void* stream) = 0;
+  // Compressed stage: bucket <- beta1 m + (1 - beta1) g (0 where masked).
+  virtual void onebit_momentum(const GradView* grads, float* bucket, void* stream) = 0;
+  // Compressed stage, after the exchange of the bucket from onebit_momentum
+  // of the same step: m <- bucket (0 where masked), the frozen-variance
+  // update, step counts + 1; nothing changes when the exchange was not finite.
+  virtual void onebit_apply(const OneBitApply& a, void* stream) = 0;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(int num_threads);

@@ -1,131 +1,139 @@
-// 1-bit Adam (Tang et al. 2021) on top of the compressed communicator:
-//  - warm-up (param step < freeze_step): gradients are averaged uncompressed
-//    over the ranks, then a normal AdamW step;
+// 1-bit Adam (Tang et al. 2021) on top of the compressed communicator, as
+// engine operations (CPU or CUDA):
+//  - warm-up (step count < freeze_step): the gradients are gathered into the
+//    flat fp32 bucket, averaged uncompressed over the ranks, and a normal
+//    AdamW step runs on the average (non-finite check included);
 //  - compressed stage: the variance is frozen; each rank forms its local
-//    momentum m = b1 m + (1 - b1) g, the momenta are averaged with the 1-bit
-//    compressed allreduce (error feedback inside the communicator), and the
-//    update uses the averaged momentum.
-// All parameters share one flat fp32 bucket, so a step is one collective.
-// The stage follows from the step count, which checkpoints save.
-#include <cmath>
-#include <cstring>
+//    momentum m = b1 m + (1 - b1) g in the bucket, the momenta are averaged
+//    with the 1-bit compressed allreduce (error feedback inside the
+//    communicator), and the update uses the averaged momentum. A non-finite
+//    momentum on any rank changes nothing on any rank.
+// All parameters share the bucket, so a step is one collective. The stage
+// follows from the step count (which checkpoints save), identical on every
+// parameter and every rank.
+#include <algorithm>
 
-#include "codec.hpp"
 #include "comm/communicator.hpp"
 #include "error.hpp"
 #include "optimizer.hpp"
 
 namespace lowbit {
-namespace {
 
-bool all_finite(const float* x, int64_t n) {
-  uint32_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    bad |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+// Registration: the bucket grows to every parameter's elements.
+void Optimizer::layout_onebit() {
+  OneBitState& s = *onebit_;
+  int64_t total = 0;
+  std::vector<int64_t> offsets(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) offsets[i] = total, total += params_[i].param.numel;
+  if (total != s.numel) {
+    StateBuffer bucket;
+    s.bucket = StateBuffer();  // release first: never two buckets at once
+    s.numel = 0;
+    bucket = StateBuffer(engine_.get(), size_t(total) * 4, false);
+    s.bucket = std::move(bucket);
+    s.numel = total;
   }
-  return bad == 0;
+  s.offsets = std::move(offsets);
+  s.masks.resize(params_.size());
+  bind_onebit();
+  refresh_onebit_steps(nullptr);
 }
 
-}  // namespace
+void Optimizer::bind_onebit() {
+  const OneBitState& s = *onebit_;
+  std::vector<const uint8_t*> masks(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) masks[i] = static_cast<const uint8_t*>(s.masks[i].data());
+  engine_->bind_onebit(s.offsets.data(), masks.data(), int64_t(params_.size()));
+  engine_->wait(nullptr);
+}
+
+// The host learns the exact step count again (blocking): after registration,
+// checkpoint loads and set_step, and when the stage is in doubt.
+void Optimizer::refresh_onebit_steps(void* stream) {
+  OneBitState& s = *onebit_;
+  const std::vector<int64_t> st = steps(stream);
+  s.steps_differ = std::any_of(st.begin(), st.end(), [&](int64_t v) { return v != st[0]; });
+  s.known_steps = st.empty() ? 0 : st[0];
+  s.issued = 0;
+}
+
+void Optimizer::set_comm(Communicator& comm) {
+  LOWBIT_REQUIRE(onebit_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
+                 "set_comm: only a 1-bit Adam optimizer uses a communicator");
+  onebit_->comm = &comm;
+}
+
+void Optimizer::set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel) {
+  const ParamState& p = param(id);
+  LOWBIT_REQUIRE(onebit_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
+                 "set_momentum_mask: only a 1-bit Adam optimizer takes a momentum mask");
+  StateBuffer buffer;
+  if (mask) {
+    LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel,
+                   " does not match the param's numel ", p.param.numel);
+    buffer = StateBuffer(engine_.get(), size_t(numel), false);
+    engine_->copy_from_host(buffer.data(), mask, size_t(numel), nullptr);
+  }
+  engine_->wait(nullptr);  // no step may still read the old mask
+  onebit_->masks[size_t(id)] = std::move(buffer);
+  bind_onebit();
+}
+
+// Whether this step is in the compressed stage. Every skipped step leaves the
+// count where it was; on CUDA the host does not know which issued steps were
+// skipped, so near freeze_step it asks the engine (one wait per run, more
+// only after skipped steps).
+bool Optimizer::onebit_compressed_stage(void* stream) {
+  OneBitState& s = *onebit_;
+  const int64_t freeze = config_.freeze_step;
+  if (s.known_steps >= freeze) return true;
+  if (s.known_steps + s.issued < freeze) return false;
+  refresh_onebit_steps(stream);
+  return s.known_steps >= freeze;
+}
 
 void Optimizer::step_onebit(void* stream) {
-  LOWBIT_REQUIRE(comm_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
+  OneBitState& s = *onebit_;
+  LOWBIT_REQUIRE(s.comm != nullptr, LOWBIT_ERROR_INVALID_STATE,
                  "step: a 1-bit Adam optimizer needs a communicator (lowbit_optimizer_set_comm)");
-  LOWBIT_REQUIRE(config_.device == LOWBIT_DEVICE_CPU, LOWBIT_ERROR_UNSUPPORTED,
-                 "device: 1-bit Adam runs on the CPU engine only in this version");
   for (size_t i = 0; i < params_.size(); ++i)
-    LOWBIT_REQUIRE(views_[i].grad != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", i,
+    LOWBIT_REQUIRE(grads_[i].data != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", i,
                    " is missing: 1-bit Adam communicates every parameter at every step");
-  for (size_t i = 1; i < params_.size(); ++i)
-    LOWBIT_REQUIRE(params_[i].step == params_[0].step, LOWBIT_ERROR_INVALID_STATE,
-                   "1-bit Adam: params have different step counts (", params_[0].step, " and ", params_[i].step, ")");
-  Communicator& comm = communicator_from_handle(comm_);
+  if (s.steps_differ) {
+    const std::vector<int64_t> st = steps(stream);
+    fail(LOWBIT_ERROR_INVALID_STATE, "1-bit Adam: params have different step counts (", st.front(), " and ",
+         *std::find_if(st.begin(), st.end(), [&](int64_t v) { return v != st.front(); }),
+         "); set them equal with lowbit_optimizer_set_step");
+  }
+  Communicator& comm = *s.comm;
+  float* bucket = static_cast<float*>(s.bucket.data());
+  const lowbit_device_t device = config_.device;
+  const int32_t index = config_.device == LOWBIT_DEVICE_CUDA ? config_.device_index : 0;
 
-  // The flat bucket is laid out once, on the first step after registration.
-  int64_t total = 0;
-  for (const ParamState& p : params_) total += p.param.numel;
-  if (bucket_numel_ != total) {
-    StateBuffer bucket(engine_.get(), size_t(total) * 4);
-    int64_t offset = 0;
-    for (ParamState& p : params_) p.bucket_offset = offset, offset += p.param.numel;
-    bucket_ = std::move(bucket);
-    bucket_numel_ = total;
+  if (!onebit_compressed_stage(stream)) {
+    engine_->onebit_gather(grads_.data(), bucket, stream);
+    comm.allreduce_mean(bucket, s.numel, device, index, stream);
+    std::vector<GradView>& avg = grads_;  // the step runs on the average
+    for (size_t i = 0; i < params_.size(); ++i) avg[i] = GradView{bucket + s.offsets[i], LOWBIT_DTYPE_FLOAT32};
+    StepControl ctl;
+    ctl.check_nonfinite = config_.skip_nonfinite != 0;  // every rank holds the same average: all skip alike
+    ctl.seed = config_.seed;
+    engine_->step(algo_, avg.data(), num_params(), ctl, stream);
+    engine_->onebit_mask(stream);
+  } else {
+    engine_->onebit_momentum(grads_.data(), bucket, stream);
+    OneBitApply a;
+    a.bucket = bucket;
+    a.freeze_step = config_.freeze_step;
+    a.seed = config_.seed;
+    a.skip = !comm.compressed_allreduce(bucket, s.numel, device, index, stream);
+    if (device == LOWBIT_DEVICE_CUDA) a.device_skip = comm.device_nonfinite_flag();
+    engine_->onebit_apply(a, stream);
   }
-  float* bucket = static_cast<float*>(bucket_.data());
-  const bool warmup = params_[0].step < config_.freeze_step;
-
-  if (warmup) {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamView& v = views_[i];
-      for (int64_t b = 0; b < v.numel; b += kTile)
-        load_tensor_tile(v.grad, v.grad_dtype, b, int(std::min<int64_t>(kTile, v.numel - b)),
-                         bucket + params_[i].bucket_offset + b);
-    }
-    comm.allreduce_mean(bucket, total, LOWBIT_DEVICE_CPU, 0, stream);
-    // Every rank holds the same average, so every rank skips alike.
-    last_step_skipped_ = config_.skip_nonfinite && !all_finite(bucket, total);
-    if (last_step_skipped_) return;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      views_[i].grad = bucket + params_[i].bucket_offset;
-      views_[i].grad_dtype = LOWBIT_DTYPE_FLOAT32;
-    }
-    engine_->step(algo_, views_.data(), chunks_.data(), int64_t(chunks_.size()), stream);
-    for (ParamState& p : params_) {
-      float* m = static_cast<float*>(p.moment[0].data.data());
-      for (size_t k = 0; k < p.momentum_mask.size(); ++k)
-        if (!p.momentum_mask[k]) m[k] = 0.f;
-      ++p.step;
-    }
-    return;
-  }
-
-  // Compressed stage: local momentum into the bucket, 1-bit average, update.
-  float g[kTile];
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ParamView& v = views_[i];
-    const ParamState& p = params_[i];
-    const float* m = static_cast<const float*>(p.moment[0].data.data());
-    float* out = bucket + p.bucket_offset;
-    for (int64_t b = 0; b < v.numel; b += kTile) {
-      int n = int(std::min<int64_t>(kTile, v.numel - b));
-      load_tensor_tile(v.grad, v.grad_dtype, b, n, g);
-      for (int k = 0; k < n; ++k) out[b + k] = onebit_local_momentum(v.scalars, m[b + k], g[k]);
-    }
-    for (size_t k = 0; k < p.momentum_mask.size(); ++k)
-      if (!p.momentum_mask[k]) out[k] = 0.f;
-  }
-  // A non-finite momentum on any rank: nothing changes on any rank.
-  if (!comm.compressed_allreduce(bucket, total, LOWBIT_DEVICE_CPU, 0, stream)) {
-    last_step_skipped_ = true;
-    return;
-  }
-  last_step_skipped_ = false;
-  float pt[kTile];
-  for (size_t i = 0; i < params_.size(); ++i) {
-    ParamView v = views_[i];
-    ParamState& p = params_[i];
-    // The frozen variance keeps the bias correction of the step it froze at.
-    if (config_.freeze_step > 0 && groups_[size_t(p.group)].bias_correction) {
-      double beta2 = groups_[size_t(p.group)].beta2;
-      v.scalars.inv_sqrt_bc2 = float(1.0 / std::sqrt(1.0 - std::pow(beta2, double(config_.freeze_step))));
-    }
-    float* m = static_cast<float*>(p.moment[0].data.data());
-    const float* var = static_cast<const float*>(p.moment[1].data.data());
-    const float* avg = bucket + p.bucket_offset;
-    for (int64_t b = 0; b < v.numel; b += kTile) {
-      int n = int(std::min<int64_t>(kTile, v.numel - b));
-      load_param_tile(v, b, n, pt);
-      for (int k = 0; k < n; ++k) {
-        float mk = p.momentum_mask.empty() || p.momentum_mask[size_t(b + k)] ? avg[b + k] : 0.f;
-        m[b + k] = mk;
-        onebit_apply(v.scalars, pt[k], mk, var[b + k]);
-      }
-      store_param_tile(v, b, n, pt);
-    }
-    ++p.step;
-  }
+  if (device == LOWBIT_DEVICE_CUDA)
+    ++s.issued;
+  else if (!engine_->last_step_skipped())
+    ++s.known_steps;
 }
 
 }  // namespace lowbit

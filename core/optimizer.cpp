@@ -5,7 +5,6 @@
 
 #include "codec.hpp"
 #include "error.hpp"
-#include "rounding.hpp"
 #include "step_scalars.hpp"
 #include "validation.hpp"
 
@@ -28,15 +27,25 @@ Optimizer::Optimizer(const lowbit_optimizer_config_t& config, const lowbit_hpara
     auto fp32 = [](lowbit_state_format_t f) { return f == LOWBIT_STATE_DEFAULT || f == LOWBIT_STATE_FP32; };
     LOWBIT_REQUIRE(fp32(config.state_format) && fp32(config.second_state_format), LOWBIT_ERROR_UNSUPPORTED,
                    "state_format: 1-bit Adam keeps fp32 state (its momentum is what is communicated)");
+    onebit_ = std::make_unique<OneBitState>();
   }
   engine_ = config.device == LOWBIT_DEVICE_CUDA ? make_cuda_engine(config.device_index)
                                                 : make_cpu_engine(config.num_threads);
   groups_.push_back(hparams);
+  push_hparams();
 }
+
+void Optimizer::push_hparams() { engine_->set_hparams(groups_.data(), int32_t(groups_.size())); }
 
 int32_t Optimizer::add_group(const lowbit_hparams_t& hparams) {
   check_hparams(hparams, config_.algorithm);
   groups_.push_back(hparams);
+  try {
+    push_hparams();
+  } catch (...) {
+    groups_.pop_back();
+    throw;
+  }
   return int32_t(groups_.size() - 1);
 }
 
@@ -48,6 +57,7 @@ void Optimizer::set_hparams(int32_t group, const lowbit_hparams_t& h) {
       LOWBIT_REQUIRE(p.group != group || p.num_moments == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ", h.momentum,
                      ": group ", group, " was registered without momentum, so its params have no momentum buffer");
   groups_[size_t(group)] = h;
+  push_hparams();
 }
 
 const lowbit_hparams_t& Optimizer::hparams(int32_t group) const {
@@ -62,22 +72,16 @@ void Optimizer::set_lr(int32_t group, float lr) {
   set_hparams(group, h);
 }
 
-lowbit_state_format_t Optimizer::resolve_format(lowbit_state_format_t requested, lowbit_state_format_t fallback,
-                                                int64_t numel) const {
-  if (requested != LOWBIT_STATE_DEFAULT) return requested;  // an explicit choice wins over the threshold
-  lowbit_state_format_t f = fallback == LOWBIT_STATE_DEFAULT ? LOWBIT_STATE_FP32 : fallback;
-  if (is_quantized(f) && numel < config_.min_quantized_numel) return LOWBIT_STATE_FP32;
-  return f;
+lowbit_hparams_t* Optimizer::device_hparams(int32_t group) {
+  hparams(group);
+  return engine_->hparams_memory(group);
 }
 
 int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
   check_struct_size(c.struct_size, sizeof(lowbit_param_config_t), "param_config");
   check_tensor(c.param, "param", config_.device, config_.device_index);
   const lowbit_hparams_t& h = hparams(c.group);
-  check_state_format(c.state_format, "state_format", true);
-  check_state_format(c.second_state_format, "second_state_format", true);
-  check_flag(c.stochastic_rounding, "stochastic_rounding", true);
-  check_flag(c.error_correction, "error_correction", true);
+  const StatePlan plan = plan_param_state(config_, h, c);
   for (size_t i = 0; i < params_.size(); ++i)
     LOWBIT_REQUIRE(!overlaps(c.param, params_[i].param), LOWBIT_ERROR_INVALID_ARGUMENT, "param.data = ", c.param.data,
                    " (", c.param.numel, " elements) overlaps param ", i, " registered at ", params_[i].param.data);
@@ -88,41 +92,49 @@ int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
     check_grad(c.grad, p, "grad");
     p.grad = c.grad;
   }
-  p.num_moments = moment_count(config_.algorithm, h.momentum);
-  lowbit_state_format_t first = resolve_format(c.state_format, config_.state_format, c.param.numel);
-  lowbit_state_format_t second_fallback =
-      config_.second_state_format == LOWBIT_STATE_DEFAULT ? config_.state_format : config_.second_state_format;
-  lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT
-                                     ? c.second_state_format
-                                     : (c.state_format != LOWBIT_STATE_DEFAULT
-                                            ? c.state_format
-                                            : resolve_format(LOWBIT_STATE_DEFAULT, second_fallback, c.param.numel));
-  if (config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
-    LOWBIT_REQUIRE(first == LOWBIT_STATE_FP32 && second == LOWBIT_STATE_FP32, LOWBIT_ERROR_UNSUPPORTED,
-                   "state_format: 1-bit Adam keeps fp32 state");
-  lowbit_state_format_t formats[2] = {first, second};
+  p.num_moments = plan.num_moments;
   for (int m = 0; m < p.num_moments; ++m) {
-    p.moment[m].format = formats[m];
-    p.moment[m].data = StateBuffer(engine_.get(), size_t(moment_data_bytes(formats[m], c.param.numel)));
-    p.moment[m].scales = StateBuffer(engine_.get(), size_t(moment_scale_bytes(formats[m], c.param.numel)));
+    p.moment[m].format = plan.format[m];
+    p.moment[m].data = StateBuffer(engine_.get(), size_t(plan.data_bytes(m, c.param.numel)));
+    p.moment[m].scales = StateBuffer(engine_.get(), size_t(plan.scale_bytes(m, c.param.numel)));
   }
-  if (c.param.dtype != LOWBIT_DTYPE_FLOAT32) {
-    int32_t ecc = c.error_correction >= 0 ? c.error_correction : config_.error_correction;
-    int32_t sr = c.stochastic_rounding >= 0 ? c.stochastic_rounding : config_.stochastic_rounding;
-    if (ecc) {
-      p.rounding = WeightRounding::ErrorCorrection;
-      p.ecc = StateBuffer(engine_.get(), size_t(c.param.numel));
-    } else if (sr) {
-      p.rounding = WeightRounding::Stochastic;
-    }
-  }
-  int32_t id = int32_t(params_.size());
+  p.rounding = plan.rounding;
+  if (plan.ecc_bytes(c.param.numel)) p.ecc = StateBuffer(engine_.get(), size_t(plan.ecc_bytes(c.param.numel)));
+
+  const int32_t id = int32_t(params_.size());
+  const size_t old_chunks = chunks_.size();
   chunks_.reserve(chunks_.size() + size_t(c.param.numel / kChunkElements + 1));
   views_.reserve(params_.size() + 1);
+  param_groups_.reserve(params_.size() + 1);
+  grads_.reserve(params_.size() + 1);
   params_.push_back(std::move(p));
   append_chunks(chunks_, id, c.param.numel);
-  views_.resize(params_.size());
+  views_.push_back(param_view(params_.back()));
+  param_groups_.push_back(c.group);
+  grads_.push_back(GradView{});
+  try {
+    bind(id);
+    if (onebit_) layout_onebit();
+  } catch (...) {
+    params_.pop_back();
+    chunks_.resize(old_chunks);
+    views_.pop_back();
+    param_groups_.pop_back();
+    grads_.pop_back();
+    try {
+      bind(id);
+      if (onebit_) layout_onebit();
+    } catch (...) {
+    }
+    throw;
+  }
   return id;
+}
+
+void Optimizer::bind(int64_t first_changed) {
+  engine_->bind(views_.data(), int64_t(views_.size()), chunks_.data(), int64_t(chunks_.size()), param_groups_.data(),
+                first_changed, nullptr);
+  engine_->wait(nullptr);
 }
 
 void Optimizer::check_grad(const lowbit_tensor_t& grad, const ParamState& p, const char* what) const {
@@ -148,23 +160,15 @@ MomentView Optimizer::moment_view(const ParamState& p, int m) const {
                              static_cast<float*>(p.moment[m].scales.data()));
 }
 
-StepScalars Optimizer::step_scalars(const ParamState& p) const {
-  return make_step_scalars(groups_[size_t(p.group)], config_.algorithm, p.step);
-}
-
-ParamView Optimizer::param_view(const ParamState& p, int64_t id, const lowbit_tensor_t& grad) const {
+ParamView Optimizer::param_view(const ParamState& p) const {
   ParamView v;
   v.param = p.param.data;
   v.param_dtype = p.param.dtype;
-  v.grad = grad.data;
-  v.grad_dtype = grad.dtype;
   v.numel = p.param.numel;
   v.num_moments = p.num_moments;
   for (int m = 0; m < p.num_moments; ++m) v.moment[m] = moment_view(p, m);
   v.ecc = static_cast<uint8_t*>(p.ecc.data());
   v.rounding = p.rounding;
-  v.rounding_key = rounding_key(config_.seed, uint64_t(id), uint64_t(p.step + 1));
-  v.scalars = step_scalars(p);
   return v;
 }
 
@@ -176,21 +180,24 @@ void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stre
     for (size_t i = 0; i < params_.size(); ++i)
       if (grads[i].data) check_grad(grads[i], params_[i], concat("grads[", i, "]").c_str());
   }
-  for (size_t i = 0; i < params_.size(); ++i)
-    views_[i] = param_view(params_[i], int64_t(i), grads ? grads[i] : params_[i].grad);
-  if (config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM) {
-    step_onebit(stream);  // its non-finite check must agree across ranks
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const lowbit_tensor_t& g = grads ? grads[i] : params_[i].grad;
+    grads_[i] = GradView{g.data, g.dtype};
+  }
+  if (onebit_) {
+    step_onebit(stream);
     return;
   }
-  const int64_t n = int64_t(chunks_.size());
-  if (config_.skip_nonfinite && engine_->any_nonfinite(views_.data(), chunks_.data(), n, stream)) {
-    last_step_skipped_ = true;
-    return;
-  }
-  last_step_skipped_ = false;
-  engine_->step(algo_, views_.data(), chunks_.data(), n, stream);
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (views_[i].grad) ++params_[i].step;
+  StepControl ctl;
+  ctl.check_nonfinite = config_.skip_nonfinite != 0;
+  ctl.seed = config_.seed;
+  engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
+}
+
+std::vector<int64_t> Optimizer::steps(void* stream) const {
+  std::vector<int64_t> s(params_.size());
+  if (!s.empty()) engine_->read_steps(s.data(), int64_t(s.size()), stream);
+  return s;
 }
 
 lowbit_param_info_t Optimizer::info(int64_t id) const {
@@ -198,7 +205,7 @@ lowbit_param_info_t Optimizer::info(int64_t id) const {
   lowbit_param_info_t out{};
   out.struct_size = sizeof(out);
   out.numel = p.param.numel;
-  out.step = p.step;
+  out.step = steps(nullptr)[size_t(id)];
   out.group = p.group;
   out.param_dtype = p.param.dtype;
   out.state_format = p.num_moments > 0 ? p.moment[0].format : LOWBIT_STATE_DEFAULT;
@@ -211,7 +218,7 @@ lowbit_param_info_t Optimizer::info(int64_t id) const {
 
 int64_t Optimizer::state_bytes(int64_t id) const {
   if (id == -1) {
-    int64_t total = int64_t(bucket_.bytes());
+    int64_t total = onebit_ ? int64_t(onebit_->bucket.bytes()) : 0;
     for (int64_t i = 0; i < num_params(); ++i) total += state_bytes(i);
     return total;
   }
@@ -221,40 +228,63 @@ int64_t Optimizer::state_bytes(int64_t id) const {
   return bytes;
 }
 
-void Optimizer::read_moment(int64_t id, int moment, float* out, int64_t numel) const {
+const MomentState& Optimizer::moment_state(int64_t id, int moment) const {
   const ParamState& p = param(id);
-  LOWBIT_REQUIRE(out != nullptr, LOWBIT_ERROR_NULL_POINTER, "out is NULL");
   LOWBIT_REQUIRE(moment >= 0 && moment < p.num_moments, LOWBIT_ERROR_INVALID_ARGUMENT, "moment = ", moment,
                  " does not exist (this param keeps ", p.num_moments, " moments)");
+  return p.moment[moment];
+}
+
+void Optimizer::read_moment(int64_t id, int moment, float* out, int64_t numel, void* stream) const {
+  const MomentState& ms = moment_state(id, moment);
+  const ParamState& p = params_[size_t(id)];
+  LOWBIT_REQUIRE(out != nullptr, LOWBIT_ERROR_NULL_POINTER, "out is NULL");
   LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel,
                  " does not match the param's numel ", p.param.numel);
-  const MomentState& ms = p.moment[moment];
   std::vector<uint8_t> data(ms.data.bytes()), scales(ms.scales.bytes());
-  engine_->copy_to_host(data.data(), ms.data.data(), data.size());
-  engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size());
+  engine_->copy_to_host(data.data(), ms.data.data(), data.size(), stream);
+  engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size(), stream);
   MomentView host = moment_view(p, moment);
   host.data = data.data();
   host.scales = reinterpret_cast<float*>(scales.data());
   decode_moment(host, numel, out);
 }
 
-void Optimizer::set_comm(lowbit_comm_t comm) {
-  LOWBIT_REQUIRE(config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM, LOWBIT_ERROR_INVALID_STATE,
-                 "set_comm: only a 1-bit Adam optimizer uses a communicator");
-  comm_ = comm;
+void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_t numel, void* stream) {
+  const MomentState& ms = moment_state(id, moment);
+  const ParamState& p = params_[size_t(id)];
+  LOWBIT_REQUIRE(values != nullptr, LOWBIT_ERROR_NULL_POINTER, "values is NULL");
+  LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel,
+                 " does not match the numel ", p.param.numel, " of param ", id);
+  // The second moment of the Adam family is a variance.
+  const bool variance = moment == 1;
+  for (int64_t i = 0; i < numel; ++i) {
+    LOWBIT_REQUIRE(std::isfinite(values[i]), LOWBIT_ERROR_NONFINITE, "values[", i, "] = ", values[i],
+                   " is not finite (param ", id, ", moment ", moment, ")");
+    LOWBIT_REQUIRE(!variance || values[i] >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "values[", i, "] = ", values[i],
+                   " is negative, but moment 1 (the second moment) of param ", id, " is a variance");
+  }
+  std::vector<uint8_t> data(ms.data.bytes()), scales(ms.scales.bytes());
+  MomentView host = moment_view(p, moment);
+  host.data = data.data();
+  host.scales = reinterpret_cast<float*>(scales.data());
+  encode_moment(host, numel, values);
+  engine_->copy_from_host(ms.data.data(), data.data(), data.size(), stream);
+  engine_->copy_from_host(ms.scales.data(), scales.data(), scales.size(), stream);
 }
 
-void Optimizer::set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel) {
-  const ParamState& p = param(id);
-  LOWBIT_REQUIRE(config_.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM, LOWBIT_ERROR_INVALID_STATE,
-                 "set_momentum_mask: only a 1-bit Adam optimizer takes a momentum mask");
-  if (!mask) {
-    params_[size_t(id)].momentum_mask.clear();
-    return;
-  }
-  LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel,
-                 " does not match the param's numel ", p.param.numel);
-  params_[size_t(id)].momentum_mask.assign(mask, mask + numel);
+void Optimizer::set_step(int64_t id, int64_t step, void* stream) {
+  LOWBIT_REQUIRE(id == -1 || (id >= 0 && id < num_params()), LOWBIT_ERROR_INVALID_ARGUMENT, "param_id = ", id,
+                 " does not exist (", num_params(), " params registered; -1 sets them all)");
+  LOWBIT_REQUIRE(step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "step = ", step, " must be >= 0");
+  if (params_.empty()) return;
+  std::vector<int64_t> s = steps(stream);
+  if (id == -1)
+    std::fill(s.begin(), s.end(), step);
+  else
+    s[size_t(id)] = step;
+  engine_->write_steps(s.data(), int64_t(s.size()), stream);
+  if (onebit_) refresh_onebit_steps(stream);
 }
 
 }  // namespace lowbit

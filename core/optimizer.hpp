@@ -1,6 +1,7 @@
 // The optimizer behind a lowbit_optimizer_t: parameter groups, registered
-// parameters and their state, and the step driver. Every public method either
-// succeeds or throws lowbit::Error having changed nothing.
+// parameters and their state, and the step driver over an Engine. Every
+// public method either succeeds or throws lowbit::Error having changed
+// nothing.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "engine.hpp"
 #include "lowbit.h"
 #include "state.hpp"
+#include "state_plan.hpp"
 
 namespace lowbit {
 
@@ -19,8 +21,8 @@ class Communicator;
 class StateBuffer {
  public:
   StateBuffer() = default;
-  StateBuffer(Engine* engine, size_t bytes) : engine_(engine), bytes_(bytes) {
-    if (bytes) ptr_ = engine->allocate_zeroed(bytes);
+  StateBuffer(Engine* engine, size_t bytes, bool zeroed = true) : engine_(engine), bytes_(bytes) {
+    if (bytes) ptr_ = zeroed ? engine->allocate_zeroed(bytes) : engine->allocate_scratch(bytes);
   }
   StateBuffer(StateBuffer&& o) noexcept { swap(o); }
   StateBuffer& operator=(StateBuffer&& o) noexcept {
@@ -57,9 +59,23 @@ struct ParamState {
   MomentState moment[2];
   WeightRounding rounding = WeightRounding::Nearest;
   StateBuffer ecc;
-  int64_t step = 0;
-  std::vector<uint8_t> momentum_mask;  // 1-bit Adam; empty: none
-  int64_t bucket_offset = 0;           // 1-bit Adam: offset in the flat buffers
+};
+
+// 1-bit Adam (onebit_adam.cpp): all parameters share one flat fp32 bucket
+// (warm-up: the averaged gradients; compressed stage: the exchanged
+// momentum); masked momentum elements stay zero. The stage follows from the
+// step count, which the host tracks without waiting for the device: `known`
+// is exact as of the last check, and `issued` steps went to the engine since
+// (CUDA only; each may have been skipped).
+struct OneBitState {
+  Communicator* comm = nullptr;
+  StateBuffer bucket;
+  int64_t numel = 0;
+  std::vector<int64_t> offsets;
+  std::vector<StateBuffer> masks;  // engine memory, numel bytes; empty buffer: no mask
+  int64_t known_steps = 0;
+  int64_t issued = 0;
+  bool steps_differ = false;  // registration or set_step left params at different counts
 };
 
 class Optimizer {
@@ -70,35 +86,45 @@ class Optimizer {
   void set_hparams(int32_t group, const lowbit_hparams_t& hparams);
   const lowbit_hparams_t& hparams(int32_t group) const;
   void set_lr(int32_t group, float lr);
+  lowbit_hparams_t* device_hparams(int32_t group);
 
   int64_t add_param(const lowbit_param_config_t& config);
   void set_grad(int64_t id, const lowbit_tensor_t* grad);
   // grads == nullptr: the registered gradients.
   void step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream);
-  bool last_step_skipped() const { return last_step_skipped_; }
+  bool last_step_skipped() const { return engine_->last_step_skipped(); }
 
   int64_t num_params() const { return int64_t(params_.size()); }
   lowbit_param_info_t info(int64_t id) const;
   int64_t state_bytes(int64_t id) const;
-  void read_moment(int64_t id, int moment, float* out, int64_t numel) const;
+  void read_moment(int64_t id, int moment, float* out, int64_t numel, void* stream) const;
+  void write_moment(int64_t id, int moment, const float* values, int64_t numel, void* stream);
+  void set_step(int64_t id, int64_t step, void* stream);
 
-  void set_comm(lowbit_comm_t comm);
+  void set_comm(Communicator& comm);
   void set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel);
 
   // Checkpoints (checkpoint.cpp).
-  std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode) const;
-  void load(const uint8_t* data, int64_t size);
+  std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode, void* stream) const;
+  void load(const uint8_t* data, int64_t size, void* stream);
 
   const lowbit_optimizer_config_t& config() const { return config_; }
 
  private:
   const ParamState& param(int64_t id) const;
+  const MomentState& moment_state(int64_t id, int moment) const;
   MomentView moment_view(const ParamState& p, int m) const;
-  ParamView param_view(const ParamState& p, int64_t id, const lowbit_tensor_t& grad) const;
-  StepScalars step_scalars(const ParamState& p) const;
-  lowbit_state_format_t resolve_format(lowbit_state_format_t requested, lowbit_state_format_t fallback,
-                                       int64_t numel) const;
+  ParamView param_view(const ParamState& p) const;
   void check_grad(const lowbit_tensor_t& grad, const ParamState& p, const char* what) const;
+  // Hands the parameters from `first_changed` on to the engine and waits.
+  void bind(int64_t first_changed);
+  std::vector<int64_t> steps(void* stream) const;
+  void push_hparams();
+  // 1-bit Adam (onebit_adam.cpp).
+  void layout_onebit();
+  void bind_onebit();
+  void refresh_onebit_steps(void* stream);
+  bool onebit_compressed_stage(void* stream);
   void step_onebit(void* stream);
 
   lowbit_optimizer_config_t config_;
@@ -107,13 +133,10 @@ class Optimizer {
   std::vector<lowbit_hparams_t> groups_;
   std::vector<ParamState> params_;
   std::vector<Chunk> chunks_;
-  std::vector<ParamView> views_;  // rebuilt each step, sized at registration
-  bool last_step_skipped_ = false;
-
-  // 1-bit Adam
-  lowbit_comm_t comm_ = nullptr;
-  StateBuffer bucket_;  // flat fp32 gradients (warm-up) / momentum (compressed stage)
-  int64_t bucket_numel_ = 0;
+  std::vector<ParamView> views_;
+  std::vector<int32_t> param_groups_;
+  std::vector<GradView> grads_;  // this step's, sized at registration
+  std::unique_ptr<OneBitState> onebit_;
 };
 
 }  // namespace lowbit

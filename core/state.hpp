@@ -21,21 +21,22 @@ struct MomentView {
   bool second = false;        // a second moment: positive values never encode to 0 (floor_positive)
 };
 
-enum class WeightRounding : int32_t { Nearest = 0, Stochastic = 1, ErrorCorrection = 2 };
+// The values of lowbit_rounding_t.
+enum class WeightRounding : int32_t {
+  Nearest = LOWBIT_ROUNDING_NEAREST,
+  Stochastic = LOWBIT_ROUNDING_STOCHASTIC,
+  ErrorCorrection = LOWBIT_ROUNDING_ERROR_CORRECTION
+};
 
-// Everything one step of one parameter needs.
+// One parameter and its state as an engine sees it (what bind() takes).
 struct ParamView {
   void* param = nullptr;
   lowbit_dtype_t param_dtype = LOWBIT_DTYPE_FLOAT32;
-  const void* grad = nullptr;
-  lowbit_dtype_t grad_dtype = LOWBIT_DTYPE_FLOAT32;
   int64_t numel = 0;
   int num_moments = 0;
   MomentView moment[2];
   uint8_t* ecc = nullptr;  // error-correction bytes (ErrorCorrection only)
   WeightRounding rounding = WeightRounding::Nearest;
-  uint64_t rounding_key = 0;  // stochastic rounding: rounding_key(seed, id, step)
-  StepScalars scalars{};
 };
 
 int64_t block_size(lowbit_state_format_t format);

@@ -1,7 +1,9 @@
-// From a group's hyper-parameters to what the per-element math needs: the
-// engine algorithm and the per-step scalars (bias corrections depend on the
-// parameter's own step count; host double arithmetic, rounded once). Shared
-// by the optimizer and the JAX handlers so both take the same steps.
+// From a group's hyper-parameters and a parameter's step count to what the
+// per-element math needs (bias corrections depend on the parameter's own step
+// count). One definition for the CPU engine and the CUDA kernels: double
+// arithmetic with only IEEE-exact operations (integer powers by repeated
+// squaring, not pow()), rounded once to float, so every device computes the
+// same bits.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -21,10 +23,27 @@ inline Algo engine_algo(lowbit_algorithm_t a) {
   }
 }
 
-// Scalars for the step that follows `step` completed steps. Host and device
-// (the CUDA engine's device-scalar mode computes them on the GPU).
+// b^n for n >= 0 by repeated squaring: a fixed sequence of IEEE double
+// multiplications (relative error below 2 log2(n) ulps of double).
+LOWBIT_HD double powi(double b, int64_t n) {
+  double r = 1.0;
+  while (n > 0) {
+    if (n & 1) r *= b;
+    b *= b;
+    n >>= 1;
+  }
+  return r;
+}
+
+// 1 / sqrt(1 - beta2^t): Adam's second-moment bias correction.
+LOWBIT_HD float inv_sqrt_bias_correction(float beta2, int64_t t) {
+  return float(1.0 / sqrt(1.0 - powi(double(beta2), t)));
+}
+
+// Scalars for the step that follows `step` completed steps. Lion has no bias
+// correction (allow_bias_correction = false).
 LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bias_correction, int64_t step) {
-  double t = double(step + 1);
+  const int64_t t = step + 1;
   StepScalars s{};
   s.lr = h.lr;
   s.beta1 = h.beta1;
@@ -32,9 +51,9 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bi
   s.eps = h.eps;
   s.weight_decay = h.weight_decay;
   s.decay_factor = float(1.0 - double(h.lr) * double(h.weight_decay));
-  bool bc = h.bias_correction && allow_bias_correction;
-  s.step_size = float(bc ? double(h.lr) / (1.0 - pow(double(h.beta1), t)) : double(h.lr));
-  s.inv_sqrt_bc2 = float(bc ? 1.0 / sqrt(1.0 - pow(double(h.beta2), t)) : 1.0);
+  const bool bc = h.bias_correction && allow_bias_correction;
+  s.step_size = float(bc ? double(h.lr) / (1.0 - powi(double(h.beta1), t)) : double(h.lr));
+  s.inv_sqrt_bc2 = bc ? inv_sqrt_bias_correction(h.beta2, t) : 1.f;
   s.momentum = h.momentum;
   s.dampening = h.dampening;
   s.nesterov = h.nesterov;
@@ -42,9 +61,12 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bi
   return s;
 }
 
-// Lion has no bias correction.
-inline StepScalars make_step_scalars(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm, int64_t step) {
-  return make_step_scalars(h, algorithm != LOWBIT_ALGORITHM_LION, step);
+// 1-bit Adam's compressed stage: the variance froze at step `freeze_step`,
+// and with it its bias correction.
+LOWBIT_HD StepScalars make_onebit_scalars(const lowbit_hparams_t& h, int64_t step, int64_t freeze_step) {
+  StepScalars s = make_step_scalars(h, true, step);
+  if (h.bias_correction && freeze_step > 0) s.inv_sqrt_bc2 = inv_sqrt_bias_correction(h.beta2, freeze_step);
+  return s;
 }
 
 }  // namespace lowbit

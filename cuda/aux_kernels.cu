@@ -1,5 +1,7 @@
-// Launchers of the small kernels of aux_kernels.cuh.
+// Launchers of the small kernels of aux_kernels.cuh and of 1-bit Adam's
+// element-wise passes (onebit_kernels.cuh).
 #include "cuda/aux_kernels.cuh"
+#include "cuda/onebit_kernels.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -30,6 +32,11 @@ void launch_finalize(const FinalizeArgs& args, void* stream) {
   if (n <= 0) return;
   finalize_kernel<<<dim3(unsigned((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
                     static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {
+  if (num_chunks <= 0) return;
+  onebit_kernel<<<dim3(unsigned(num_chunks * kSplit)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
 }
 
 }  // namespace cuda

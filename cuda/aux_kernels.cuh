@@ -1,6 +1,6 @@
 // Device code of the small kernels around a step: table uploads (values travel
-// as kernel parameters), the non-finite gradient check, and in the
-// device-scalar mode the per-parameter scalars and the step-count update.
+// as kernel parameters), the per-parameter scalars from the device hparams and
+// step counts, the non-finite gradient check, and the step-count update.
 // Launched from aux_kernels.cu.
 #pragma once
 #ifndef LOWBIT_CUDA_EMULATION
@@ -73,22 +73,36 @@ __global__ void __launch_bounds__(kThreads) check_kernel(const CheckArgs a) {
   if (__syncthreads_or(int(bad)) && threadIdx.x == 0) *a.flag = 1;
 }
 
-// make_step_scalars (core/step_scalars.hpp) on the device: pow and sqrt in
-// double, rounded once to float; CUDA's double pow is within 2 ulps, the
-// host's within 1, so the float results agree except in rare last-bit cases.
+// core/step_scalars.hpp on the device: the same IEEE double operations as
+// the CPU engine, so the same bits. One thread per parameter.
 __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= a.num_params || a.dyn[i].grad == nullptr) return;
-  const lowbit_hparams_t h = a.hparams[a.params[i].group];
-  const int64_t t = a.steps[i] + 1;
-  a.scalars[i] = make_step_scalars(h, a.bias_correction_allowed, a.steps[i]);
-  a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(t));
+  const DevParam P = a.params[i];
+  lowbit_hparams_t h = a.hparams[P.group];
+  if (a.lr) h.lr = *a.lr;
+  const int64_t step = a.shared_count ? int64_t(*a.shared_count) : a.steps[i];
+  // Values the host could not check (JAX buffers): a bad one skips the step.
+  if (!(h.lr >= 0.f && h.lr <= 3.40282347e38f) || step < 0) *a.flag = 1;
+  a.scalars[i] = a.frozen_step >= 0 ? make_onebit_scalars(h, step, a.frozen_step)
+                                    : make_step_scalars(h, a.bias_correction_allowed != 0, step);
+  a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
   a.dyn[i].scalar_idx = int32_t(i);
+  if (a.layout) {
+    const int32_t* rec = a.layout + 3 * i;
+    const int32_t f0 = P.num_moments > 0 ? int32_t(P.format[0]) : 0, f1 = P.num_moments > 1 ? int32_t(P.format[1]) : 0;
+    if (rec[0] != f0 || rec[1] != f1 || rec[2] != int32_t(P.rounding)) *a.flag = 1;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= a.num_params || (a.skip_flag && *a.skip_flag != 0)) return;
+  const bool skipped = *a.skip_flag != 0;
+  if (a.shared_count) {
+    if (i == 0) *a.shared_count_out = *a.shared_count + (skipped ? 0 : 1);
+    return;
+  }
+  if (i >= a.num_params || skipped) return;
   if (a.dyn[i].grad != nullptr) a.steps[i] += 1;
 }
 

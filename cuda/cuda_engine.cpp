@@ -224,13 +224,26 @@ CudaEngine::~CudaEngine() {
   cudaDeviceSynchronize();
   for (void* p : {static_cast<void*>(maps_), static_cast<void*>(flag_), static_cast<void*>(params_),
                   static_cast<void*>(dyn_), static_cast<void*>(scalars_), static_cast<void*>(steps_),
-                  static_cast<void*>(chunks_)})
+                  static_cast<void*>(onebit_), static_cast<void*>(chunks_), static_cast<void*>(hparams_)})
     device_free(p);
   if (host_flag_) cudaFreeHost(host_flag_);
   if (restore) cudaSetDevice(prev);
 }
 
+
 void* CudaEngine::allocate_zeroed(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = allocate_scratch(bytes);
+  cudaError_t e = cudaMemset(p, 0, bytes);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    fail_cuda(e, "zeroing optimizer state");
+  }
+  return p;
+}
+
+void* CudaEngine::allocate_scratch(size_t bytes) {
   if (bytes == 0) return nullptr;
   DeviceGuard guard(device_);
   void* p = nullptr;
@@ -239,12 +252,6 @@ void* CudaEngine::allocate_zeroed(size_t bytes) {
     cudaGetLastError();
     fail(e == cudaErrorMemoryAllocation ? LOWBIT_ERROR_OUT_OF_MEMORY : LOWBIT_ERROR_CUDA, "could not allocate ", bytes,
          " bytes of optimizer state on CUDA device ", device_, ": ", cudaGetErrorString(e));
-  }
-  e = cudaMemset(p, 0, bytes);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
-  if (e != cudaSuccess) {
-    cudaFree(p);
-    fail_cuda(e, "zeroing optimizer state");
   }
   return p;
 }
@@ -259,57 +266,84 @@ void CudaEngine::release(void* ptr) noexcept {
   if (restore) cudaSetDevice(prev);
 }
 
-void CudaEngine::copy_to_host(void* dst, const void* src, size_t bytes) {
+void CudaEngine::copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
   if (!bytes) return;
   DeviceGuard guard(device_);
-  check(cudaDeviceSynchronize(), "waiting for the device before reading optimizer state");
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "copying optimizer state to the host");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), "copying optimizer state to the host");
+  check(cudaStreamSynchronize(s), "waiting for the copy of optimizer state to the host");
 }
 
-void CudaEngine::copy_from_host(void* dst, const void* src, size_t bytes) {
+void CudaEngine::copy_from_host(void* dst, const void* src, size_t bytes, void* stream) {
   if (!bytes) return;
   DeviceGuard guard(device_);
-  check(cudaDeviceSynchronize(), "waiting for the device before writing optimizer state");
-  check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "copying optimizer state to the device");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), "copying optimizer state to the device");
+  check(cudaStreamSynchronize(s), "waiting for the copy of optimizer state to the device");
+}
+
+void CudaEngine::wait(void* stream) {
+  DeviceGuard guard(device_);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the stream");
+}
+
+void CudaEngine::check_count(int64_t num_params, const char* what) const {
+  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, what, ": ", num_params,
+                 " params given, ", bound_params_.size(), " bound");
 }
 
 void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
   if (num_params > param_cap_) {
-    int64_t cap = std::max<int64_t>(num_params, param_cap_ * 2);
+    const int64_t cap = std::max<int64_t>(num_params, param_cap_ * 2);
     DevParam* p = nullptr;
     DevDyn* d = nullptr;
     StepScalars* s = nullptr;
     int64_t* t = nullptr;
+    DevOneBit* o = nullptr;
     try {
       device_alloc(&p, size_t(cap), "allocating the parameter table");
       device_alloc(&d, size_t(cap), "allocating the per-step table");
       device_alloc(&s, size_t(cap), "allocating the scalar table");
       device_alloc(&t, size_t(cap), "allocating the step counts");
+      device_alloc(&o, size_t(cap), "allocating the 1-bit table");
       check(cudaMemset(t, 0, size_t(cap) * sizeof(int64_t)), "cudaMemset");
-      if (steps_ && param_cap_ > 0)
+      check(cudaMemset(o, 0, size_t(cap) * sizeof(DevOneBit)), "cudaMemset");
+      if (param_cap_ > 0) {
+        // Tables of the bound parameters carry over (the static ones are re-uploaded by bind()).
         check(cudaMemcpy(t, steps_, size_t(param_cap_) * sizeof(int64_t), cudaMemcpyDeviceToDevice),
               "copying the step counts");
+        check(cudaMemcpy(p, params_, size_t(param_cap_) * sizeof(DevParam), cudaMemcpyDeviceToDevice),
+              "copying the parameter table");
+        check(cudaMemcpy(o, onebit_, size_t(param_cap_) * sizeof(DevOneBit), cudaMemcpyDeviceToDevice),
+              "copying the 1-bit table");
+      }
     } catch (...) {
-      device_free(p);
-      device_free(d);
-      device_free(s);
-      device_free(t);
+      for (void* q : {static_cast<void*>(p), static_cast<void*>(d), static_cast<void*>(s), static_cast<void*>(t),
+                      static_cast<void*>(o)})
+        device_free(q);
       throw;
     }
-    device_free(params_);
-    device_free(dyn_);
-    device_free(scalars_);
-    device_free(steps_);
+    for (void* q : {static_cast<void*>(params_), static_cast<void*>(dyn_), static_cast<void*>(scalars_),
+                    static_cast<void*>(steps_), static_cast<void*>(onebit_)})
+      device_free(q);
     params_ = p;
     dyn_ = d;
     scalars_ = s;
     steps_ = t;
+    onebit_ = o;
     param_cap_ = cap;
   }
   if (num_chunks > chunk_cap_) {
-    int64_t cap = std::max<int64_t>(num_chunks, chunk_cap_ * 2);
+    const int64_t cap = std::max<int64_t>(num_chunks, chunk_cap_ * 2);
     DevChunk* c = nullptr;
     device_alloc(&c, size_t(cap), "allocating the chunk table");
+    if (chunk_cap_ > 0) {
+      cudaError_t e = cudaMemcpy(c, chunks_, size_t(chunk_cap_) * sizeof(DevChunk), cudaMemcpyDeviceToDevice);
+      if (e != cudaSuccess) {
+        device_free(c);
+        fail_cuda(e, "copying the chunk table");
+      }
+    }
     device_free(chunks_);
     chunks_ = c;
     chunk_cap_ = cap;
@@ -318,163 +352,159 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
 }
 
 void CudaEngine::bind(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
-                      const int32_t* param_group, void* stream) {
+                      const int32_t* param_group, int64_t first_changed, void* stream) {
   DeviceGuard guard(device_);
-  update_tables(params, num_params, chunks, num_chunks, param_group, stream);
-}
-
-void CudaEngine::update_tables(const ParamView* params, int64_t num_params, const Chunk* chunks, int64_t num_chunks,
-                               const int32_t* param_group, void* stream) {
-  LOWBIT_REQUIRE(num_params >= 0 && num_chunks >= 0 && (params || !num_params) && (chunks || !num_chunks),
+  LOWBIT_REQUIRE(num_params >= 0 && num_chunks >= 0 && (params || !num_params) && (chunks || !num_chunks) &&
+                     (param_group || !num_params),
                  LOWBIT_ERROR_INTERNAL, "bind: bad table sizes");
   LOWBIT_REQUIRE(num_params < (int64_t(1) << 31) && num_chunks * kSplit < (int64_t(1) << 31),
                  LOWBIT_ERROR_UNSUPPORTED, "bind: ", num_params, " params in ", num_chunks,
                  " chunks exceed the launch limits");
-  std::vector<DevParam>& ps = params_host_;
-  ps.resize(size_t(num_params));
-  if (param_group) bound_groups_.assign(param_group, param_group + num_params);
-  for (int64_t i = 0; i < num_params; ++i)
-    ps[size_t(i)] = describe(params[i], i, i < int64_t(bound_groups_.size()) ? bound_groups_[size_t(i)] : 0);
-  bool same_chunks = num_chunks == int64_t(bound_chunks_.size());
-  for (int64_t k = 0; same_chunks && k < num_chunks; ++k) {
-    const DevChunk& b = bound_chunks_[size_t(k)];
-    same_chunks = b.begin == chunks[k].begin && b.end == chunks[k].end && b.param == chunks[k].param;
-  }
-  std::vector<DevChunk>& cs = chunks_host_;
-  if (!same_chunks) {
-    cs.resize(size_t(num_chunks));
-    for (int64_t k = 0; k < num_chunks; ++k) {
-      const Chunk& c = chunks[k];
-      LOWBIT_REQUIRE(c.param >= 0 && c.param < num_params && c.begin >= 0 && c.begin < c.end &&
-                         c.end <= params[c.param].numel && c.begin % kTile == 0,
-                     LOWBIT_ERROR_INTERNAL, "bind: chunk ", k, " [", c.begin, ", ", c.end, ") of param ", c.param,
-                     " is not a tile-aligned range of a registered parameter");
-      DevChunk d;
-      std::memset(&d, 0, sizeof d);
-      d.begin = c.begin;
-      d.end = c.end;
-      d.param = c.param;
-      cs[size_t(k)] = d;
-    }
-  }
-  const bool same_params =
-      ps.size() == bound_params_.size() &&
-      (ps.empty() || std::memcmp(ps.data(), bound_params_.data(), ps.size() * sizeof(DevParam)) == 0);
-  if (same_params && same_chunks) return;
   const int64_t old_params = int64_t(bound_params_.size());
+  const int64_t first = std::max<int64_t>(0, std::min({first_changed, num_params, old_params}));
+  // Chunks are in parameter order: those of the parameters before `first` are unchanged.
+  const int64_t first_chunk = std::lower_bound(chunks, chunks + num_chunks, first,
+                                               [](const Chunk& c, int64_t p) { return c.param < p; }) -
+                              chunks;
+
+  std::vector<DevParam> ps(size_t(num_params - first));
+  for (int64_t i = first; i < num_params; ++i) ps[size_t(i - first)] = describe(params[i], i, param_group[i]);
+  std::vector<DevChunk> cs(size_t(num_chunks - first_chunk));
+  for (int64_t k = first_chunk; k < num_chunks; ++k) {
+    const Chunk& c = chunks[k];
+    LOWBIT_REQUIRE(c.param >= 0 && c.param < num_params && c.begin >= 0 && c.begin < c.end &&
+                       c.end <= params[c.param].numel && c.begin % kTile == 0 &&
+                       (k == 0 || chunks[k - 1].param <= c.param),
+                   LOWBIT_ERROR_INTERNAL, "bind: chunk ", k, " [", c.begin, ", ", c.end, ") of param ", c.param,
+                   " is not a tile-aligned range of a registered parameter in parameter order");
+    DevChunk d;
+    std::memset(&d, 0, sizeof d);
+    d.begin = c.begin;
+    d.end = c.end;
+    d.param = c.param;
+    cs[size_t(k - first_chunk)] = d;
+  }
+  // The first entries that differ from what the device holds.
+  int64_t p_diff = first;
+  while (p_diff < std::min(num_params, old_params) &&
+         std::memcmp(&ps[size_t(p_diff - first)], &bound_params_[size_t(p_diff)], sizeof(DevParam)) == 0)
+    ++p_diff;
+  const int64_t old_chunks = int64_t(bound_chunks_.size());
+  int64_t c_diff = first_chunk;
+  while (c_diff < std::min(num_chunks, old_chunks) &&
+         std::memcmp(&cs[size_t(c_diff - first_chunk)], &bound_chunks_[size_t(c_diff)], sizeof(DevChunk)) == 0)
+    ++c_diff;
+  const bool params_changed = p_diff < num_params, chunks_changed = c_diff < num_chunks;
+
   if (num_params > param_cap_ || num_chunks > chunk_cap_) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture), "cudaStreamIsCapturing");
     LOWBIT_REQUIRE(capture == cudaStreamCaptureStatusNone, LOWBIT_ERROR_INVALID_STATE,
-                   "stream: parameters were registered since the last step, and the tables they need cannot be "
-                   "allocated during a CUDA graph capture; take one step outside the capture first");
+                   "stream: the parameter tables must grow, which a CUDA graph capture does not allow; take one "
+                   "step with these parameters outside the capture first");
     // Reallocation: steps in flight may still read the old tables.
     check(cudaDeviceSynchronize(), "waiting for the device before growing the parameter tables");
-    grow(num_params, num_chunks);  // new step counts are zero
-  } else if (num_params > old_params) {
-    check(cudaMemsetAsync(steps_ + old_params, 0, size_t(num_params - old_params) * sizeof(int64_t),
-                          static_cast<cudaStream_t>(stream)),
+    grow(num_params, num_chunks);
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (num_params > old_params) {
+    check(cudaMemsetAsync(steps_ + old_params, 0, size_t(num_params - old_params) * sizeof(int64_t), s),
+          "cudaMemsetAsync");
+    check(cudaMemsetAsync(onebit_ + old_params, 0, size_t(num_params - old_params) * sizeof(DevOneBit), s),
           "cudaMemsetAsync");
   }
-  // The new tables follow the work already on the stream.
   Uploader up(*batch_, *small_batch_, stream);
-  if (!same_params) up.add(params_, ps.data(), ps.size() * sizeof(DevParam));
-  if (!same_chunks) up.add(chunks_, cs.data(), cs.size() * sizeof(DevChunk));
+  if (params_changed)
+    up.add(params_ + p_diff, &ps[size_t(p_diff - first)], size_t(num_params - p_diff) * sizeof(DevParam));
+  if (chunks_changed)
+    up.add(chunks_ + c_diff, &cs[size_t(c_diff - first_chunk)], size_t(num_chunks - c_diff) * sizeof(DevChunk));
   up.flush();
-  if (!same_params) bound_params_.swap(ps);
-  if (!same_chunks) bound_chunks_.swap(cs);
-}
-
-void CudaEngine::sync_tables(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
-  int64_t num_params = 0;
-  for (int64_t k = 0; k < num_chunks; ++k) num_params = std::max<int64_t>(num_params, int64_t(chunks[k].param) + 1);
-  update_tables(params, num_params, chunks, num_chunks, nullptr, stream);
-}
-
-void CudaEngine::set_device_scalars(const lowbit_hparams_t* device_hparams, uint64_t seed) {
-  device_hparams_ = device_hparams;
-  seed_ = seed;
-}
-
-void CudaEngine::upload_dyn(const ParamView* params, int64_t num_params, bool host_scalars, void* stream,
-                            bool reuse_pending) {
-  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "step: ", num_params,
-                 " params given but ", bound_params_.size(), " bound");
+  bound_params_.resize(size_t(first));
+  bound_params_.insert(bound_params_.end(), ps.begin(), ps.end());
+  bound_chunks_.resize(size_t(first_chunk));
+  bound_chunks_.insert(bound_chunks_.end(), cs.begin(), cs.end());
   dyn_host_.resize(size_t(num_params));
-  scalars_host_.clear();
-  for (int64_t i = 0; i < num_params; ++i) {
-    const ParamView& v = params[i];
+}
+
+void CudaEngine::set_hparams(const lowbit_hparams_t* groups, int32_t num_groups) {
+  DeviceGuard guard(device_);
+  if (num_groups > group_cap_) {
+    // A new group (registration time): waiting is allowed.
+    const int32_t cap = std::max<int32_t>(num_groups, group_cap_ * 2);
+    lowbit_hparams_t* h = nullptr;
+    device_alloc(&h, size_t(cap), "allocating the group hyper-parameters");
+    check(cudaDeviceSynchronize(), "waiting for the device before growing the group table");
+    device_free(hparams_);
+    hparams_ = h;
+    group_cap_ = cap;
+  }
+  hparams_host_.assign(groups, groups + num_groups);
+  hparams_dirty_ = true;
+}
+
+void CudaEngine::upload_step_tables(const GradView* grads, void* stream) {
+  const int64_t n = int64_t(bound_params_.size());
+  for (int64_t i = 0; i < n; ++i) {
     DevDyn d;
     std::memset(&d, 0, sizeof d);
-    if (v.grad) {
-      d.grad = v.grad;
-      d.gdtype = dtype_code(v.grad_dtype, "grad");
-      d.grad_al16 = aligned16(v.grad);
-      if (host_scalars) {
-        d.key = v.rounding_key;
-        // Parameters of one group at the same step share their scalars:
-        // reuse the last few entries before appending.
-        int32_t idx = -1;
-        const int32_t n = int32_t(scalars_host_.size());
-        for (int32_t k = n - 1; k >= 0 && k >= n - 8; --k)
-          if (std::memcmp(&scalars_host_[size_t(k)], &v.scalars, sizeof(StepScalars)) == 0) {
-            idx = k;
-            break;
-          }
-        if (idx < 0) {
-          idx = n;
-          scalars_host_.push_back(v.scalars);
-        }
-        d.scalar_idx = idx;
-      }
+    if (grads[i].data) {
+      d.grad = grads[i].data;
+      d.gdtype = dtype_code(grads[i].dtype, "grad");
+      d.grad_al16 = aligned16(grads[i].data);
     }
+    d.scalar_idx = int32_t(i);
     dyn_host_[size_t(i)] = d;
   }
-  // Reuse is only safe for the upload enqueued by any_nonfinite() just before
-  // step() in the same Optimizer::step: otherwise a replayed CUDA graph may
-  // have rewritten the device tables since.
-  const bool pending = dyn_pending_;
-  dyn_pending_ = false;
-  if (reuse_pending && pending && dyn_host_.size() == dyn_uploaded_.size() && scalars_host_.size() == scalars_uploaded_.size() &&
-      (dyn_host_.empty() ||
-       std::memcmp(dyn_host_.data(), dyn_uploaded_.data(), dyn_host_.size() * sizeof(DevDyn)) == 0) &&
-      (scalars_host_.empty() || std::memcmp(scalars_host_.data(), scalars_uploaded_.data(),
-                                            scalars_host_.size() * sizeof(StepScalars)) == 0))
-    return;  // the check just enqueued uploaded exactly these tables
   Uploader up(*batch_, *small_batch_, stream);
+  if (hparams_dirty_ && !hparams_host_.empty())
+    up.add(hparams_, hparams_host_.data(), hparams_host_.size() * sizeof(lowbit_hparams_t));
   up.add(dyn_, dyn_host_.data(), dyn_host_.size() * sizeof(DevDyn));
-  up.add(scalars_, scalars_host_.data(), scalars_host_.size() * sizeof(StepScalars));
   up.flush();
-  dyn_uploaded_.swap(dyn_host_);
-  scalars_uploaded_.swap(scalars_host_);
+  hparams_dirty_ = false;
 }
 
-void CudaEngine::enqueue_check(void* stream) {
+void CudaEngine::prepare(Algo algo, const StepControl& ctl, int64_t frozen_step, void* stream) {
+  PrepareArgs p;
+  std::memset(&p, 0, sizeof p);
+  p.params = params_;
+  p.dyn = dyn_;
+  p.scalars = scalars_;
+  p.hparams = hparams_;
+  p.steps = steps_;
+  p.shared_count = ctl.shared_count;
+  p.lr = ctl.lr;
+  p.layout = ctl.layout;
+  p.flag = flag_;
+  p.seed = ctl.seed;
+  p.num_params = int64_t(bound_params_.size());
+  p.frozen_step = frozen_step;
+  p.bias_correction_allowed = algo != Algo::Lion;
+  launch_prepare(p, stream);
+  check(cudaGetLastError(), "launching the scalar computation");
+}
+
+void CudaEngine::finalize(const StepControl& ctl, void* stream) {
+  launch_finalize(FinalizeArgs{dyn_, steps_, flag_, ctl.shared_count, ctl.shared_count_out,
+                               int64_t(bound_params_.size())},
+                  stream);
+  check(cudaGetLastError(), "launching the step-count update");
+  check(cudaMemcpyAsync(host_flag_, flag_, sizeof(int32_t), cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+        "copying the skip flag");
+}
+
+void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, const StepControl& ctl, void* stream) {
+  DeviceGuard guard(device_);
+  check_count(num_params, "step");
+  LOWBIT_REQUIRE(group_cap_ > 0, LOWBIT_ERROR_INTERNAL, "step: no hyper-parameters were set");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  upload_step_tables(grads, stream);
   check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), s), "cudaMemsetAsync");
-  launch_check(CheckArgs{params_, dyn_, chunks_, flag_}, int64_t(bound_chunks_.size()), stream);
-  check(cudaGetLastError(), "launching the non-finite check");
-  check(cudaMemcpyAsync(host_flag_, flag_, sizeof(int32_t), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-}
-
-void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars, void* stream) {
+  prepare(algo, ctl, -1, stream);
   const int64_t num_chunks = int64_t(bound_chunks_.size());
-  const int64_t num_params = int64_t(bound_params_.size());
-  if (device_scalars) {
-    PrepareArgs p;
-    std::memset(&p, 0, sizeof p);
-    p.params = params_;
-    p.dyn = dyn_;
-    p.scalars = scalars_;
-    p.hparams = device_hparams_;
-    p.steps = steps_;
-    p.seed = seed_;
-    p.num_params = num_params;
-    p.bias_correction_allowed = algo != Algo::Lion;
-    launch_prepare(p, stream);
-    check(cudaGetLastError(), "launching the scalar computation");
+  if (ctl.check_nonfinite) {
+    launch_check(CheckArgs{params_, dyn_, chunks_, flag_}, num_chunks, stream);
+    check(cudaGetLastError(), "launching the non-finite check");
   }
-  if (check_nonfinite) enqueue_check(stream);
   StepArgs a;
   std::memset(&a, 0, sizeof a);
   a.params = params_;
@@ -482,7 +512,7 @@ void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars
   a.scalars = scalars_;
   a.chunks = chunks_;
   a.maps = maps_;
-  a.skip_flag = check_nonfinite ? flag_ : nullptr;
+  a.skip_flag = flag_;
   switch (algo) {
     case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
     case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
@@ -490,58 +520,88 @@ void CudaEngine::launch_all(Algo algo, bool check_nonfinite, bool device_scalars
     case Algo::Sgd: launch_step<Algo::Sgd>(a, num_chunks, stream); break;
   }
   check(cudaGetLastError(), "launching the step kernel");
-  if (device_scalars) {
-    launch_finalize(FinalizeArgs{dyn_, steps_, a.skip_flag, num_params}, stream);
-    check(cudaGetLastError(), "launching the step-count update");
-  }
+  finalize(ctl, stream);
 }
 
-bool CudaEngine::any_nonfinite(const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
-  DeviceGuard guard(device_);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture), "cudaStreamIsCapturing");
-  LOWBIT_REQUIRE(capture == cudaStreamCaptureStatusNone, LOWBIT_ERROR_UNSUPPORTED,
-                 "stream: with skip_nonfinite = 1 a step waits for the non-finite check on the host, which a CUDA "
-                 "graph capture does not allow; capture with skip_nonfinite = 0");
-  sync_tables(params, chunks, num_chunks, stream);
-  upload_dyn(params, int64_t(bound_params_.size()), true, stream, false);
-  enqueue_check(stream);
-  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "waiting for the non-finite check");
-  dyn_pending_ = true;  // step() may reuse these tables
-  return *host_flag_ != 0;
-}
-
-void CudaEngine::step(Algo algo, const ParamView* params, const Chunk* chunks, int64_t num_chunks, void* stream) {
-  DeviceGuard guard(device_);
-  sync_tables(params, chunks, num_chunks, stream);
-  upload_dyn(params, int64_t(bound_params_.size()), true, stream, true);
-  launch_all(algo, false, false, stream);
-}
-
-void CudaEngine::enqueue_step(Algo algo, const ParamView* params, int64_t num_params, bool check_nonfinite,
-                              void* stream) {
-  DeviceGuard guard(device_);
-  const bool device_scalars = device_hparams_ != nullptr;
-  upload_dyn(params, num_params, !device_scalars, stream, false);
-  launch_all(algo, check_nonfinite, device_scalars, stream);
-}
-
-void CudaEngine::read_steps(int64_t* out, int64_t num_params) {
-  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "read_steps: ", num_params,
-                 " params asked, ", bound_params_.size(), " bound");
+void CudaEngine::read_steps(int64_t* out, int64_t num_params, void* stream) {
+  check_count(num_params, "read_steps");
   if (!num_params) return;
   DeviceGuard guard(device_);
-  check(cudaDeviceSynchronize(), "waiting for the device before reading step counts");
-  check(cudaMemcpy(out, steps_, size_t(num_params) * sizeof(int64_t), cudaMemcpyDeviceToHost), "reading step counts");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(out, steps_, size_t(num_params) * sizeof(int64_t), cudaMemcpyDeviceToHost, s),
+        "reading step counts");
+  check(cudaStreamSynchronize(s), "waiting for the step counts");
 }
 
-void CudaEngine::write_steps(const int64_t* in, int64_t num_params) {
-  LOWBIT_REQUIRE(num_params == int64_t(bound_params_.size()), LOWBIT_ERROR_INTERNAL, "write_steps: ", num_params,
-                 " params given, ", bound_params_.size(), " bound");
+void CudaEngine::write_steps(const int64_t* in, int64_t num_params, void* stream) {
+  check_count(num_params, "write_steps");
   if (!num_params) return;
   DeviceGuard guard(device_);
-  check(cudaDeviceSynchronize(), "waiting for the device before writing step counts");
-  check(cudaMemcpy(steps_, in, size_t(num_params) * sizeof(int64_t), cudaMemcpyHostToDevice), "writing step counts");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(steps_, in, size_t(num_params) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
+        "writing step counts");
+  check(cudaStreamSynchronize(s), "waiting for the step counts");
+}
+
+// ---- 1-bit Adam
+
+void CudaEngine::bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) {
+  check_count(num_params, "bind_onebit");
+  if (!num_params) return;
+  DeviceGuard guard(device_);
+  std::vector<DevOneBit> t(static_cast<size_t>(num_params));
+  for (int64_t i = 0; i < num_params; ++i) t[size_t(i)] = DevOneBit{offsets[i], masks[i]};
+  Uploader up(*batch_, *small_batch_, nullptr);
+  up.add(onebit_, t.data(), t.size() * sizeof(DevOneBit));
+  up.flush();
+  check(cudaStreamSynchronize(cudaStreamLegacy), "uploading the 1-bit table");
+}
+
+void CudaEngine::launch_onebit_op(int32_t op, float* bucket, void* stream) {
+  OneBitArgs a;
+  std::memset(&a, 0, sizeof a);
+  a.params = params_;
+  a.dyn = dyn_;
+  a.scalars = scalars_;
+  a.chunks = chunks_;
+  a.onebit = onebit_;
+  a.hparams = hparams_;
+  a.bucket = bucket;
+  a.skip_flag = flag_;
+  a.op = op;
+  launch_onebit(a, int64_t(bound_chunks_.size()), stream);
+  check(cudaGetLastError(), "launching a 1-bit Adam pass");
+}
+
+void CudaEngine::onebit_gather(const GradView* grads, float* bucket, void* stream) {
+  DeviceGuard guard(device_);
+  upload_step_tables(grads, stream);
+  launch_onebit_op(kOneBitGather, bucket, stream);
+}
+
+void CudaEngine::onebit_mask(void* stream) {
+  DeviceGuard guard(device_);
+  launch_onebit_op(kOneBitMask, nullptr, stream);
+}
+
+void CudaEngine::onebit_momentum(const GradView* grads, float* bucket, void* stream) {
+  DeviceGuard guard(device_);
+  upload_step_tables(grads, stream);
+  launch_onebit_op(kOneBitMomentum, bucket, stream);
+}
+
+void CudaEngine::onebit_apply(const OneBitApply& a, void* stream) {
+  DeviceGuard guard(device_);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.device_skip)
+    check(cudaMemcpyAsync(flag_, a.device_skip, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  else
+    check(cudaMemsetAsync(flag_, a.skip ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
+  StepControl ctl;
+  ctl.seed = a.seed;
+  prepare(Algo::AdamW, ctl, a.freeze_step, stream);
+  launch_onebit_op(kOneBitApply, const_cast<float*>(a.bucket), stream);
+  finalize(ctl, stream);
 }
 
 }  // namespace cuda

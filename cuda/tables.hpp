@@ -24,8 +24,8 @@ enum DType : uint8_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 enum Round : uint8_t { kNearest = 0, kStochastic = 1, kEcc = 2 };
 constexpr uint8_t kNoMap = 255;
 
-// Static description of one parameter: changes only when params are
-// registered (or, defensively, if any of these fields differ between steps).
+// Static description of one parameter: changes only when the engine is bound
+// again (registration, checkpoint loads, new JAX buffers).
 struct DevParam {
   void* param;
   uint8_t* ecc;
@@ -44,11 +44,12 @@ struct DevParam {
 };
 static_assert(sizeof(DevParam) == 72, "DevParam layout (no implicit padding: tables are compared bytewise)");
 
-// Per-step description of one parameter.
+// Per-step description of one parameter: the gradient is uploaded by the
+// host, the rest written by prepare_kernel.
 struct DevDyn {
   const void* grad;     // nullptr: the parameter is not updated this step
-  uint64_t key;         // stochastic rounding key (host-scalar mode)
-  int32_t scalar_idx;   // index into the step's scalar table (host-scalar mode)
+  uint64_t key;         // stochastic rounding key of this step
+  int32_t scalar_idx;   // index into the scalar table (the parameter's own)
   uint8_t gdtype;       // DType
   uint8_t grad_al16;    // grad base is 16-byte aligned
   uint8_t pad_[2];
@@ -73,24 +74,28 @@ static_assert(sizeof(QMap) % 4 == 0, "maps are copied to shared memory as 32-bit
 struct StepArgs {
   const DevParam* params;
   const DevDyn* dyn;
-  const StepScalars* scalars;  // parameter i uses scalars[dyn[i].scalar_idx] and key dyn[i].key
+  const StepScalars* scalars;  // parameter i uses scalars[dyn[i].scalar_idx] and key dyn[i].key (prepare_kernel)
   const DevChunk* chunks;
   const DevMaps* maps;
   const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
 };
 
-// Device-scalar mode: before the step, the scalars and rounding key of every
-// parameter with a gradient are computed on the device, as
-// Optimizer::step_scalars does, from hparams[params[i].group] and step count
-// steps[i] + 1, into scalars[i] / dyn[i].
+// Before the step, the scalars and rounding key of every parameter with a
+// gradient are computed on the device (core/step_scalars.hpp) from
+// hparams[params[i].group] and its step count, into scalars[i] / dyn[i].
 struct PrepareArgs {
   const DevParam* params;
   DevDyn* dyn;
   StepScalars* scalars;
   const lowbit_hparams_t* hparams;
   const int64_t* steps;
+  const int32_t* shared_count;  // non-null: the step count of every parameter (JAX)
+  const float* lr;              // non-null: replaces hparams.lr
+  const int32_t* layout;        // non-null: N x 3 recorded (format 0, format 1, rounding); a mismatch sets *flag
+  int32_t* flag;
   uint64_t seed;
   int64_t num_params;
+  int64_t frozen_step;              // >= 0: 1-bit Adam's compressed stage, variance frozen at this step
   int32_t bias_correction_allowed;  // 0 for Lion
   int32_t pad_;
 };
@@ -127,13 +132,39 @@ struct CheckArgs {
   int32_t* flag;  // set to 1 when a non-finite gradient element is found
 };
 
-// Device-scalar mode: +1 on the step count of every updated parameter unless
-// the step was skipped.
+// +1 on the step count of every updated parameter unless the step was
+// skipped; with a shared count, *shared_count_out = *shared_count + 1 instead.
 struct FinalizeArgs {
   const DevDyn* dyn;
   int64_t* steps;
-  const int32_t* skip_flag;  // may be null
+  const int32_t* skip_flag;
+  const int32_t* shared_count;
+  int32_t* shared_count_out;
   int64_t num_params;
+};
+
+// 1-bit Adam: where a parameter sits in the flat bucket, and its momentum
+// mask (nullptr: none).
+struct DevOneBit {
+  int64_t offset;
+  const uint8_t* mask;
+};
+static_assert(sizeof(DevOneBit) == 16, "DevOneBit layout");
+
+enum OneBitOp : int32_t { kOneBitGather = 0, kOneBitMask = 1, kOneBitMomentum = 2, kOneBitApply = 3 };
+
+// The element-wise passes of 1-bit Adam (cuda/onebit_kernels.cuh).
+struct OneBitArgs {
+  const DevParam* params;
+  const DevDyn* dyn;
+  const StepScalars* scalars;
+  const DevChunk* chunks;
+  const DevOneBit* onebit;
+  const lowbit_hparams_t* hparams;
+  float* bucket;
+  const int32_t* skip_flag;  // kOneBitMask, kOneBitApply: nothing happens when *skip_flag != 0
+  int32_t op;                // OneBitOp
+  int32_t pad_;
 };
 
 // Launchers (step_*.cu, aux_kernels.cu). They only enqueue; errors are read
@@ -145,6 +176,7 @@ void launch_upload(const Batch& batch, void* stream);
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
 void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);
+void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream);
 
 }  // namespace cuda
 }  // namespace lowbit

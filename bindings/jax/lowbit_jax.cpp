@@ -58,16 +58,14 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
                 weight_decay, formats,   rounding, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;  // keeps its capacity from step to step
     StepDecoder decoder(a, args, rets);
-    const int32_t t = *static_cast<const int32_t*>(count.untyped_data());
-    decoder.prepare(*static_cast<const float*>(lr.untyped_data()), t,
-                    static_cast<const int32_t*>(layout.untyped_data()), layout.dimensions(), prep);
+    const float* host_lr = static_cast<const float*>(lr.untyped_data());
+    const int32_t* host_count = static_cast<const int32_t*>(count.untyped_data());
+    decoder.prepare(host_lr, host_count, static_cast<const int32_t*>(layout.untyped_data()), layout.dimensions(),
+                    prep);
     // Nothing is written before this point.
     for (const PreparedStep::Copy& c : prep.copies) std::memcpy(c.dst, c.src, c.bytes);
-    Engine& engine = cpu_engine(num_threads);
-    const int64_t num_chunks = int64_t(prep.chunks.size());
-    bool skip = skip_nonfinite && engine.any_nonfinite(prep.views.data(), prep.chunks.data(), num_chunks, nullptr);
-    if (!skip) engine.step(prep.algo, prep.views.data(), prep.chunks.data(), num_chunks, nullptr);
-    *static_cast<int32_t*>(count_out->untyped_data()) = skip ? t : t + 1;
+    run_step(cpu_engine(num_threads), prep, a, host_lr, host_count, static_cast<int32_t*>(count_out->untyped_data()),
+             nullptr, nullptr);
   });
 }
 

@@ -1,15 +1,15 @@
 // XLA FFI handler of the fused step on CUDA ("lowbit_step" on platform CUDA).
 // Built only when the library has a CUDA engine (LOWBIT_CUDA_ENGINE): the
-// buffers are device memory and the work is enqueued on XLA's stream.
-//
-// The step scalars (bias corrections, lr) are computed on the host like the
-// C API does, so lr, count and layout (a few bytes) are copied to the host
-// and the stream synchronised once per step, before any work is enqueued.
+// buffers are device memory and the work is enqueued on XLA's stream. lr,
+// count and the recorded layout stay on the device: the engine reads them in
+// stream order (a bad lr, count or layout makes the step change nothing,
+// count included), so the handler never waits for the GPU.
 #ifdef LOWBIT_CUDA_ENGINE
 #include <cuda_runtime.h>
 
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "bindings/jax/step_common.hpp"
 
@@ -44,32 +44,16 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
     check_scalar(*count_out, ffi::DataType::S32, "the count output");
     LOWBIT_REQUIRE(layout.element_type() == ffi::DataType::S32, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "state.layout must be int32, got ", ffi_dtype_name(layout.element_type()));
-    float host_lr = 0.f;
-    int32_t host_count = 0;
-    thread_local std::vector<int32_t> host_layout;
-    host_layout.resize(layout.element_count());
-    cuda_check(cudaMemcpyAsync(&host_lr, lr.untyped_data(), 4, cudaMemcpyDeviceToHost, stream), "copying lr");
-    cuda_check(cudaMemcpyAsync(&host_count, count.untyped_data(), 4, cudaMemcpyDeviceToHost, stream),
-               "copying count");
-    if (!host_layout.empty())
-      cuda_check(cudaMemcpyAsync(host_layout.data(), layout.untyped_data(), layout.size_bytes(),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "copying layout");
-    cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
                 weight_decay, formats,   rounding, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;
     StepDecoder decoder(a, args, rets);
-    decoder.prepare(host_lr, host_count, host_layout.data(), layout.dimensions(), prep);
+    decoder.prepare(nullptr, nullptr, nullptr, layout.dimensions(), prep);
     for (const PreparedStep::Copy& c : prep.copies)
       cuda_check(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream), "copying state");
-    Engine& engine = cuda_engine();
-    const int64_t num_chunks = int64_t(prep.chunks.size());
-    bool skip = skip_nonfinite && engine.any_nonfinite(prep.views.data(), prep.chunks.data(), num_chunks, stream);
-    if (!skip) engine.step(prep.algo, prep.views.data(), prep.chunks.data(), num_chunks, stream);
-    int32_t next = skip ? host_count : host_count + 1;  // pageable source: staged before the call returns
-    cuda_check(cudaMemcpyAsync(count_out->untyped_data(), &next, 4, cudaMemcpyHostToDevice, stream), "writing count");
+    run_step(cuda_engine(), prep, a, static_cast<const float*>(lr.untyped_data()),
+             static_cast<const int32_t*>(count.untyped_data()), static_cast<int32_t*>(count_out->untyped_data()),
+             static_cast<const int32_t*>(layout.untyped_data()), stream);
   });
 }
 

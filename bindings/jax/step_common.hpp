@@ -1,7 +1,9 @@
 // The device-independent part of the JAX fused step: decoding the FFI call
 // frame into lowbit::ParamViews over the XLA buffers, with every check made
-// before anything is written, then one call of the engine's step (the same
-// engine and per-element code as lowbit_optimizer_step).
+// before anything is written, then one bind and one step of the engine (the
+// same engine and per-element code as lowbit_optimizer_step). The engine reads
+// lr and count from their buffers and writes the new count itself, so on CUDA
+// nothing is copied to the host and nothing waits.
 //
 // Call protocol (kept in sync with bindings/lowbit/jax.py, kProtocolVersion):
 //   inputs   0: lr      f32[]          learning rate of this step (a buffer so
@@ -11,7 +13,9 @@
 //                                      format of moment 0, of moment 1, rounding
 //            3 + 7 i + k, k = 0..6:    param i, grad i, mu, mu_scale, nu,
 //                                      nu_scale, ecc (absent parts: 0 elements)
-//   outputs  0: count (aliases input 1), +1 unless the step was skipped
+//   outputs  0: count (aliases input 1), +1 unless the step was skipped (on
+//            CUDA also when lr is not finite and >= 0, count < 0, or the
+//            layout differs from the attributes: then nothing changes)
 //            1 + 6 i + k, k = 0..5:    param, mu, mu_scale, nu, nu_scale, ecc,
 //                                      each aliasing its input
 //   attributes: algorithm (s32, lowbit_algorithm_t), beta1, beta2, eps,
@@ -32,7 +36,6 @@
 
 #include "core/engine.hpp"
 #include "core/error.hpp"
-#include "core/rounding.hpp"
 #include "core/state.hpp"
 #include "core/step_scalars.hpp"
 #include "core/validation.hpp"
@@ -171,11 +174,15 @@ inline ffi::AnyBuffer ret_buffer(const ffi::RemainingRets& rets, size_t i) {
   return **b;
 }
 
-// Everything decoded and checked; views point at the output buffers.
+// Everything decoded and checked; views point at the output buffers. Leaves
+// with the same weight decay share a group.
 struct PreparedStep {
   Algo algo;
   std::vector<ParamView> views;
+  std::vector<GradView> grads;
   std::vector<Chunk> chunks;
+  std::vector<int32_t> groups;
+  std::vector<lowbit_hparams_t> hparams;  // per group; lr comes from the lr buffer
   // (dst, src, bytes): inputs to copy into outputs that XLA did not alias.
   struct Copy {
     void* dst;
@@ -190,9 +197,10 @@ class StepDecoder {
   StepDecoder(const StepAttrs& a, const ffi::RemainingArgs& args, const ffi::RemainingRets& rets)
       : a_(a), args_(args), rets_(rets) {}
 
-  // `lr`, `count` and `layout` are host copies of inputs 0..2; `layout_dims`
-  // the dims of input 2.
-  void prepare(float lr, int32_t count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
+  // `lr`, `count` and `layout`: inputs 0..2 when they are host memory (CPU),
+  // checked here; nullptr on CUDA, where the engine checks them on the device.
+  // `layout_dims`: the dims of input 2.
+  void prepare(const float* lr, const int32_t* count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
                PreparedStep& out) {
     const lowbit_algorithm_t algorithm = lowbit_algorithm_t(a_.algorithm);
     LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
@@ -210,8 +218,8 @@ class StepDecoder {
                    a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), " entries for ", n,
                    " params (expected N/N/2N)");
     split_names(n);
-    LOWBIT_REQUIRE(count >= 0 && count < INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ", count,
-                   " must be in [0, 2^31 - 1)");
+    LOWBIT_REQUIRE(!count || (*count >= 0 && *count < INT32_MAX), LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ",
+                   count ? *count : 0, " must be in [0, 2^31 - 1)");
     LOWBIT_REQUIRE(layout_dims.size() == 2 && layout_dims[0] == int64_t(n) && layout_dims[1] == 3,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "state.layout has shape ", shape_string(layout_dims),
                    " but the optimizer has ", n, " params: expected (", n,
@@ -219,7 +227,7 @@ class StepDecoder {
 
     lowbit_hparams_t h{};
     h.struct_size = sizeof(h);
-    h.lr = lr;
+    h.lr = lr ? *lr : 0.f;
     h.beta1 = a_.beta1;
     h.beta2 = a_.beta2;
     h.eps = a_.eps;
@@ -230,6 +238,9 @@ class StepDecoder {
 
     out.algo = engine_algo(algorithm);
     out.views.assign(n, ParamView{});
+    out.grads.assign(n, GradView{});
+    out.groups.assign(n, 0);
+    out.hparams.clear();
     out.chunks.clear();
     out.copies.clear();
     const int num_moments = moment_count(algorithm, a_.momentum);
@@ -240,11 +251,13 @@ class StepDecoder {
       } catch (const Error& e) {
         fail(e.status(), e.what(), " (param ", name(i), ")");
       }
+      size_t g = 0;
+      while (g < out.hparams.size() && out.hparams[g].weight_decay != h.weight_decay) ++g;
+      if (g == out.hparams.size()) out.hparams.push_back(h);
+      out.groups[i] = int32_t(g);
       LeafBuffers b = leaf(i);
       ParamView& v = out.views[i];
-      check_leaf(i, b, num_moments, layout + 3 * i, v);
-      v.scalars = make_step_scalars(h, algorithm, count);
-      v.rounding_key = rounding_key(a_.seed, uint64_t(i), uint64_t(count) + 1);
+      check_leaf(i, b, num_moments, layout ? layout + 3 * i : nullptr, v, out.grads[i]);
       append_chunks(out.chunks, int32_t(i), v.numel);
       // Views write into the outputs; an output XLA did not alias to its
       // input starts as a copy of it.
@@ -295,13 +308,14 @@ class StepDecoder {
          " (a state made for another param, dtype or format?)");
   }
 
-  void check_leaf(size_t i, const LeafBuffers& b, int num_moments, const int32_t* recorded, ParamView& v) const {
+  void check_leaf(size_t i, const LeafBuffers& b, int num_moments, const int32_t* recorded, ParamView& v,
+                  GradView& gv) const {
     const ffi::AnyBuffer& param = b.in[0];
     const ffi::AnyBuffer& grad = b.in[1];
     LOWBIT_REQUIRE(to_lowbit_dtype(param.element_type(), &v.param_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                    name(i), " has dtype ", ffi_dtype_name(param.element_type()),
                    "; lowbit updates float32, bfloat16 and float16 params");
-    LOWBIT_REQUIRE(to_lowbit_dtype(grad.element_type(), &v.grad_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ",
+    LOWBIT_REQUIRE(to_lowbit_dtype(grad.element_type(), &gv.dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ",
                    name(i), " has dtype ", ffi_dtype_name(grad.element_type()),
                    "; gradients must be float32, bfloat16 or float16");
     LOWBIT_REQUIRE(param.dimensions() == grad.dimensions(), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", name(i),
@@ -310,15 +324,15 @@ class StepDecoder {
     const int64_t numel = int64_t(param.element_count());
     v.numel = numel;
     v.param = b.out[0].untyped_data();
-    v.grad = grad.untyped_data();
+    gv.data = grad.untyped_data();
     v.num_moments = num_moments;
 
     const int32_t f[2] = {a_.formats[2 * i], a_.formats[2 * i + 1]};
     const int32_t rounding = a_.rounding[i];
-    LOWBIT_REQUIRE(recorded[0] == f[0] && recorded[1] == f[1] && recorded[2] == rounding,
+    LOWBIT_REQUIRE(!recorded || (recorded[0] == f[0] && recorded[1] == f[1] && recorded[2] == rounding),
                    LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": the state was created with ",
-                   formats_string(recorded[0], recorded[1], recorded[2]), " but this optimizer uses ",
-                   formats_string(f[0], f[1], rounding), " for it");
+                   recorded ? formats_string(recorded[0], recorded[1], recorded[2]) : std::string(),
+                   " but this optimizer uses ", formats_string(f[0], f[1], rounding), " for it");
     static const char* const data_part[2] = {"mu", "nu"};
     static const char* const scale_part[2] = {"mu_scale", "nu_scale"};
     for (int m = 0; m < 2; ++m) {
@@ -379,6 +393,24 @@ class StepDecoder {
   const ffi::RemainingRets& rets_;
   std::vector<std::string_view> names_;
 };
+
+// Binds the prepared leaves and enqueues the step on the engine: the engine
+// reads lr and count (and on CUDA checks the layout) in stream order and
+// writes count_out = count + 1 unless the step was skipped.
+inline void run_step(Engine& engine, const PreparedStep& prep, const StepAttrs& a, const float* lr,
+                     const int32_t* count, int32_t* count_out, const int32_t* device_layout, void* stream) {
+  const int64_t n = int64_t(prep.views.size());
+  engine.bind(prep.views.data(), n, prep.chunks.data(), int64_t(prep.chunks.size()), prep.groups.data(), 0, stream);
+  engine.set_hparams(prep.hparams.data(), int32_t(prep.hparams.size()));
+  StepControl ctl;
+  ctl.check_nonfinite = a.skip_nonfinite != 0;
+  ctl.seed = a.seed;
+  ctl.shared_count = count;
+  ctl.shared_count_out = count_out;
+  ctl.lr = lr;
+  ctl.layout = device_layout;
+  engine.step(prep.algo, prep.grads.data(), n, ctl, stream);
+}
 
 }  // namespace jaxffi
 }  // namespace lowbit

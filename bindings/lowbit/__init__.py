@@ -18,8 +18,7 @@ library's status, e.g. :class:`InvalidArgumentError` is also a ValueError)
 carrying the library's message.
 """
 
-from ._capi import Algorithm, CheckpointMode, CommBackend, CommCudaAware, Device, Dtype, StateFormat, Status
-from ._capi import VERSION as HEADER_VERSION
+from ._capi import Algorithm, CheckpointMode, CommBackend, CommCudaAware, Device, Dtype, Rounding, StateFormat, Status
 from ._lib import (
     ArrayError,
     BufferTooSmallError,
@@ -45,13 +44,21 @@ from ._lib import LIB as _LIB
 from ._comm import Communicator
 from ._optimizer import Optimizer, ParamInfo
 
-__version__ = "0.1.0"
 
 
 def version() -> str:
-    """Version of the loaded library, "MAJOR.MINOR.PATCH"."""
+    """Version of the loaded library, "MAJOR.MINOR.PATCH" (CMake's project
+    version, the one place it is written)."""
     v = _LIB.fn("lowbit_version")()
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+
+def __getattr__(name):
+    # The package version is the library's; read it (loading the library)
+    # only when asked.
+    if name == "__version__":
+        return version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def has_cuda() -> bool:
@@ -79,7 +86,6 @@ __all__ = [
     "CudaError",
     "Device",
     "Dtype",
-    "HEADER_VERSION",
     "InternalError",
     "InvalidArgumentError",
     "InvalidStateError",
@@ -91,6 +97,7 @@ __all__ = [
     "Optimizer",
     "OutOfMemoryError",
     "ParamInfo",
+    "Rounding",
     "StateFormat",
     "StateMismatchError",
     "Status",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import re
 from ctypes import (
     POINTER,
     c_char_p,
@@ -26,14 +27,6 @@ from ctypes import (
     c_uint64,
     c_void_p,
 )
-
-# ----------------------------------------------------------------- version
-
-VERSION_MAJOR = 0
-VERSION_MINOR = 1
-VERSION_PATCH = 0
-VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
-
 
 # ----------------------------------------------------------------- enums
 # C enums are int-sized on every ABI we target; they cross as c_int.
@@ -96,6 +89,14 @@ class StateFormat(enum.IntEnum):
     FORCE_INT32_MIN = -0x7FFFFFFF
 
 
+class Rounding(enum.IntEnum):
+    NEAREST = 0
+    STOCHASTIC = 1
+    ERROR_CORRECTION = 2
+    FORCE_INT32 = 0x7FFFFFFF
+    FORCE_INT32_MIN = -0x7FFFFFFF
+
+
 class CheckpointMode(enum.IntEnum):
     COMPRESSED = 1
     MATERIALIZED_FP32 = 2
@@ -129,17 +130,17 @@ ENUMS = {
     "lowbit_device_t": (Device, "LOWBIT_DEVICE_", {}),
     "lowbit_algorithm_t": (Algorithm, "LOWBIT_ALGORITHM_", {}),
     "lowbit_state_format_t": (StateFormat, "LOWBIT_STATE_", {"8BIT": "BIT8", "4BIT": "BIT4"}),
+    "lowbit_rounding_t": (Rounding, "LOWBIT_ROUNDING_", {}),
     "lowbit_checkpoint_mode_t": (CheckpointMode, "LOWBIT_CHECKPOINT_", {}),
     # lowbit_comm.h
     "lowbit_comm_backend_t": (CommBackend, "LOWBIT_COMM_BACKEND_", {}),
     "lowbit_comm_cuda_aware_t": (CommCudaAware, "LOWBIT_COMM_CUDA_AWARE_", {}),
 }
 
-# Integer macros of the headers (name -> value).
+# Integer macros of the headers (name -> value). The version macros live in
+# the generated lowbit_version.h; Python reads the version from the library
+# (lowbit.version()).
 MACROS = {
-    "LOWBIT_VERSION_MAJOR": VERSION_MAJOR,
-    "LOWBIT_VERSION_MINOR": VERSION_MINOR,
-    "LOWBIT_VERSION_PATCH": VERSION_PATCH,
     "LOWBIT_NCCL_UNIQUE_ID_BYTES": NCCL_UNIQUE_ID_BYTES,
 }
 
@@ -195,6 +196,17 @@ STRUCT_DECLS = {
         ("lowbit_state_format_t", "second_state_format"),
         ("int32_t", "stochastic_rounding"),
         ("int32_t", "error_correction"),
+    ],
+    "lowbit_state_plan_t": [
+        ("size_t", "struct_size"),
+        ("int32_t", "num_moments"),
+        ("lowbit_state_format_t[2]", "format"),
+        ("int64_t[2]", "block_size"),
+        ("int64_t[2]", "data_bytes"),
+        ("int64_t[2]", "scale_count"),
+        ("lowbit_rounding_t", "rounding"),
+        ("int64_t", "ecc_bytes"),
+        ("int64_t", "state_bytes"),
     ],
     "lowbit_param_info_t": [
         ("size_t", "struct_size"),
@@ -282,15 +294,29 @@ FUNCTION_DECLS = {
     "lowbit_optimizer_state_bytes": ("lowbit_status_t", ["lowbit_optimizer_t", "int64_t", "int64_t*"]),
     "lowbit_optimizer_read_moment": (
         "lowbit_status_t",
-        ["lowbit_optimizer_t", "int64_t", "int32_t", "float*", "int64_t"],
+        ["lowbit_optimizer_t", "int64_t", "int32_t", "float*", "int64_t", "void*"],
+    ),
+    "lowbit_optimizer_write_moment": (
+        "lowbit_status_t",
+        ["lowbit_optimizer_t", "int64_t", "int32_t", "const float*", "int64_t", "void*"],
+    ),
+    "lowbit_optimizer_set_step": ("lowbit_status_t", ["lowbit_optimizer_t", "int64_t", "int64_t", "void*"]),
+    "lowbit_optimizer_device_hparams": ("lowbit_status_t", ["lowbit_optimizer_t", "int32_t", "lowbit_hparams_t**"]),
+    "lowbit_plan_param_state": (
+        "lowbit_status_t",
+        ["const lowbit_optimizer_config_t*", "const lowbit_hparams_t*", "const lowbit_param_config_t*",
+         "lowbit_state_plan_t*"],
     ),
     "lowbit_optimizer_save": (
         "lowbit_status_t",
-        ["lowbit_optimizer_t", "lowbit_checkpoint_mode_t", "void*", "int64_t", "int64_t*"],
+        ["lowbit_optimizer_t", "lowbit_checkpoint_mode_t", "void*", "int64_t", "int64_t*", "void*"],
     ),
-    "lowbit_optimizer_save_file": ("lowbit_status_t", ["lowbit_optimizer_t", "lowbit_checkpoint_mode_t", "const char*"]),
-    "lowbit_optimizer_load": ("lowbit_status_t", ["lowbit_optimizer_t", "const void*", "int64_t"]),
-    "lowbit_optimizer_load_file": ("lowbit_status_t", ["lowbit_optimizer_t", "const char*"]),
+    "lowbit_optimizer_save_file": (
+        "lowbit_status_t",
+        ["lowbit_optimizer_t", "lowbit_checkpoint_mode_t", "const char*", "void*"],
+    ),
+    "lowbit_optimizer_load": ("lowbit_status_t", ["lowbit_optimizer_t", "const void*", "int64_t", "void*"]),
+    "lowbit_optimizer_load_file": ("lowbit_status_t", ["lowbit_optimizer_t", "const char*", "void*"]),
     # lowbit_comm.h
     "lowbit_comm_config_init": ("lowbit_status_t", ["lowbit_comm_config_t*"]),
     "lowbit_comm_create_mpi": (
@@ -365,6 +391,9 @@ _STRUCT_TYPES: dict = {}
 def ctype_of(ctype: str):
     """The ctypes type for a C type spelled as in the header."""
     t = ctype.strip()
+    array = re.fullmatch(r"(.*)\[(\d+)\]", t)
+    if array:
+        return ctype_of(array.group(1)) * int(array.group(2))
     if t.startswith("const "):
         t = t[len("const "):].strip()
     if t.endswith("*"):
@@ -398,6 +427,7 @@ Hparams = _struct_type("lowbit_hparams_t")
 OptimizerConfig = _struct_type("lowbit_optimizer_config_t")
 ParamConfig = _struct_type("lowbit_param_config_t")
 ParamInfo = _struct_type("lowbit_param_info_t")
+StatePlan = _struct_type("lowbit_state_plan_t")
 CommConfig = _struct_type("lowbit_comm_config_t")
 CommInfo = _struct_type("lowbit_comm_info_t")
 CommStats = _struct_type("lowbit_comm_stats_t")

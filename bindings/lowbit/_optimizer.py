@@ -520,13 +520,29 @@ class Optimizer:
 
     def read_moment(self, param_id: int, moment: int = 0) -> np.ndarray:
         """A dequantized float32 copy of moment 0 (first) or 1 (second) of a
-        param, shaped like the param."""
+        param, shaped like the param (after the work on the optimizer's stream)."""
         pid = self._pid(param_id)
         p = self._params[pid]
         out = np.empty(p.shape, dtype=np.float32)
         self._call("lowbit_optimizer_read_moment", c_int64(pid), c_int32(int(moment)),
-                   out.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(out.size))
+                   out.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(out.size), c_void_p(self.stream))
         return out
+
+    def write_moment(self, param_id: int, moment, values) -> None:
+        """Replace moment 0 or 1 of a param by `values` (any array-like with
+        the param's number of elements, converted to float32 on the host); the
+        library encodes them into the param's state format. Values must be
+        finite, and a second moment >= 0; on error nothing changes."""
+        pid = self._pid(param_id)
+        v = np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
+        self._call("lowbit_optimizer_write_moment", c_int64(pid), c_int32(int(moment)),
+                   v.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(v.size), c_void_p(self.stream))
+
+    def set_step(self, step: int, param_id: int | None = None) -> None:
+        """Set the number of steps applied to one param, or to every param
+        (bias corrections and stochastic-rounding bits follow it)."""
+        pid = -1 if param_id is None else self._pid(param_id)
+        self._call("lowbit_optimizer_set_step", c_int64(pid), c_int64(int(step)), c_void_p(self.stream))
 
     def param(self, param_id: int):
         """The array registered as param `param_id`."""
@@ -540,14 +556,15 @@ class Optimizer:
         'fp32' or 'bf16' (materialised moments)."""
         m = int(parse_checkpoint_mode(mode))
         size = c_int64(0)
-        self._call("lowbit_optimizer_save", m, None, c_int64(0), byref(size))
+        self._call("lowbit_optimizer_save", m, None, c_int64(0), byref(size), c_void_p(self.stream))
         buf = ctypes.create_string_buffer(max(size.value, 1))
         written = c_int64(0)
-        self._call("lowbit_optimizer_save", m, buf, c_int64(size.value), byref(written))
+        self._call("lowbit_optimizer_save", m, buf, c_int64(size.value), byref(written), c_void_p(self.stream))
         return buf.raw[: written.value]
 
     def save_file(self, path, mode="compressed") -> None:
-        self._call("lowbit_optimizer_save_file", int(parse_checkpoint_mode(mode)), os.fsencode(path))
+        self._call("lowbit_optimizer_save_file", int(parse_checkpoint_mode(mode)), os.fsencode(path),
+                   c_void_p(self.stream))
 
     def load(self, data) -> None:
         """Load a checkpoint made by save() (any mode) into this optimizer,
@@ -560,7 +577,7 @@ class Optimizer:
                 buf, n = mv.tobytes(), mv.nbytes
             else:
                 buf, n = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B")), mv.nbytes
-        self._call("lowbit_optimizer_load", buf, c_int64(n))
+        self._call("lowbit_optimizer_load", buf, c_int64(n), c_void_p(self.stream))
 
     def load_file(self, path) -> None:
-        self._call("lowbit_optimizer_load_file", os.fsencode(path))
+        self._call("lowbit_optimizer_load_file", os.fsencode(path), c_void_p(self.stream))

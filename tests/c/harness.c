@@ -391,11 +391,11 @@ void harness_run(const hcfg_t* cfg, uint64_t seed, hres_t* res) {
         for (int64_t e = 0; e < n; ++e) snap_p[i][e] = tensor_get(q->p, q->spec.pdt, e);
         if (q->nm >= 1) {
           snap_m[i] = xcalloc((size_t)n, sizeof(float));
-          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 0, snap_m[i], n));
+          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 0, snap_m[i], n, NULL));
         }
         if (q->nm >= 2) {
           snap_v[i] = xcalloc((size_t)n, sizeof(float));
-          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 1, snap_v[i], n));
+          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 1, snap_v[i], n, NULL));
         }
       }
     }
@@ -420,7 +420,7 @@ void harness_run(const hcfg_t* cfg, uint64_t seed, hres_t* res) {
                 !(isnan(snap_p[i][e]) && isnan(tensor_get(q->p, q->spec.pdt, e))))
               fail_msg("%s step %d: param %d had no grad but element %lld changed", cfg->name, s, i, (long long)e);
           for (int m = 0; m < q->nm; ++m) {
-            CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, m, S.rd, n));
+            CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, m, S.rd, n, NULL));
             if (memcmp(S.rd, m ? snap_v[i] : snap_m[i], (size_t)n * sizeof(float)) != 0)
               fail_msg("%s step %d: param %d had no grad but moment %d changed", cfg->name, s, i, m);
           }
@@ -471,12 +471,12 @@ void harness_run(const hcfg_t* cfg, uint64_t seed, hres_t* res) {
         }
         if (q->nm >= 1) {
           ref_store_moment(q->f[0], 0, S.em, S.sqm, S.am, n);
-          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 0, S.rd, n));
+          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 0, S.rd, n, NULL));
           bad += compare_moment(cfg->name, i, q->f[0], S.rd, S.em, S.sqm, S.sm, S.am, n, &res->m_flips, &S, 0);
         }
         if (q->nm >= 2) {
           ref_store_moment(q->f[1], 1, S.ev, S.sqv, S.av, n);
-          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 1, S.rd, n));
+          CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 1, S.rd, n, NULL));
           bad += compare_moment(cfg->name, i, q->f[1], S.rd, S.ev, S.sqv, S.sv, S.av, n, &res->v_flips, &S, 1);
         }
         if (bad) fail_msg("%s: step %d, param %d: %lld lockstep mismatches (seed %llu)", cfg->name, s, i,

@@ -102,7 +102,7 @@ static void snap_take(const fixture_t* f, snapshot_t* s) {
     memcpy(s->p[i], f->p[i], bytes);
     for (int m = 0; m < 2; ++m) {
       s->m[i][m] = calloc((size_t)kNumel[i], 4);
-      CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, i, m, s->m[i][m], kNumel[i]));
+      CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, i, m, s->m[i][m], kNumel[i], NULL));
     }
     s->info[i].struct_size = sizeof s->info[i];
     CHECK_OK(f->opt, lowbit_optimizer_param_info(f->opt, i, &s->info[i]));
@@ -201,8 +201,8 @@ static void final_good_step(fixture_t* f, uint64_t seed) {
   float* m0 = calloc((size_t)kNumel[0], 4);
   float* v0 = calloc((size_t)kNumel[0], 4);
   double* p0 = calloc((size_t)kNumel[0], 8);
-  CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, 0, 0, m0, kNumel[0]));
-  CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, 0, 1, v0, kNumel[0]));
+  CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, 0, 0, m0, kNumel[0], NULL));
+  CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, 0, 1, v0, kNumel[0], NULL));
   for (int64_t e = 0; e < kNumel[0]; ++e) p0[e] = ((float*)f->p[0])[e];
   fill_grads(f, seed + 999);
   fill_grads(&twin, seed + 999);
@@ -219,8 +219,8 @@ static void final_good_step(fixture_t* f, uint64_t seed) {
     float* a = calloc((size_t)kNumel[i], 4);
     float* b = calloc((size_t)kNumel[i], 4);
     for (int m = 0; m < 2; ++m) {
-      CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, i, m, a, kNumel[i]));
-      CHECK_OK(twin.opt, lowbit_optimizer_read_moment(twin.opt, i, m, b, kNumel[i]));
+      CHECK_OK(f->opt, lowbit_optimizer_read_moment(f->opt, i, m, a, kNumel[i], NULL));
+      CHECK_OK(twin.opt, lowbit_optimizer_read_moment(twin.opt, i, m, b, kNumel[i], NULL));
       if (memcmp(a, b, (size_t)kNumel[i] * 4)) fail_msg("moment %d of param %d differs from the twin", m, i);
     }
     free(a);
@@ -321,7 +321,7 @@ static void test_destroy_null_and_null_handles(void** state) {
   BAD_TLS(NULL, NULL, lowbit_optimizer_num_params(NULL, &i64), LOWBIT_ERROR_NULL_POINTER, "opt|handle");
   BAD_TLS(NULL, NULL, lowbit_optimizer_param_info(NULL, 0, &info), LOWBIT_ERROR_NULL_POINTER, "opt|handle");
   BAD_TLS(NULL, NULL, lowbit_optimizer_state_bytes(NULL, 0, &i64), LOWBIT_ERROR_NULL_POINTER, "opt|handle");
-  BAD_TLS(NULL, NULL, lowbit_optimizer_read_moment(NULL, 0, 0, buf, 4), LOWBIT_ERROR_NULL_POINTER, "opt|handle");
+  BAD_TLS(NULL, NULL, lowbit_optimizer_read_moment(NULL, 0, 0, buf, 4, NULL), LOWBIT_ERROR_NULL_POINTER, "opt|handle");
   /* the init helpers */
   BAD_TLS(NULL, NULL, lowbit_hparams_init(NULL, LOWBIT_ALGORITHM_ADAMW), LOWBIT_ERROR_NULL_POINTER, "hparams");
   BAD_TLS(NULL, NULL, lowbit_hparams_init(&h, (lowbit_algorithm_t)0), LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm");
@@ -699,13 +699,13 @@ static void test_queries(void** state) {
   float* buf = calloc(5000, 4);
   lowbit_param_info_t info;
   int64_t i64;
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 3, 0, buf, 1000), LOWBIT_ERROR_INVALID_ARGUMENT, "param");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, -1, 0, buf, 1000), LOWBIT_ERROR_INVALID_ARGUMENT, "param");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 2, buf, 1000), LOWBIT_ERROR_INVALID_ARGUMENT, "moment");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, -1, buf, 1000), LOWBIT_ERROR_INVALID_ARGUMENT, "moment");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 0, buf, 999), LOWBIT_ERROR_INVALID_ARGUMENT, "numel");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 1, 0, buf, 5001), LOWBIT_ERROR_INVALID_ARGUMENT, "numel");
-  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 0, NULL, 1000), LOWBIT_ERROR_NULL_POINTER, "out");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 3, 0, buf, 1000, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "param");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, -1, 0, buf, 1000, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "param");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 2, buf, 1000, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "moment");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, -1, buf, 1000, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "moment");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 0, buf, 999, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "numel");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 1, 0, buf, 5001, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "numel");
+  BAD(&f, &s, lowbit_optimizer_read_moment(f.opt, 0, 0, NULL, 1000, NULL), LOWBIT_ERROR_NULL_POINTER, "out");
   info.struct_size = sizeof info;
   BAD(&f, &s, lowbit_optimizer_param_info(f.opt, 3, &info), LOWBIT_ERROR_INVALID_ARGUMENT, "param");
   BAD(&f, &s, lowbit_optimizer_param_info(f.opt, 0, NULL), LOWBIT_ERROR_NULL_POINTER, "out");
@@ -730,8 +730,8 @@ static void test_queries(void** state) {
     int64_t id;
     CHECK_OK(o2, lowbit_optimizer_add_param(o2, &pc, &id));
     float m[100];
-    CHECK_OK(o2, lowbit_optimizer_read_moment(o2, 0, 0, m, 100));
-    EXPECT(lowbit_optimizer_read_moment(o2, 0, 1, m, 100), LOWBIT_ERROR_INVALID_ARGUMENT,
+    CHECK_OK(o2, lowbit_optimizer_read_moment(o2, 0, 0, m, 100, NULL));
+    EXPECT(lowbit_optimizer_read_moment(o2, 0, 1, m, 100, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
                  lowbit_optimizer_last_error(o2), "moment", "Lion second moment");
     lowbit_optimizer_destroy(o2);
   }

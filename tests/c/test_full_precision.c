@@ -264,8 +264,8 @@ static int nf_same_state(nf_fixture_t* a, nf_fixture_t* b) {
     float* x = calloc((size_t)a->numel[i], 4);
     float* y = calloc((size_t)a->numel[i], 4);
     for (int m = 0; m < 2; ++m) {
-      CHECK_OK(a->opt, lowbit_optimizer_read_moment(a->opt, i, m, x, a->numel[i]));
-      CHECK_OK(b->opt, lowbit_optimizer_read_moment(b->opt, i, m, y, a->numel[i]));
+      CHECK_OK(a->opt, lowbit_optimizer_read_moment(a->opt, i, m, x, a->numel[i], NULL));
+      CHECK_OK(b->opt, lowbit_optimizer_read_moment(b->opt, i, m, y, a->numel[i], NULL));
       if (memcmp(x, y, (size_t)a->numel[i] * 4)) {
         free(x);
         free(y);
@@ -397,8 +397,8 @@ static void test_nonfinite_propagates(void** state) {
   float* ma = calloc(1000, 4);
   float* mb = calloc(1000, 4);
   for (int m = 0; m < 2; ++m) {
-    CHECK_OK(a.opt, lowbit_optimizer_read_moment(a.opt, 0, m, ma, 1000));
-    CHECK_OK(b.opt, lowbit_optimizer_read_moment(b.opt, 0, m, mb, 1000));
+    CHECK_OK(a.opt, lowbit_optimizer_read_moment(a.opt, 0, m, ma, 1000, NULL));
+    CHECK_OK(b.opt, lowbit_optimizer_read_moment(b.opt, 0, m, mb, 1000, NULL));
     assert_true(isnan(ma[e]));
     for (int64_t i = 0; i < 1000; ++i)
       if (i != e && memcmp(&ma[i], &mb[i], 4)) fail_msg("moment %d element %lld differs from the twin", m, (long long)i);

@@ -252,7 +252,7 @@ static void test_quantizer_exact(void** state) {
       int64_t id = -1;
       CHECK_OK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
       CHECK_OK(opt, lowbit_optimizer_step(opt, NULL));
-      CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, second, got, n));
+      CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, second, got, n, NULL));
       for (int64_t i = 0; i < n; ++i) in[i] = second ? (double)(float)((double)grad[i] * grad[i]) : (double)grad[i];
       ref_store_moment(fmts[fi], second, in, want, NULL, n);
       int64_t bad = 0;
@@ -485,7 +485,7 @@ static void test_zero_blocks(void** state) {
       int nm = a->algo == LOWBIT_ALGORITHM_ADAMW || a->algo == LOWBIT_ALGORITHM_ADAM ? 2 : 1;
       float* mom = calloc((size_t)n, 4);
       for (int m = 0; m < nm; ++m) {
-        CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, m, mom, n));
+        CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, m, mom, n, NULL));
         for (int64_t e = 0; e < n; ++e) {
           int zero = (e / 256) % 2 == 0;
           if (zero && mom[e] != 0.f)
@@ -611,8 +611,8 @@ static void test_single_step_error(void** state) {
   const int steps = 3;
   for (int s = 0; s < steps; ++s) {
     for (int64_t e = 0; e < n; ++e) g[e] = (float)(0.01 * rng_normal(&r));
-    if (nm >= 1) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m0, n));
-    if (nm >= 2) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 1, v0, n));
+    if (nm >= 1) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m0, n, NULL));
+    if (nm >= 2) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 1, v0, n, NULL));
     ref_step_t kc = ref_step_consts(&hp, s + 1);
     double* mref = calloc((size_t)n, 8);
     double* vref = calloc((size_t)n, 8);
@@ -625,8 +625,8 @@ static void test_single_step_error(void** state) {
       vref[e] = vv;
     }
     CHECK_OK(opt, lowbit_optimizer_step(opt, NULL));
-    if (nm >= 1) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m1, n));
-    if (nm >= 2) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 1, v1, n));
+    if (nm >= 1) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m1, n, NULL));
+    if (nm >= 2) CHECK_OK(opt, lowbit_optimizer_read_moment(opt, 0, 1, v1, n, NULL));
     double sum_err = 0, sum_rel = 0;
     for (int64_t e = 0; e < n; ++e) {
       double err = fabs(tensor_get(p, pd, e) - pref[e]);

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "lowbit.h"
+#include "../common/test_seed.h"
 
 #define NP 3
 static const int64_t kSizes[NP] = {5000, 257, 9001}; /* 257 stays fp32 under the threshold */
@@ -85,10 +86,10 @@ static void destroy(Fixture* f) {
 }
 
 static uint8_t* save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, int64_t* size) {
-  assert_int_equal(lowbit_optimizer_save(opt, mode, NULL, 0, size), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_save(opt, mode, NULL, 0, size, NULL), LOWBIT_SUCCESS);
   uint8_t* buf = malloc((size_t)*size);
   int64_t written;
-  assert_int_equal(lowbit_optimizer_save(opt, mode, buf, *size, &written), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_save(opt, mode, buf, *size, &written, NULL), LOWBIT_SUCCESS);
   assert_int_equal(written, *size);
   return buf;
 }
@@ -116,7 +117,7 @@ static void test_resume_is_bit_identical(void** state) {
         int64_t size;
         uint8_t* buf = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &size);
         copy_params(&y, &x);
-        assert_int_equal(lowbit_optimizer_load(y.opt, buf, size), LOWBIT_SUCCESS);
+        assert_int_equal(lowbit_optimizer_load(y.opt, buf, size, NULL), LOWBIT_SUCCESS);
         run_steps(&x, 5, 5);
         run_steps(&y, 5, 5);
         assert_same_params(&x, &y);
@@ -133,7 +134,7 @@ static void test_resume_is_bit_identical(void** state) {
 static void read_all(lowbit_optimizer_t opt, int moment, float** out) {
   for (int i = 0; i < NP; ++i) {
     out[i] = malloc(kSizes[i] * 4);
-    assert_int_equal(lowbit_optimizer_read_moment(opt, i, moment, out[i], kSizes[i]), LOWBIT_SUCCESS);
+    assert_int_equal(lowbit_optimizer_read_moment(opt, i, moment, out[i], kSizes[i], NULL), LOWBIT_SUCCESS);
   }
 }
 
@@ -157,8 +158,8 @@ static void test_across_formats(void** state) {
       lowbit_checkpoint_mode_t mode = modes[mi];
       int64_t size;
       uint8_t* buf = save(q.opt, mode, &size);
-      assert_int_equal(lowbit_optimizer_load(full.opt, buf, size), LOWBIT_SUCCESS);
-      assert_int_equal(lowbit_optimizer_load(q2.opt, buf, size), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_optimizer_load(full.opt, buf, size, NULL), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_optimizer_load(q2.opt, buf, size, NULL), LOWBIT_SUCCESS);
       for (int m = 0; m < 2; ++m) {
         float *a[NP], *b[NP], *c[NP];
         read_all(q.opt, m, a);
@@ -201,16 +202,16 @@ static void test_file_round_trip(void** state) {
   run_steps(&x, 0, 3);
   char path[64];
   snprintf(path, sizeof path, "/tmp/lowbit_ckpt_%d.bin", (int)g_seed);
-  assert_int_equal(lowbit_optimizer_save_file(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, path), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_save_file(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, path, NULL), LOWBIT_SUCCESS);
   copy_params(&y, &x);
-  assert_int_equal(lowbit_optimizer_load_file(y.opt, path), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_load_file(y.opt, path, NULL), LOWBIT_SUCCESS);
   run_steps(&x, 3, 2);
   run_steps(&y, 3, 2);
   assert_same_params(&x, &y);
   remove(path);
-  assert_int_equal(lowbit_optimizer_load_file(y.opt, "/nonexistent/dir/ckpt.bin"), LOWBIT_ERROR_IO);
+  assert_int_equal(lowbit_optimizer_load_file(y.opt, "/nonexistent/dir/ckpt.bin", NULL), LOWBIT_ERROR_IO);
   assert_non_null(strstr(lowbit_optimizer_last_error(y.opt), "/nonexistent/dir/ckpt.bin"));
-  assert_int_equal(lowbit_optimizer_save_file(y.opt, LOWBIT_CHECKPOINT_COMPRESSED, "/nonexistent/dir/x"),
+  assert_int_equal(lowbit_optimizer_save_file(y.opt, LOWBIT_CHECKPOINT_COMPRESSED, "/nonexistent/dir/x", NULL),
                    LOWBIT_ERROR_IO);
   destroy(&x), destroy(&y);
 }
@@ -219,7 +220,7 @@ static void test_file_round_trip(void** state) {
 static uint8_t* snapshot(lowbit_optimizer_t opt, int64_t* size) { return save(opt, LOWBIT_CHECKPOINT_COMPRESSED, size); }
 
 static void expect_rejected(Fixture* y, const uint8_t* bytes, int64_t size, const uint8_t* before, int64_t before_size) {
-  lowbit_status_t s = lowbit_optimizer_load(y->opt, bytes, size);
+  lowbit_status_t s = lowbit_optimizer_load(y->opt, bytes, size, NULL);
   assert_true(s == LOWBIT_ERROR_CORRUPT_DATA || s == LOWBIT_ERROR_VERSION_MISMATCH || s == LOWBIT_ERROR_STATE_MISMATCH);
   assert_true(strlen(lowbit_optimizer_last_error(y->opt)) > 0);
   int64_t after_size;
@@ -254,13 +255,13 @@ static void test_bad_files_change_nothing(void** state) {
   /* Wrong version with a valid checksum: VERSION_MISMATCH. */
   memcpy(bad, good, (size_t)size);
   bad[8] = 99;
-  assert_int_equal(lowbit_optimizer_load(y.opt, bad, size), LOWBIT_ERROR_VERSION_MISMATCH);
+  assert_int_equal(lowbit_optimizer_load(y.opt, bad, size, NULL), LOWBIT_ERROR_VERSION_MISMATCH);
   assert_non_null(strstr(lowbit_optimizer_last_error(y.opt), "version"));
   /* Trailing garbage. */
   uint8_t* longer = calloc((size_t)size + 8, 1);
   memcpy(longer, good, (size_t)size);
   expect_rejected(&y, longer, size + 8, before, before_size);
-  assert_int_equal(lowbit_optimizer_load(y.opt, NULL, size), LOWBIT_ERROR_NULL_POINTER);
+  assert_int_equal(lowbit_optimizer_load(y.opt, NULL, size, NULL), LOWBIT_ERROR_NULL_POINTER);
 
   /* Mismatched optimizers: other param count, other sizes, other algorithm. */
   lowbit_optimizer_config_t c;
@@ -275,24 +276,24 @@ static void test_bad_files_change_nothing(void** state) {
   pc.param = (lowbit_tensor_t){p, 5000, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
   int64_t id;
   assert_int_equal(lowbit_optimizer_add_param(z, &pc, &id), LOWBIT_SUCCESS);
-  assert_int_equal(lowbit_optimizer_load(z, good, size), LOWBIT_ERROR_STATE_MISMATCH);
+  assert_int_equal(lowbit_optimizer_load(z, good, size, NULL), LOWBIT_ERROR_STATE_MISMATCH);
   assert_non_null(strstr(lowbit_optimizer_last_error(z), "params"));
   lowbit_optimizer_destroy(z);
   Fixture lion;
   make(&lion, LOWBIT_ALGORITHM_LION, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1);
-  assert_int_equal(lowbit_optimizer_load(lion.opt, good, size), LOWBIT_ERROR_STATE_MISMATCH);
+  assert_int_equal(lowbit_optimizer_load(lion.opt, good, size, NULL), LOWBIT_ERROR_STATE_MISMATCH);
   assert_non_null(strstr(lowbit_optimizer_last_error(lion.opt), "algorithm"));
 
   /* Buffer too small. */
   int64_t out;
   uint8_t small[16];
-  assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, small, 16, &out), LOWBIT_ERROR_BUFFER_TOO_SMALL);
+  assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, small, 16, &out, NULL), LOWBIT_ERROR_BUFFER_TOO_SMALL);
   assert_int_equal(out, size);
-  assert_int_equal(lowbit_optimizer_save(x.opt, (lowbit_checkpoint_mode_t)7, NULL, 0, &out), LOWBIT_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(lowbit_optimizer_save(x.opt, (lowbit_checkpoint_mode_t)7, NULL, 0, &out, NULL), LOWBIT_ERROR_INVALID_ARGUMENT);
   assert_non_null(strstr(lowbit_optimizer_last_error(x.opt), "mode"));
 
   /* And y still steps like x did from the same point. */
-  assert_int_equal(lowbit_optimizer_load(y.opt, good, size), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_load(y.opt, good, size, NULL), LOWBIT_SUCCESS);
   copy_params(&y, &x);
   run_steps(&x, 3, 2);
   run_steps(&y, 3, 2);
@@ -302,8 +303,7 @@ static void test_bad_files_change_nothing(void** state) {
 }
 
 int main(void) {
-  g_seed = (unsigned)time(NULL);
-  printf("test_checkpoint seed %u\n", g_seed);
+  g_seed = (unsigned)lowbit_test_seed("test_checkpoint");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resume_is_bit_identical),
       cmocka_unit_test(test_across_formats),

@@ -141,9 +141,9 @@ typedef struct {
 
 static Ckpt save(Run* r) {
   Ckpt k;
-  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &k.opt_size));
+  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &k.opt_size, NULL));
   k.opt = malloc((size_t)k.opt_size);
-  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, k.opt, k.opt_size, &k.opt_size));
+  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, k.opt, k.opt_size, &k.opt_size, NULL));
   OK(lowbit_comm_save_errors(r->comm, NULL, 0, &k.errs_size, NULL));
   k.errs = malloc((size_t)k.errs_size + 1);
   OK(lowbit_comm_save_errors(r->comm, k.errs, k.errs_size, &k.errs_size, NULL));
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     train(&a, at);
     Ckpt k = save(&a);
     memcpy(b.w, a.w, sizeof a.w), memcpy(b.b, a.b, sizeof a.b);
-    OK(lowbit_optimizer_load(b.opt, k.opt, k.opt_size));
+    OK(lowbit_optimizer_load(b.opt, k.opt, k.opt_size, NULL));
     if (at >= freeze) OK(lowbit_comm_load_errors(b.comm, k.errs, k.errs_size, NULL));
     train(&a, 25);
     train(&b, 25);
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   setup(&m, 10, mask);
   train(&m, 30);
   float mom[NW];
-  OK(lowbit_optimizer_read_moment(m.opt, 0, 0, mom, NW));
+  OK(lowbit_optimizer_read_moment(m.opt, 0, 0, mom, NW, NULL));
   int nonzero = 0;
   for (int i = 0; i < NW; ++i) {
     if (!mask[i]) CHECK(mom[i] == 0.f, "masked momentum %d is %g", i, mom[i]);

@@ -27,6 +27,7 @@ extern "C" {
 #endif
 
 #include "lowbit.h"
+#include "../common/test_seed.h"
 
 #define CT_SKIP 77
 
@@ -60,12 +61,7 @@ static inline int ct_gpu_available(void) {
 
 /* ---- random bits ---------------------------------------------------------- */
 
-static inline uint64_t ct_seed(void) {
-  const char* s = getenv("LOWBIT_TEST_SEED");
-  uint64_t seed = s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
-  printf("seed %llu (set LOWBIT_TEST_SEED to repeat)\n", (unsigned long long)seed);
-  return seed;
-}
+static inline uint64_t ct_seed(void) { return lowbit_test_seed("CUDA suite"); }
 
 static inline uint64_t ct_next(uint64_t* s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -158,10 +154,10 @@ static inline int ct_ckpt_parse(ct_ckpt_t* c, int64_t got);
 /* Saves `opt` compressed and indexes it; returns 0 on any inconsistency. */
 static inline int ct_ckpt_read(lowbit_optimizer_t opt, ct_ckpt_t* c) {
   memset(c, 0, sizeof *c);
-  if (lowbit_optimizer_save(opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &c->size) != LOWBIT_SUCCESS) return 0;
+  if (lowbit_optimizer_save(opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &c->size, NULL) != LOWBIT_SUCCESS) return 0;
   c->bytes = (uint8_t*)malloc((size_t)c->size);
   int64_t got = 0;
-  if (!c->bytes || lowbit_optimizer_save(opt, LOWBIT_CHECKPOINT_COMPRESSED, c->bytes, c->size, &got) != LOWBIT_SUCCESS)
+  if (!c->bytes || lowbit_optimizer_save(opt, LOWBIT_CHECKPOINT_COMPRESSED, c->bytes, c->size, &got, NULL) != LOWBIT_SUCCESS)
     return 0;
   return ct_ckpt_parse(c, got);
 }

@@ -1,23 +1,23 @@
-// The device-resident step of the CUDA engine (the proposed Engine
-// interface), captured once in a CUDA graph and replayed 12 times.
+// A step of the CUDA engine captured once in a CUDA graph and replayed 12
+// times.
 //
-// The graph holds: per-step table upload, non-finite check, the step kernel,
-// and the step-count update. Between replays only device memory changes: new
-// gradient values in the captured buffers, a new lr for group 0 in the
-// device hparams array (replay 5), a NaN gradient (replay 8, which must
-// change nothing, step counts included, and raise the skipped flag). Each
-// replay must match the CPU engine stepping with the scalars Optimizer would
-// compute for each parameter's own step count (bias corrections, SGD's first
-// step, the stochastic-rounding key): bias corrections change every replay,
-// so a graph with baked-in scalars would fail this. Parameters cover 8-bit,
-// 4-bit, FP8 and bf16 state, fp32/bf16/fp16 params with nearest, stochastic
-// and error-correction rounding, an unaligned param, two groups, and one
+// The graph holds: the per-step table upload, the scalars from the device
+// hparams and step counts, the non-finite check, the step kernel, the
+// step-count update and the copy of the skip flag. Between replays only
+// device memory changes: new gradient values in the captured buffers, a new
+// lr for group 0 written into the engine's device hparams (replay 5), a NaN
+// gradient (replay 8, which must change nothing, step counts included, and
+// raise the skipped flag). Each replay must match the CPU engine stepping
+// with its own hparams and step counts (bias corrections, SGD's first step,
+// the stochastic-rounding key): bias corrections change every replay, so a
+// graph with baked-in scalars would fail this. Parameters cover 8-bit, 4-bit,
+// FP8 and bf16 state, fp32/bf16/fp16 params with nearest, stochastic and
+// error-correction rounding, an unaligned param, two groups, and one
 // parameter without a gradient (never updated, step count stays 0).
 //
-// Expected: bit-identical (the device computes the bias corrections with the
-// same double-precision formula; CUDA's pow may differ from the host's by an
-// ulp of double, which almost never changes the float result), checked with
-// the tolerances of cuda_test_util.h.
+// Expected: bit-identical (both engines compute the scalars with the same
+// IEEE double operations, core/step_scalars.hpp), checked with the
+// tolerances of cuda_test_util.h.
 #define CT_ENGINE_ONLY
 #include "cuda_test_util.h"
 
@@ -27,9 +27,7 @@
 #include <vector>
 
 #include "core/engine.hpp"
-#include "core/rounding.hpp"
 #include "core/state.hpp"
-#include "core/step_scalars.hpp"
 #include "cuda/cuda_engine.hpp"
 
 using namespace lowbit;
@@ -70,6 +68,7 @@ struct Side {
   Engine* eng = nullptr;
   bool gpu = false;
   std::vector<ParamView> views;
+  std::vector<GradView> grads;
   std::vector<void*> owned;        // engine allocations
   std::vector<void*> dev_buffers;  // cudaMalloc'ed params/grads (GPU side)
   std::vector<std::vector<uint8_t>> host_param, host_grad;
@@ -97,6 +96,7 @@ void* device_tensor(Side& s, int64_t n, lowbit_dtype_t d, int unaligned) {
 
 void build(Side& s, Algo algo, const std::vector<std::vector<uint8_t>>& init) {
   s.views.resize(kNP);
+  s.grads.resize(kNP);
   s.host_param.resize(kNP);
   s.host_grad.resize(kNP);
   const int nm = algo == Algo::AdamW || algo == Algo::Adam ? 2 : 1;
@@ -106,18 +106,18 @@ void build(Side& s, Algo algo, const std::vector<std::vector<uint8_t>>& init) {
     v = ParamView{};
     v.numel = sp.numel;
     v.param_dtype = sp.pdt;
-    v.grad_dtype = sp.gdt;
+    s.grads[size_t(i)].dtype = sp.gdt;
     v.rounding = sp.pdt == LOWBIT_DTYPE_FLOAT32 ? WeightRounding::Nearest : sp.rounding;
     const size_t pbytes = size_t(sp.numel) * ct_dtype_bytes(sp.pdt), gbytes = size_t(sp.numel) * ct_dtype_bytes(sp.gdt);
     if (s.gpu) {
       v.param = device_tensor(s, sp.numel, sp.pdt, sp.unaligned);
       CT_CUDA(cudaMemcpy(v.param, init[size_t(i)].data(), pbytes, cudaMemcpyHostToDevice));
-      v.grad = sp.has_grad ? device_tensor(s, sp.numel, sp.gdt, sp.unaligned) : nullptr;
+      s.grads[size_t(i)].data = sp.has_grad ? device_tensor(s, sp.numel, sp.gdt, sp.unaligned) : nullptr;
     } else {
       s.host_param[size_t(i)] = init[size_t(i)];
       s.host_grad[size_t(i)].resize(gbytes);
       v.param = s.host_param[size_t(i)].data();
-      v.grad = sp.has_grad ? s.host_grad[size_t(i)].data() : nullptr;
+      s.grads[size_t(i)].data = sp.has_grad ? s.host_grad[size_t(i)].data() : nullptr;
     }
     v.num_moments = nm;
     const lowbit_state_format_t f[2] = {sp.m, sp.v};
@@ -172,17 +172,24 @@ void run(Algo algo, const char* name) {
     append_chunks(chunks, i, kSpecs[i].numel);
     groups.push_back(kSpecs[i].group);
   }
-  lowbit_hparams_t* d_hp = nullptr;
-  CT_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_hp), sizeof hp));
-  CT_CUDA(cudaMemcpy(d_hp, hp, sizeof hp, cudaMemcpyHostToDevice));
   cudaStream_t s;
   CT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  gpu_engine->bind(gpu.views.data(), kNP, chunks.data(), int64_t(chunks.size()), groups.data(), s);
-  gpu_engine->set_device_scalars(d_hp, seed);
+  cpu_engine->bind(cpu.views.data(), kNP, chunks.data(), int64_t(chunks.size()), groups.data(), 0, nullptr);
+  cpu_engine->set_hparams(hp, 2);
+  gpu_engine->bind(gpu.views.data(), kNP, chunks.data(), int64_t(chunks.size()), groups.data(), 0, s);
+  gpu_engine->set_hparams(hp, 2);
+  StepControl ctl;
+  ctl.check_nonfinite = true;
+  ctl.seed = seed;
+  // One step outside the capture uploads the hparams, so the graph itself
+  // reads them from device memory at every replay.
+  std::vector<GradView> none(kNP);
+  gpu_engine->step(algo, none.data(), kNP, ctl, s);
+  cpu_engine->step(algo, none.data(), kNP, ctl, nullptr);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  gpu_engine->enqueue_step(algo, gpu.views.data(), kNP, true, s);
+  gpu_engine->step(algo, gpu.grads.data(), kNP, ctl, s);
   CT_CUDA(cudaStreamEndCapture(s, &graph));
   CT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -193,33 +200,28 @@ void run(Algo algo, const char* name) {
       std::vector<uint8_t>& g = cpu.host_grad[size_t(i)];
       ct_fill(g.data(), kSpecs[i].gdt, kSpecs[i].numel, -12, 0, &g_rng);
       if (r == kNanReplay && i == 1) ct_set_nan(g.data(), kSpecs[i].gdt, 4000);
-      CT_CUDA(cudaMemcpy(const_cast<void*>(gpu.views[size_t(i)].grad), g.data(), g.size(), cudaMemcpyHostToDevice));
+      CT_CUDA(cudaMemcpy(const_cast<void*>(gpu.grads[size_t(i)].data), g.data(), g.size(), cudaMemcpyHostToDevice));
     }
     if (r == kLrChange) {
       hp[0].lr *= 0.5f;
-      CT_CUDA(cudaMemcpy(&d_hp[0].lr, &hp[0].lr, sizeof(float), cudaMemcpyHostToDevice));
+      CT_CUDA(cudaMemcpy(&gpu_engine->hparams_memory(0)->lr, &hp[0].lr, sizeof(float), cudaMemcpyHostToDevice));
+      cpu_engine->set_hparams(hp, 2);
     }
     CT_CUDA(cudaGraphLaunch(exec, s));
     CT_CUDA(cudaStreamSynchronize(s));
     const int expect_skip = r == kNanReplay;
-    if (*gpu_engine->skipped_flag_host() != expect_skip)
-      fail_msg("%s replay %d: skipped flag %d, expected %d", name, r, int(*gpu_engine->skipped_flag_host()), expect_skip);
+    if (int(gpu_engine->last_step_skipped()) != expect_skip)
+      fail_msg("%s replay %d: skipped flag %d, expected %d", name, r, int(gpu_engine->last_step_skipped()), expect_skip);
     // Reference.
-    bool skip = cpu_engine->any_nonfinite(cpu.views.data(), chunks.data(), int64_t(chunks.size()), nullptr);
-    assert_int_equal(skip, expect_skip);
-    if (skip) continue;
-    for (int i = 0; i < kNP; ++i) {
-      ParamView& v = cpu.views[size_t(i)];
-      v.scalars = make_step_scalars(hp[kSpecs[i].group], algo != Algo::Lion, steps[size_t(i)]);
-      v.rounding_key = rounding_key(seed, uint64_t(i), uint64_t(steps[size_t(i)] + 1));
-    }
-    cpu_engine->step(algo, cpu.views.data(), chunks.data(), int64_t(chunks.size()), nullptr);
+    cpu_engine->step(algo, cpu.grads.data(), kNP, ctl, nullptr);
+    assert_int_equal(int(cpu_engine->last_step_skipped()), expect_skip);
+    if (expect_skip) continue;
     for (int i = 0; i < kNP; ++i)
       if (kSpecs[i].has_grad) ++steps[size_t(i)];
   }
 
   std::vector<int64_t> dsteps(kNP, -1);
-  gpu_engine->read_steps(dsteps.data(), kNP);
+  gpu_engine->read_steps(dsteps.data(), kNP, nullptr);
   for (int i = 0; i < kNP; ++i)
     if (dsteps[size_t(i)] != steps[size_t(i)])
       fail_msg("%s: param %d: device step count %lld, expected %lld", name, i, (long long)dsteps[size_t(i)],
@@ -236,17 +238,17 @@ void run(Algo algo, const char* name) {
     for (int k = 0; k < c.num_moments; ++k) {
       const lowbit_state_format_t f = c.moment[k].format;
       std::vector<uint8_t> data(size_t(moment_data_bytes(f, sp.numel))), scales(size_t(moment_scale_bytes(f, sp.numel)));
-      gpu_engine->copy_to_host(data.data(), g.moment[k].data, data.size());
-      gpu_engine->copy_to_host(scales.data(), g.moment[k].scales, scales.size());
+      gpu_engine->copy_to_host(data.data(), g.moment[k].data, data.size(), nullptr);
+      gpu_engine->copy_to_host(scales.data(), g.moment[k].scales, scales.size(), nullptr);
       ct_compare_moment(name, i, k, uint32_t(f), sp.numel, static_cast<const uint8_t*>(c.moment[k].data), data.data(),
                         reinterpret_cast<const uint8_t*>(c.moment[k].scales), scales.data(),
                         int64_t(scales.size() / 4), &st);
     }
     std::vector<uint8_t> p(size_t(sp.numel) * ct_dtype_bytes(sp.pdt)), e;
-    gpu_engine->copy_to_host(p.data(), g.param, p.size());
+    gpu_engine->copy_to_host(p.data(), g.param, p.size(), nullptr);
     if (g.ecc) {
       e.resize(size_t(sp.numel));
-      gpu_engine->copy_to_host(e.data(), g.ecc, e.size());
+      gpu_engine->copy_to_host(e.data(), g.ecc, e.size(), nullptr);
     }
     ct_compare_params(name, i, sp.pdt, sp.numel, c.param, p.data(), c.ecc, g.ecc ? e.data() : nullptr,
                       2.0 * kReplays * hp[0].lr * 2, &st);
@@ -258,7 +260,6 @@ void run(Algo algo, const char* name) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
-  cudaFree(d_hp);
   cpu.release_all();
   gpu.release_all();
 }

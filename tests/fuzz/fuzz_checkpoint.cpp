@@ -49,9 +49,9 @@ struct Target {
   }
   std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode) {
     int64_t size = 0;
-    check(lowbit_optimizer_save(opt, mode, nullptr, 0, &size));
+    check(lowbit_optimizer_save(opt, mode, nullptr, 0, &size, nullptr));
     std::vector<uint8_t> out(static_cast<size_t>(size));
-    check(lowbit_optimizer_save(opt, mode, out.data(), size, &size));
+    check(lowbit_optimizer_save(opt, mode, out.data(), size, &size, nullptr));
     return out;
   }
 };
@@ -78,7 +78,7 @@ void write_seed_corpus(const char* dir) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Target& t = target();
   std::vector<uint8_t> before = t.save(LOWBIT_CHECKPOINT_COMPRESSED);
-  lowbit_status_t s = lowbit_optimizer_load(t.opt, data, int64_t(size));
+  lowbit_status_t s = lowbit_optimizer_load(t.opt, data, int64_t(size), nullptr);
   if (s != LOWBIT_SUCCESS) {
     if (std::strlen(lowbit_optimizer_last_error(t.opt)) == 0) std::abort();  // an error always has a message
     if (t.save(LOWBIT_CHECKPOINT_COMPRESSED) != before) std::abort();        // and changes nothing
@@ -86,6 +86,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A loaded state must be usable, then the baseline is restored.
   Target::check(lowbit_optimizer_step(t.opt, nullptr));
-  Target::check(lowbit_optimizer_load(t.opt, before.data(), int64_t(before.size())));
+  Target::check(lowbit_optimizer_load(t.opt, before.data(), int64_t(before.size()), nullptr));
   return 0;
 }

@@ -161,7 +161,7 @@ class CapiOptimizer:
     def read_moment(self, i, m):
         out = np.empty(self.params[i].size, np.float32)
         self._ok(self.lib.lowbit_optimizer_read_moment(self.h, i, m, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                                       out.size))
+                                                       out.size, None))
         return out
 
     def info(self, i):

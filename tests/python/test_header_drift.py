@@ -34,6 +34,16 @@ def _header_dir() -> Path:
 HEADER_DIR = _header_dir()
 
 
+def _generated_include_dirs():
+    """Where the build wrote lowbit_version.h (next to the headers of an
+    installed package, or <build>/include next to LOWBIT_LIBRARY)."""
+    dirs = [HEADER_DIR]
+    lib = os.environ.get("LOWBIT_LIBRARY")
+    if lib:
+        dirs.append(Path(lib).resolve().parent / "include")
+    return [str(d) for d in dirs if (Path(d) / "lowbit_version.h").exists()]
+
+
 def _strip(text: str) -> str:
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
@@ -76,8 +86,8 @@ def parse_header(path: Path) -> dict:
             decl = decl.strip()
             if not decl:
                 continue
-            fm = re.match(r"(.*?)(\w+)$", decl, flags=re.S)
-            fields.append((_norm_type(fm.group(1)), fm.group(2)))
+            fm = re.match(r"(.*?)(\w+)\s*(\[\d+\])?$", decl, flags=re.S)
+            fields.append((_norm_type(fm.group(1)) + (fm.group(3) or ""), fm.group(2)))
         structs[m.group(2)] = fields
 
     handles = [m.group(2) for m in re.finditer(r"typedef\s+struct\s+(\w+)\s*\*\s*(\w+)\s*;", text)]
@@ -182,7 +192,8 @@ def _compile_layout_probe(tmp_path):
     src = tmp_path / "probe.c"
     src.write_text("\n".join(lines) + "\n")
     exe = tmp_path / "probe"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-I", str(HEADER_DIR), str(src), "-o", str(exe)], check=True,
+    include = ["-I", str(HEADER_DIR)] + [f"-I{d}" for d in _generated_include_dirs()]
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", *include, str(src), "-o", str(exe)], check=True,
                    capture_output=True)
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     facts = {}
@@ -211,7 +222,15 @@ def test_library_exports_every_declared_function():
     assert LIB.missing == [], f"{LIB.path} does not export {LIB.missing}"
 
 
-def test_version_of_loaded_library_matches_header():
+def test_version_of_loaded_library_matches_the_generated_header():
+    """The version is written once (CMake's project version): the generated
+    lowbit_version.h of the build and the loaded library agree."""
     import lowbit
 
-    assert lowbit.version() == f"{_capi.VERSION_MAJOR}.{_capi.VERSION_MINOR}.{_capi.VERSION_PATCH}"
+    for d in _generated_include_dirs():
+        text = (Path(d) / "lowbit_version.h").read_text()
+        parts = [re.search(rf"#define LOWBIT_VERSION_{k}\s+(\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH")]
+        assert lowbit.version() == ".".join(parts)
+        assert lowbit.__version__ == lowbit.version()
+        return
+    pytest.skip("no generated lowbit_version.h next to the library")

@@ -2,6 +2,7 @@
 #include "emu.hpp"
 
 #include "cuda/aux_kernels.cuh"
+#include "cuda/onebit_kernels.cuh"
 #include "cuda/step_kernel.cuh"
 
 namespace lowbit {
@@ -39,6 +40,11 @@ void launch_prepare(const PrepareArgs& args, void* stream) {
 void launch_finalize(const FinalizeArgs& args, void* stream) {
   if (args.num_params <= 0) return;
   emu::launch(unsigned((args.num_params + kThreads - 1) / kThreads), kThreads, [args] { finalize_kernel(args); }, stream);
+}
+
+void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {
+  if (num_chunks <= 0) return;
+  emu::launch(unsigned(num_chunks * kSplit), kThreads, [args] { onebit_kernel(args); }, stream);
 }
 
 }  // namespace cuda

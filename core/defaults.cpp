@@ -1,0 +1,49 @@
+#include "defaults.hpp"
+
+#include <cstring>
+
+namespace lowbit {
+
+lowbit_hparams_t default_hparams(lowbit_algorithm_t algorithm) {
+  lowbit_hparams_t h;
+  std::memset(&h, 0, sizeof h);
+  h.struct_size = sizeof h;
+  h.lr = 1e-3f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.999f;
+  h.eps = 1e-8f;
+  h.weight_decay = algorithm == LOWBIT_ALGORITHM_ADAMW ? 0.01f : 0.f;
+  h.bias_correction = algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM ? 0 : 1;
+  if (algorithm == LOWBIT_ALGORITHM_LION) {
+    h.lr = 1e-4f;
+    h.beta2 = 0.99f;
+  } else if (algorithm == LOWBIT_ALGORITHM_SGD) {
+    h.lr = 1e-2f;
+  }
+  return h;
+}
+
+lowbit_optimizer_config_t default_config(lowbit_algorithm_t algorithm) {
+  lowbit_optimizer_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.algorithm = algorithm;
+  c.device = LOWBIT_DEVICE_CPU;
+  c.state_format = LOWBIT_STATE_FP32;
+  c.second_state_format = LOWBIT_STATE_DEFAULT;
+  c.min_quantized_numel = 4096;
+  c.skip_nonfinite = 1;
+  c.freeze_step = 100;
+  return c;
+}
+
+lowbit_param_config_t default_param_config() {
+  lowbit_param_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.stochastic_rounding = -1;
+  c.error_correction = -1;
+  return c;
+}
+
+}  // namespace lowbit

@@ -1,0 +1,86 @@
+#include "state_plan.hpp"
+
+#include "error.hpp"
+#include "update_rules.hpp"
+#include "validation.hpp"
+
+namespace lowbit {
+namespace {
+
+// A format the caller left to the optimizer: its default, but fp32 for a
+// quantized format under the size threshold. An explicit choice wins over
+// the threshold.
+lowbit_state_format_t resolve(lowbit_state_format_t requested, lowbit_state_format_t fallback, int64_t numel,
+                              int64_t min_quantized_numel) {
+  if (requested != LOWBIT_STATE_DEFAULT) return requested;
+  const lowbit_state_format_t f = fallback == LOWBIT_STATE_DEFAULT ? LOWBIT_STATE_FP32 : fallback;
+  return is_quantized(f) && numel < min_quantized_numel ? LOWBIT_STATE_FP32 : f;
+}
+
+}  // namespace
+
+int64_t StatePlan::state_bytes(int64_t numel) const {
+  int64_t bytes = ecc_bytes(numel);
+  for (int m = 0; m < num_moments; ++m) bytes += data_bytes(m, numel) + scale_bytes(m, numel);
+  return bytes;
+}
+
+StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit_hparams_t& hparams,
+                           const lowbit_param_config_t& c) {
+  check_state_format(c.state_format, "state_format", true);
+  check_state_format(c.second_state_format, "second_state_format", true);
+  check_flag(c.stochastic_rounding, "stochastic_rounding", true);
+  check_flag(c.error_correction, "error_correction", true);
+  const int64_t numel = c.param.numel;
+  LOWBIT_REQUIRE(numel > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " must be > 0");
+  LOWBIT_REQUIRE(c.param.dtype >= LOWBIT_DTYPE_FLOAT32 && c.param.dtype <= LOWBIT_DTYPE_FLOAT16,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "param.dtype = ", int(c.param.dtype), " is not a lowbit_dtype_t value");
+
+  StatePlan plan;
+  plan.num_moments = moment_count(config.algorithm, hparams.momentum);
+  const lowbit_state_format_t first =
+      resolve(c.state_format, config.state_format, numel, config.min_quantized_numel);
+  // The second moment follows, in order: its own override, the param's
+  // first-moment override, the optimizer's second format, its first format.
+  const lowbit_state_format_t second_default =
+      config.second_state_format != LOWBIT_STATE_DEFAULT ? config.second_state_format : config.state_format;
+  const lowbit_state_format_t second =
+      c.second_state_format != LOWBIT_STATE_DEFAULT
+          ? c.second_state_format
+          : (c.state_format != LOWBIT_STATE_DEFAULT
+                 ? c.state_format
+                 : resolve(LOWBIT_STATE_DEFAULT, second_default, numel, config.min_quantized_numel));
+  if (config.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+    LOWBIT_REQUIRE(first == LOWBIT_STATE_FP32 && second == LOWBIT_STATE_FP32, LOWBIT_ERROR_UNSUPPORTED,
+                   "state_format: 1-bit Adam keeps fp32 state (its momentum is what is communicated)");
+  const lowbit_state_format_t formats[2] = {first, second};
+  for (int m = 0; m < plan.num_moments; ++m) plan.format[m] = formats[m];
+
+  if (c.param.dtype != LOWBIT_DTYPE_FLOAT32) {
+    const int32_t ecc = c.error_correction >= 0 ? c.error_correction : config.error_correction;
+    const int32_t sr = c.stochastic_rounding >= 0 ? c.stochastic_rounding : config.stochastic_rounding;
+    if (ecc)
+      plan.rounding = WeightRounding::ErrorCorrection;
+    else if (sr)
+      plan.rounding = WeightRounding::Stochastic;
+  }
+  return plan;
+}
+
+lowbit_state_plan_t to_c_plan(const StatePlan& plan, int64_t numel) {
+  lowbit_state_plan_t out{};
+  out.struct_size = sizeof(out);
+  out.num_moments = plan.num_moments;
+  for (int m = 0; m < 2; ++m) {
+    out.format[m] = plan.format[m];
+    out.block_size[m] = m < plan.num_moments && is_quantized(plan.format[m]) ? block_size(plan.format[m]) : 0;
+    out.data_bytes[m] = plan.data_bytes(m, numel);
+    out.scale_count[m] = plan.scale_bytes(m, numel) / 4;
+  }
+  out.rounding = lowbit_rounding_t(plan.rounding);
+  out.ecc_bytes = plan.ecc_bytes(numel);
+  out.state_bytes = plan.state_bytes(numel);
+  return out;
+}
+
+}  // namespace lowbit
