@@ -44,11 +44,6 @@ class Communicator {
   // communicator is bound to a CUDA buffer.
   const int32_t* device_nonfinite_flag() const;
 
-  // Pre-allocates (binds) the error buffers and workspaces for numel n on
-  // `device`, as the first compressed_allreduce would; no-op if already
-  // bound to the same. Local.
-  void reserve(int64_t n, lowbit_device_t device, int32_t device_index, void* stream);
-
   // Error buffers (local; see lowbit_comm.h for the blob format).
   int64_t worker_error_numel() const;
   int64_t server_error_numel() const;

@@ -1,6 +1,10 @@
-// CUDA side of the communicator (cuda_kernels.cu, built with LOWBIT_HAVE_CUDA).
-// Plain C++ declarations: streams are void* (cudaStream_t), failures throw
+// CUDA side of the communicator, built with LOWBIT_COMM_WITH_CUDA. Plain C++
+// declarations: streams are void* (cudaStream_t), failures throw
 // lowbit::Error (LOWBIT_ERROR_CUDA / LOWBIT_ERROR_OUT_OF_MEMORY).
+//   device_runtime.cpp  memory, copies and device queries (CUDA runtime API)
+//   cuda_kernels.cu     the launchers of the kernels of cuda_kernels.cuh
+//                       (tests/cuda/emu/emu_comm_kernels.cpp: the same
+//                       launches under the host emulation)
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -26,18 +30,6 @@ void sync(void* stream);
 int device_count() noexcept;  // 0 when there is no usable device
 // "" if p is device (or managed) memory usable on device `index`, else why not.
 std::string check_device_pointer(const void* p, int index);
-
-// Makes `index` the current device for its lifetime.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index);
-  ~DeviceGuard();
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
 
 // Partials of a sum of squares: at most this many blocks.
 constexpr int kMaxPartials = 1024;

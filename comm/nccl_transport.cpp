@@ -13,6 +13,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+
+#include "cuda/runtime.hpp"
 #endif
 
 namespace lowbit {
@@ -181,17 +183,14 @@ std::unique_ptr<Transport> make_nccl_transport(const void* unique_id, int32_t ra
   LOWBIT_REQUIRE(count > 0, LOWBIT_ERROR_UNSUPPORTED, "NCCL needs a CUDA device, and this process sees none");
   LOWBIT_REQUIRE(device_index >= 0 && device_index < count, LOWBIT_ERROR_INVALID_ARGUMENT, "device_index is ",
                  device_index, " (this process sees ", count, " CUDA device(s))");
-  int previous = 0;
-  cudaGetDevice(&previous);
-  if (cudaSetDevice(device_index) != cudaSuccess) {
-    cudaGetLastError();
-    fail(LOWBIT_ERROR_CUDA, "cudaSetDevice(device_index ", device_index, ") failed");
-  }
   ncclUniqueId id;
   std::memcpy(&id, unique_id, sizeof(id));
   ncclComm_t comm = nullptr;
-  const ncclResult_t r = api.CommInitRank(&comm, world, id, rank);
-  cudaSetDevice(previous);
+  ncclResult_t r;
+  {
+    cuda::DeviceGuard guard(device_index);  // NCCL binds the communicator to the current device
+    r = api.CommInitRank(&comm, world, id, rank);
+  }
   check_nccl(r, "ncclCommInitRank");
   try {
     return std::make_unique<NcclTransport>(comm, true);

@@ -1,0 +1,80 @@
+// Communicator::Impl: the state behind a Communicator, shared by the files
+// that implement it:
+//   communicator.cpp          construction, queries, info and stats
+//   arguments.cpp             argument checks and their agreement over ranks
+//   binding.cpp               binding of the error buffers and workspaces
+//   compressed_allreduce.cpp  the host and device pipelines of the 1-bit allreduce
+//   allreduce_mean.cpp        the uncompressed mean
+//   error_blob.cpp            error save / load / reset / read
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "communicator.hpp"
+#include "layout.hpp"
+#include "memory.hpp"
+#include "transport.hpp"
+
+namespace lowbit {
+
+// A checked tensor argument.
+struct CommArg {
+  float* data = nullptr;
+  int64_t n = 0;
+  lowbit_device_t device = LOWBIT_DEVICE_CPU;
+  int32_t index = 0;
+};
+
+struct Communicator::Impl {
+  std::unique_ptr<Transport> t;
+  onebit::Buffers buf;
+  bool bound = false;  // buf holds the live errors
+  bool has_pending = false;
+  int64_t pending_n = 0;
+  std::vector<float> pending_worker, pending_server;
+  onebit::Mem mean_stage;
+  bool last_nonfinite = false;
+  bool last_was_device = false;
+  std::string nonfinite_message;
+  lowbit_comm_stats_t stats{};
+
+  int32_t world() const { return t->world(); }
+  int32_t rank() const { return t->rank(); }
+
+  // arguments.cpp
+  CommArg check_tensor(const lowbit_tensor_t* tensor) const;
+  int agree(lowbit_status_t status, const std::string& message, int64_t n, bool nonfinite);
+
+  // binding.cpp
+  // Checks that `a` fits the binding and allocates what it needs; changes no
+  // observable state (errors, pending errors, binding).
+  void prepare(const CommArg& a, void* stream);
+  // Binds: the errors become the pending ones, or zero. After prepare(a).
+  void activate(const CommArg& a, void* stream);
+  int64_t error_numel() const { return bound ? buf.n : (has_pending ? pending_n : 0); }
+  // The live (or pending) errors into host or device memory (nullptr: skipped).
+  void copy_errors_out(float* worker, float* server, void* stream) const;
+
+  // compressed_allreduce.cpp
+  // One exchange of the device pipeline (alltoall, or allgather if `gather`),
+  // stream-ordered, device-direct, or staged through hsend / hrecv.
+  void exchange(bool gather, const uint8_t* dsend, uint8_t* drecv, uint8_t* hsend, uint8_t* hrecv, void* stream);
+};
+
+// "LOWBIT_DEVICE_CPU", "LOWBIT_DEVICE_CUDA" or "an unknown device".
+const char* comm_device_name(lowbit_device_t d);
+
+// The descriptor of an fp32 tensor.
+inline lowbit_tensor_t comm_tensor(float* data, int64_t n, lowbit_device_t device, int32_t device_index) {
+  lowbit_tensor_t t{};
+  t.data = data;
+  t.numel = n;
+  t.dtype = LOWBIT_DTYPE_FLOAT32;
+  t.device = device;
+  t.device_index = device_index;
+  return t;
+}
+
+}  // namespace lowbit

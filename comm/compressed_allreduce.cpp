@@ -1,0 +1,165 @@
+// The 1-bit compressed allreduce: the host pipeline (CPU tensors) and the
+// device pipeline (CUDA tensors), and the outcome of the last call.
+#include <cmath>
+#include <new>
+#include <string>
+
+#include "communicator_impl.hpp"
+#include "core/error.hpp"
+#include "host_kernels.hpp"
+#ifdef LOWBIT_COMM_WITH_CUDA
+#include "cuda/runtime.hpp"
+#include "device.hpp"
+#endif
+
+namespace lowbit {
+
+using onebit::Buffers;
+using onebit::Layout;
+
+void Communicator::Impl::exchange(bool gather, const uint8_t* dsend, uint8_t* drecv, uint8_t* hsend, uint8_t* hrecv,
+                                  void* stream) {
+  const int64_t m = buf.layout.msg;
+  auto op = [&](const void* s, void* r) {
+    if (gather)
+      t->allgather(s, r, m, stream);
+    else
+      t->alltoall(s, r, m, stream);
+  };
+#ifdef LOWBIT_COMM_WITH_CUDA
+  if (t->stream_ordered()) {
+    op(dsend, drecv);
+  } else if (t->device_direct()) {
+    onebit::dev::sync(stream);
+    op(dsend, drecv);
+  } else {
+    const size_t send_bytes = size_t(gather ? m : m * world());
+    const size_t recv_bytes = size_t(m * world());
+    onebit::dev::copy_async(hsend, dsend, send_bytes, stream);
+    onebit::dev::sync(stream);
+    op(hsend, hrecv);
+    onebit::dev::copy_async(drecv, hrecv, recv_bytes, stream);
+  }
+#else
+  (void)op;
+  (void)dsend;
+  (void)drecv;
+  (void)hsend;
+  (void)hrecv;
+  fail(LOWBIT_ERROR_INTERNAL, "communicator: device exchange without CUDA");
+#endif
+}
+
+bool Communicator::compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index,
+                                        void* stream) {
+  const lowbit_tensor_t t = comm_tensor(data, n, device, device_index);
+  return compressed_allreduce(&t, stream);
+}
+
+bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* stream) {
+  Impl& I = *impl_;
+  Transport& T = *I.t;
+  lowbit_status_t st = LOWBIT_SUCCESS;
+  std::string msg;
+  CommArg a;
+  double sumsq = 0.0;
+  bool nonfinite = false;
+  try {
+    a = I.check_tensor(tensor);
+    I.prepare(a, stream);
+    if (a.device == LOWBIT_DEVICE_CPU) {
+      // x = tensor + the errors this call will use (bound, pending or zero).
+      const float* e = I.bound ? I.buf.err.as<float>() : (I.has_pending ? I.pending_worker.data() : nullptr);
+      sumsq = onebit::host_worker_sum(a.data, e, I.buf.ws_err.as<float>(), a.n);
+      nonfinite = !std::isfinite(sumsq);
+    }
+  } catch (const Error& e) {
+    st = e.status();
+    msg = e.what();
+  } catch (const std::bad_alloc&) {
+    st = LOWBIT_ERROR_OUT_OF_MEMORY;
+    msg = "out of host memory (communicator error buffers / workspaces)";
+  }
+  const int bad_rank = I.agree(st, msg, a.n, nonfinite);
+  const int64_t W = I.world();
+  if (bad_rank >= 0) {
+    I.last_nonfinite = true;
+    I.last_was_device = false;
+    I.nonfinite_message = concat("tensor: the input (tensor + worker error) of rank ", bad_rank,
+                                 " holds a NaN or an Inf; nothing was updated on any rank");
+    return false;
+  }
+  I.activate(a, stream);
+  Buffers& B = I.buf;
+  const Layout& L = B.layout;
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    const float scale = onebit::scale_from_sumsq(sumsq, L.n);
+    onebit::host_worker_pack(B.ws_err.as<float>(), scale, L, B.send.as<uint8_t>());
+    T.alltoall(B.send.as(), B.recv.as(), L.msg, stream);
+    const double s2 = onebit::host_server_sum(B.recv.as<uint8_t>(), B.serr.as<float>(), B.ws_serr.as<float>(), L);
+    const float server_scale = onebit::scale_from_sumsq(s2, L.server_numel());
+    onebit::host_server_pack(B.ws_serr.as<float>(), server_scale, L, B.gsend.as<uint8_t>());
+    T.allgather(B.gsend.as(), B.grecv.as(), L.msg, stream);
+    I.stats.compressed_calls += 1;
+    I.stats.compressed_elements += a.n;
+    I.stats.compressed_bytes_sent += 2 * (W - 1) * L.msg;
+    if (!onebit::host_gathered_finite(B.grecv.as<uint8_t>(), L)) {
+      I.last_nonfinite = true;
+      I.last_was_device = false;
+      I.nonfinite_message =
+          "tensor: the server average overflowed to a non-finite value on some rank; nothing was updated on any "
+          "rank";
+      return false;
+    }
+    onebit::host_decode(B.grecv.as<uint8_t>(), L, a.data);
+    B.err.swap(B.ws_err);
+    B.serr.swap(B.ws_serr);
+    I.last_nonfinite = false;
+    I.last_was_device = false;
+    return true;
+  }
+#ifdef LOWBIT_COMM_WITH_CUDA
+  cuda::DeviceGuard guard(a.index);
+  onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), L, B.send.as<uint8_t>(),
+                      B.partials.as<double>(), B.scal.as<float>(), stream);
+  I.exchange(false, B.send.as<uint8_t>(), B.recv.as<uint8_t>(), B.hsend.as<uint8_t>(), B.hrecv.as<uint8_t>(), stream);
+  onebit::dev::server(B.recv.as<uint8_t>(), B.serr.as<float>(), B.ws_serr.as<float>(), L, B.gsend.as<uint8_t>(),
+                      B.partials.as<double>(), B.scal.as<float>(), stream);
+  I.exchange(true, B.gsend.as<uint8_t>(), B.grecv.as<uint8_t>(), B.hgsend.as<uint8_t>(), B.hgrecv.as<uint8_t>(),
+             stream);
+  onebit::dev::finalize(B.grecv.as<uint8_t>(), L, a.data, B.err.as<float>(), B.ws_err.as<float>(),
+                        B.serr.as<float>(), B.ws_serr.as<float>(), B.flag.as<int32_t>(),
+                        B.host_flag.alias<int32_t>(), stream);
+  // finalize left the old errors in ws_* when the input was not finite, so
+  // the swap is right either way.
+  B.err.swap(B.ws_err);
+  B.serr.swap(B.ws_serr);
+  I.last_was_device = true;
+  I.last_nonfinite = false;
+  I.stats.compressed_calls += 1;
+  I.stats.compressed_elements += a.n;
+  I.stats.compressed_bytes_sent += 2 * (W - 1) * L.msg;
+  return true;
+#else
+  fail(LOWBIT_ERROR_INTERNAL, "communicator: CUDA tensor without CUDA");
+#endif
+}
+
+const int32_t* Communicator::device_nonfinite_flag() const {
+  const Impl& I = *impl_;
+  if (!I.buf.valid || I.buf.device != LOWBIT_DEVICE_CUDA) return nullptr;
+  return I.buf.flag.as<int32_t>();
+}
+
+bool Communicator::last_nonfinite() const {
+  const Impl& I = *impl_;
+  if (I.last_was_device) {
+    if (!I.buf.valid || I.buf.device != LOWBIT_DEVICE_CUDA) return false;
+    return *I.buf.host_flag.as<volatile int32_t>() != 0;
+  }
+  return I.last_nonfinite;
+}
+
+const std::string& Communicator::nonfinite_message() const { return impl_->nonfinite_message; }
+
+}  // namespace lowbit

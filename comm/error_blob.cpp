@@ -1,0 +1,169 @@
+// The error state of a communicator: sizes, read-back, and the versioned
+// blob of save_errors / load_errors (format in capi/lowbit_comm.h), and
+// reset_errors.
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "communicator_impl.hpp"
+#include "core/error.hpp"
+#ifdef LOWBIT_COMM_WITH_CUDA
+#include "cuda/runtime.hpp"
+#include "device.hpp"
+#endif
+
+namespace lowbit {
+
+using onebit::Layout;
+
+namespace {
+
+uint64_t fnv1a64(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+constexpr char kMagic[8] = {'L', 'B', 'C', 'O', 'M', 'M', 'E', 'R'};
+constexpr uint32_t kBlobVersion = 1;
+constexpr int64_t kHeaderBytes = 64;
+
+template <class T>
+void put(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+template <class T>
+T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+int64_t Communicator::worker_error_numel() const { return impl_->error_numel(); }
+
+int64_t Communicator::server_error_numel() const {
+  const int64_t n = impl_->error_numel();
+  return n ? Layout::make(n, world(), rank()).server_numel() : 0;
+}
+
+void Communicator::read_errors(float* worker, int64_t worker_numel, float* server, int64_t server_numel,
+                               void* stream) const {
+  const int64_t wn = worker_error_numel(), sn = server_error_numel();
+  LOWBIT_REQUIRE(!worker || worker_numel == wn, LOWBIT_ERROR_INVALID_ARGUMENT, "worker_numel is ", worker_numel,
+                 ", but this rank's worker error has ", wn, " elements");
+  LOWBIT_REQUIRE(!server || server_numel == sn, LOWBIT_ERROR_INVALID_ARGUMENT, "server_numel is ", server_numel,
+                 ", but this rank's server error has ", sn, " elements");
+  impl_->copy_errors_out(worker, server, stream);
+}
+
+std::vector<uint8_t> Communicator::save_errors(void* stream) const {
+  const Impl& I = *impl_;
+  const int64_t n = I.error_numel();
+  const Layout L = Layout::make(n, world(), rank());
+  const int64_t c = n ? L.server_numel() : 0;
+  std::vector<uint8_t> out(size_t(kHeaderBytes + 4 * (n + c)), 0);
+  uint8_t* h = out.data();
+  std::memcpy(h, kMagic, 8);
+  put<uint32_t>(h + 8, kBlobVersion);
+  put<uint32_t>(h + 12, uint32_t(kHeaderBytes));
+  put<int32_t>(h + 16, world());
+  put<int32_t>(h + 20, rank());
+  put<int64_t>(h + 24, n);
+  put<int64_t>(h + 32, n ? L.chunk : 0);
+  put<int64_t>(h + 40, c);
+  uint8_t* payload = h + kHeaderBytes;
+  if (n) {
+    // The payload is fp32, possibly unaligned in a byte vector: go through
+    // aligned temporaries.
+    std::vector<float> w(static_cast<size_t>(n)), s(static_cast<size_t>(c));
+    I.copy_errors_out(w.data(), c ? s.data() : nullptr, stream);
+    std::memcpy(payload, w.data(), size_t(n) * 4);
+    if (c) std::memcpy(payload + n * 4, s.data(), size_t(c) * 4);
+  }
+  put<uint64_t>(h + 48, fnv1a64(payload, size_t(4 * (n + c))));
+  put<uint64_t>(h + 56, 0);
+  return out;
+}
+
+void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) {
+  Impl& I = *impl_;
+  LOWBIT_REQUIRE(data != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
+  LOWBIT_REQUIRE(size >= kHeaderBytes, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, smaller than the ",
+                 kHeaderBytes, "-byte header of a communicator error blob (truncated)");
+  LOWBIT_REQUIRE(std::memcmp(data, kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer does not start with \"LBCOMMER\" (not a communicator error blob)");
+  const uint32_t version = get<uint32_t>(data + 8);
+  LOWBIT_REQUIRE(version == kBlobVersion, LOWBIT_ERROR_VERSION_MISMATCH, "buffer has format version ", version,
+                 " (this library reads version ", kBlobVersion, ")");
+  LOWBIT_REQUIRE(get<uint32_t>(data + 12) == uint32_t(kHeaderBytes), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer header size is ", get<uint32_t>(data + 12), " (expected ", kHeaderBytes, ")");
+  const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
+  LOWBIT_REQUIRE(w == world(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
+                 ", this communicator has ", world());
+  LOWBIT_REQUIRE(r == rank(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank(),
+                 " (each rank restores its own errors)");
+  const int64_t n = get<int64_t>(data + 24), chunk = get<int64_t>(data + 32), c = get<int64_t>(data + 40);
+  LOWBIT_REQUIRE(n >= 0 && n <= (INT64_MAX >> 8), LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
+  const Layout L = Layout::make(n, world(), rank());
+  LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");
+  const int64_t expected = kHeaderBytes + 4 * (n + c);
+  LOWBIT_REQUIRE(size >= expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, but the blob needs ",
+                 expected, " (truncated)");
+  LOWBIT_REQUIRE(size == expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, ", size - expected,
+                 " more than the blob's ", expected);
+  const uint8_t* payload = data + kHeaderBytes;
+  LOWBIT_REQUIRE(fnv1a64(payload, size_t(4 * (n + c))) == get<uint64_t>(data + 48), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer checksum mismatch (corrupted)");
+  std::vector<float> wv(static_cast<size_t>(n)), sv(static_cast<size_t>(c));
+  if (n) std::memcpy(wv.data(), payload, size_t(n) * 4);
+  if (c) std::memcpy(sv.data(), payload + n * 4, size_t(c) * 4);
+  for (int64_t i = 0; i < n; ++i)
+    LOWBIT_REQUIRE(std::isfinite(wv[size_t(i)]), LOWBIT_ERROR_CORRUPT_DATA, "buffer: worker error element ", i,
+                   " is not finite");
+  for (int64_t i = 0; i < c; ++i)
+    LOWBIT_REQUIRE(std::isfinite(sv[size_t(i)]), LOWBIT_ERROR_CORRUPT_DATA, "buffer: server error element ", i,
+                   " is not finite");
+  if (n == 0) {
+    reset_errors(stream);
+    return;
+  }
+  if (I.bound && I.buf.n == n) {
+    const size_t wb = size_t(n) * 4, sb = size_t(c) * 4;
+    if (I.buf.device == LOWBIT_DEVICE_CPU) {
+      std::memcpy(I.buf.err.as(), wv.data(), wb);
+      if (sb) std::memcpy(I.buf.serr.as(), sv.data(), sb);
+    } else {
+#ifdef LOWBIT_COMM_WITH_CUDA
+      cuda::DeviceGuard guard(I.buf.device_index);
+      onebit::dev::copy_async(I.buf.err.as(), wv.data(), wb, stream);
+      onebit::dev::copy_async(I.buf.serr.as(), sv.data(), sb, stream);
+      onebit::dev::sync(stream);
+#endif
+    }
+    return;
+  }
+  I.bound = false;
+  I.has_pending = true;
+  I.pending_n = n;
+  I.pending_worker.swap(wv);
+  I.pending_server.swap(sv);
+}
+
+void Communicator::reset_errors(void* stream) {
+  (void)stream;
+  Impl& I = *impl_;
+  I.bound = false;
+  I.has_pending = false;
+  I.pending_n = 0;
+  std::vector<float>().swap(I.pending_worker);
+  std::vector<float>().swap(I.pending_server);
+}
+
+}  // namespace lowbit

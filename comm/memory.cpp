@@ -1,0 +1,45 @@
+#include "memory.hpp"
+
+#include <cstdlib>
+#include <new>
+
+#include "core/error.hpp"
+#ifdef LOWBIT_COMM_WITH_CUDA
+#include "device.hpp"
+#endif
+
+namespace lowbit {
+namespace onebit {
+
+Mem::Mem(MemKind kind, size_t bytes) : kind_(kind), bytes_(bytes) {
+  switch (kind) {
+    case MemKind::Host:
+      p_ = std::calloc(bytes ? bytes : 1, 1);
+      if (!p_) throw std::bad_alloc();
+      break;
+#ifdef LOWBIT_COMM_WITH_CUDA
+    case MemKind::Device: p_ = dev::alloc(bytes); break;
+    case MemKind::Pinned: p_ = dev::alloc_pinned(bytes); break;
+    case MemKind::Mapped: p_ = dev::alloc_mapped(bytes, &alias_); break;
+#endif
+    default: fail(LOWBIT_ERROR_INTERNAL, "communicator: memory kind not built in");
+  }
+}
+
+void Mem::reset() noexcept {
+  switch (kind_) {
+    case MemKind::Host: std::free(p_); break;
+#ifdef LOWBIT_COMM_WITH_CUDA
+    case MemKind::Device: dev::release(p_); break;
+    case MemKind::Pinned:
+    case MemKind::Mapped: dev::release_pinned(p_); break;
+#endif
+    default: break;
+  }
+  kind_ = MemKind::None;
+  p_ = alias_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace onebit
+}  // namespace lowbit
