@@ -1,6 +1,7 @@
 // Host emulation of the CUDA features the lowbit kernels use, so the kernel
-// source (cuda/step_kernel.cuh, cuda/aux_kernels.cuh) and the engine
-// (cuda/cuda_engine.cpp) run and are checked on a machine without a GPU.
+// source (cuda/step_kernel.cuh, cuda/aux_kernels.cuh, comm/cuda_kernels.cuh),
+// the engine (cuda/cuda_engine.cpp) and the communicator's device path run
+// and are checked on a machine without a GPU.
 //
 // A launch runs its blocks one after another; the threads of a block are
 // fibers on one OS thread, switched only at barriers, so every interleaving
@@ -9,11 +10,17 @@
 // __shfl_xor_sync is a warp exchange between two barriers of the 32 lanes
 // (all lanes must take part, as on the GPU: a deadlock aborts with a message);
 // __shared__ variables are function statics, shared by the fibers of the
-// running block. Memory is host memory: the runtime functions the engine
-// calls (cudaMalloc, cudaMemcpy, ...) are implemented in emu.cpp over
-// malloc/memcpy; work runs at launch, except on a stream under capture, where
-// launches and async copies are recorded and run by cudaGraphLaunch (so
-// kernel arguments are the values of capture time, as on the GPU).
+// running block; dynamic shared memory (LOWBIT_DYNAMIC_SHARED, the
+// shared-bytes argument of launch) is a buffer of exactly that size, filled
+// with 0xFF bytes (NaN floats) at the start of every block. Memory is host
+// memory: the runtime functions the library calls (cudaMalloc, cudaMemcpy,
+// cudaHostAlloc, cudaPointerGetAttributes, ...) are implemented in emu.cpp
+// over malloc/memcpy, with cudaMalloc'ed and page-locked ranges tracked; work
+// runs at launch, except on a stream under capture, where launches and async
+// copies are recorded and run by cudaGraphLaunch (so kernel arguments are the
+// values of capture time, as on the GPU). The host synchronisations and
+// allocations the runtime functions would make on a GPU are counted
+// (emu_counters.h).
 //
 // Arithmetic is the host compiler's: this checks the kernels' logic (tiles,
 // chunks, tails, alignment paths, packing, block reductions, tables), not the
@@ -23,6 +30,8 @@
 
 #include <cuda_runtime.h>  // types (uint4, cudaStream_t, ...) and the runtime API declarations
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -47,6 +56,11 @@ int block_or(int pred);
 // Runs body once per thread of every block, now, or, when `stream` is being
 // captured (cudaStreamBeginCapture), as a node of the graph being recorded.
 void launch(unsigned grid, unsigned block, std::function<void()> body, void* stream);
+// The same with `shared_bytes` of dynamic shared memory per block (at most
+// 48 KiB, the limit without an opt-in attribute).
+void launch(unsigned grid, unsigned block, size_t shared_bytes, std::function<void()> body, void* stream);
+// The dynamic shared memory of the running block.
+void* dynamic_shared();
 
 }  // namespace emu
 }  // namespace cuda
@@ -68,6 +82,11 @@ void launch(unsigned grid, unsigned block, std::function<void()> body, void* str
 #define blockIdx (::lowbit::cuda::emu::block_idx())
 #define blockDim (::lowbit::cuda::emu::block_dim())
 #define gridDim (::lowbit::cuda::emu::grid_dim())
+
+// Dynamic shared memory as an array `name` of T (nvcc: extern __shared__ T name[]).
+#define LOWBIT_DYNAMIC_SHARED(T, name) T* const name = static_cast<T*>(::lowbit::cuda::emu::dynamic_shared())
+// A pointer used for vector accesses: checked for alignment to its pointee's size.
+#define LOWBIT_VECTOR_PTR(p) ::lowbit::cuda::emu::aligned(p)
 
 inline void __syncthreads() { ::lowbit::cuda::emu::sync_block(); }
 inline int __syncthreads_or(int pred) { return ::lowbit::cuda::emu::block_or(pred); }
@@ -94,6 +113,11 @@ inline const T* aligned(const T* p) {
   if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0) misaligned(p, unsigned(sizeof(T)));
   return p;
 }
+template <class T>
+inline T* aligned(T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(T) != 0) misaligned(p, unsigned(sizeof(T)));
+  return p;
+}
 }  // namespace emu
 }  // namespace cuda
 }  // namespace lowbit
@@ -110,3 +134,27 @@ template <class T>
 inline void __stcs(T* p, T v) {
   *const_cast<T*>(::lowbit::cuda::emu::aligned(p)) = v;
 }
+
+// Reinterpreting intrinsics and the math functions the kernels call unqualified.
+inline float __uint_as_float(unsigned int u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float __int_as_float(int i) {
+  float f;
+  std::memcpy(&f, &i, 4);
+  return f;
+}
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline int __float_as_int(float f) {
+  int i;
+  std::memcpy(&i, &f, 4);
+  return i;
+}
+using std::isfinite;
+using std::sqrt;
