@@ -8,45 +8,17 @@
 #include "core/error.hpp"
 #include "core/qmaps.hpp"
 #include "core/state.hpp"
+#include "cuda/runtime.hpp"
 
 namespace lowbit {
 namespace cuda {
 namespace {
 
-[[noreturn]] void fail_cuda(cudaError_t e, const char* what) {
-  lowbit_status_t status = e == cudaErrorMemoryAllocation ? LOWBIT_ERROR_OUT_OF_MEMORY : LOWBIT_ERROR_CUDA;
-  fail(status, what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail_cuda(e, what);
-}
-
-// Makes `device` current for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) : device_(device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device_) check(cudaSetDevice(device_), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    if (prev_ != device_) cudaSetDevice(prev_);
-  }
-
- private:
-  int device_;
-  int prev_ = 0;
-};
-
 template <class T>
 void device_alloc(T** out, size_t count, const char* what) {
   void* p = nullptr;
   if (count == 0) count = 1;
-  cudaError_t e = cudaMalloc(&p, count * sizeof(T));
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it so later launches do not report it
-    fail_cuda(e, what);
-  }
+  check(cudaMalloc(&p, count * sizeof(T)), what);
   *out = static_cast<T*>(p);
 }
 
@@ -238,7 +210,7 @@ void* CudaEngine::allocate_zeroed(size_t bytes) {
   if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
   if (e != cudaSuccess) {
     cudaFree(p);
-    fail_cuda(e, "zeroing optimizer state");
+    throw_cuda_error(e, "zeroing optimizer state");
   }
   return p;
 }
@@ -341,7 +313,7 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
       cudaError_t e = cudaMemcpy(c, chunks_, size_t(chunk_cap_) * sizeof(DevChunk), cudaMemcpyDeviceToDevice);
       if (e != cudaSuccess) {
         device_free(c);
-        fail_cuda(e, "copying the chunk table");
+        throw_cuda_error(e, "copying the chunk table");
       }
     }
     device_free(chunks_);
