@@ -118,6 +118,7 @@ static unsigned char* save(lowbit_comm_t comm, int64_t* size) {
 }
 
 static void nonfinite_check(lowbit_comm_t comm, int64_t n) {
+  CHECK_OK(comm, lowbit_comm_reset_errors(comm, g_stream)); /* unbinds the numel of the calls before */
   float* d = NULL;
   CUDA_OK(cudaMalloc((void**)&d, sizeof(float) * (size_t)n));
   float* x = (float*)xmalloc(sizeof(float) * (size_t)n);
