@@ -8,6 +8,8 @@
 #include "boundary.hpp"
 #include "comm/communicator.hpp"
 #include "comm/transport.hpp"
+#include "comm_handle.hpp"
+#include "core/validation.hpp"
 #include "lowbit_comm.h"
 
 struct lowbit_comm {
@@ -24,13 +26,18 @@ Communicator& communicator_from_handle(lowbit_comm_t comm) {
 
 namespace {
 
+lowbit_comm_config_t default_comm_config() {
+  lowbit_comm_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.cuda_aware_mpi = LOWBIT_COMM_CUDA_AWARE_AUTO;
+  return c;
+}
+
 lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config) {
-  lowbit_comm_config_t c{};
-  lowbit_comm_config_init(&c);
+  lowbit_comm_config_t c = default_comm_config();
   if (!config) return c;
-  LOWBIT_REQUIRE(config->struct_size == sizeof(lowbit_comm_config_t), LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "config.struct_size is ", config->struct_size, " (this library knows ",
-                 sizeof(lowbit_comm_config_t), "; use lowbit_comm_config_init)");
+  check_struct_size(config->struct_size, sizeof(lowbit_comm_config_t), "config");
   c.cuda_aware_mpi = config->cuda_aware_mpi;
   LOWBIT_REQUIRE(c.cuda_aware_mpi >= -1 && c.cuda_aware_mpi <= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "config.cuda_aware_mpi is ", c.cuda_aware_mpi, " (expected -1 auto, 0 never, 1 always)");
@@ -51,8 +58,12 @@ lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<T
 template <class T>
 void check_out_struct(const T* out, const char* name) {
   LOWBIT_REQUIRE(out != nullptr, LOWBIT_ERROR_NULL_POINTER, name, " is NULL");
-  LOWBIT_REQUIRE(out->struct_size == sizeof(T), LOWBIT_ERROR_INVALID_ARGUMENT, name, "->struct_size is ",
-                 out->struct_size, " (this library knows ", sizeof(T), ")");
+  check_struct_size(out->struct_size, sizeof(T), name);
+}
+
+template <class Body>
+lowbit_status_t on_comm(lowbit_comm_t comm, Body&& body) noexcept {
+  return on_handle(comm, "comm", std::forward<Body>(body));
 }
 
 }  // namespace
@@ -66,9 +77,7 @@ extern "C" {
 LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(config, "config");
-    std::memset(config, 0, sizeof(*config));
-    config->struct_size = sizeof(*config);
-    config->cuda_aware_mpi = LOWBIT_COMM_CUDA_AWARE_AUTO;
+    *config = lowbit::default_comm_config();
   });
 }
 
@@ -118,30 +127,24 @@ LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm) {
   return guarded(nullptr, [&] { delete comm; });
 }
 
-LOWBIT_API const char* lowbit_comm_last_error(lowbit_comm_t comm) {
-  if (!comm) return "comm is NULL";
-  return comm->last_error.c_str();
-}
+LOWBIT_API const char* lowbit_comm_last_error(lowbit_comm_t comm) { return lowbit::last_error_of(comm); }
 
 LOWBIT_API lowbit_status_t lowbit_comm_rank(lowbit_comm_t comm, int32_t* out) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out, "out");
     *out = c.rank();
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_world_size(lowbit_comm_t comm, int32_t* out) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out, "out");
     *out = c.world();
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_info_t* out) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     lowbit::check_out_struct(out, "out");
     *out = c.info();
   });
@@ -149,23 +152,20 @@ LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_
 
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     if (!c.compressed_allreduce(tensor, stream)) lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     c.allreduce_mean(tensor, stream);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_last_nonfinite(lowbit_comm_t comm, int32_t* out) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out, "out");
     *out = c.last_nonfinite() ? 1 : 0;
   });
@@ -173,8 +173,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_last_nonfinite(lowbit_comm_t comm, int32_
 
 LOWBIT_API lowbit_status_t lowbit_comm_error_numel(lowbit_comm_t comm, int64_t* out_worker_numel,
                                                    int64_t* out_server_numel) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE(out_worker_numel || out_server_numel, LOWBIT_ERROR_NULL_POINTER,
                    "out_worker_numel and out_server_numel are both NULL");
     if (out_worker_numel) *out_worker_numel = c.worker_error_numel();
@@ -184,16 +183,14 @@ LOWBIT_API lowbit_status_t lowbit_comm_error_numel(lowbit_comm_t comm, int64_t* 
 
 LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* worker, int64_t worker_numel,
                                                    float* server, int64_t server_numel, void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     c.read_errors(worker, worker_numel, server, server_numel, stream);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buffer, int64_t capacity,
                                                    int64_t* out_size, void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out_size, "out_size");
     const int64_t n = c.worker_error_numel(), s = c.server_error_numel();
     const int64_t size = 64 + 4 * (n + s);
@@ -211,30 +208,26 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
 
 LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
                                                    void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     c.load_errors(static_cast<const uint8_t*>(buffer), size, stream);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* stream) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     c.reset_errors(stream);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     lowbit::check_out_struct(out, "out");
     *out = c.stats();
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm) {
-  return guarded(comm ? &comm->last_error : nullptr, [&] {
-    Communicator& c = lowbit::communicator_from_handle(comm);
+  return lowbit::on_comm(comm, [&](Communicator& c) {
     c.reset_stats();
   });
 }

@@ -149,8 +149,8 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void
 /* Collective over MPI (MPI_Comm_free): call before MPI_Finalize. NULL: no-op. */
 LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm);
 
-/* Message of the last failed call on this handle ("" if none; "comm is NULL"
- * for NULL). */
+/* Message of the last failed call on this handle ("" if none); for NULL, the
+ * thread's lowbit_last_error(), as lowbit_optimizer_last_error(NULL). */
 LOWBIT_API const char* lowbit_comm_last_error(lowbit_comm_t comm);
 
 LOWBIT_API lowbit_status_t lowbit_comm_rank(lowbit_comm_t comm, int32_t* out);

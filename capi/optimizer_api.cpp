@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "boundary.hpp"
-#include "comm/communicator.hpp"
+#include "comm_handle.hpp"
 #include "core/defaults.hpp"
 #include "core/optimizer.hpp"
 #include "core/validation.hpp"

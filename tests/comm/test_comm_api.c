@@ -90,7 +90,12 @@ int main(int argc, char** argv) {
   CHECK_STATUS(NULL, lowbit_comm_allreduce_mean(NULL, NULL, NULL), LOWBIT_ERROR_NULL_POINTER, "comm is NULL");
   CHECK_STATUS(NULL, lowbit_comm_error_numel(NULL, &i64, &i64), LOWBIT_ERROR_NULL_POINTER, "comm is NULL");
   CHECK_STATUS(NULL, lowbit_comm_reset_errors(NULL, NULL), LOWBIT_ERROR_NULL_POINTER, "comm is NULL");
+  /* NULL handle: the thread's last error, as lowbit_optimizer_last_error(NULL). */
   CHECK(strcmp(lowbit_comm_last_error(NULL), "comm is NULL") == 0, "lowbit_comm_last_error(NULL)");
+  CHECK_STATUS(NULL, lowbit_comm_config_init(NULL), LOWBIT_ERROR_NULL_POINTER, "config is NULL");
+  CHECK(strcmp(lowbit_comm_last_error(NULL), lowbit_last_error()) == 0 &&
+            strcmp(lowbit_optimizer_last_error(NULL), lowbit_last_error()) == 0,
+        "lowbit_comm_last_error(NULL) and lowbit_optimizer_last_error(NULL) are the thread's last error");
 
   lowbit_comm_t comm = make_world_comm();
   CHECK(strcmp(lowbit_comm_last_error(comm), "") == 0, "fresh handle has an error message");
