@@ -380,7 +380,7 @@ typedef struct lowbit_state_plan {
   int64_t state_bytes;          /* everything above, as lowbit_optimizer_state_bytes reports */
 } lowbit_state_plan_t;
 
-/* Plans the state of a param of param->param.numel elements and dtype
+/* Plans the state of a param of param->param.numel (>= 0) elements and dtype
  * param->param.dtype (data and device are not used) with the per-param
  * overrides of `param`, in an optimizer made with `config` whose group
  * param->group has `hparams`. Exactly what lowbit_optimizer_add_param would

@@ -32,7 +32,9 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   check_flag(c.stochastic_rounding, "stochastic_rounding", true);
   check_flag(c.error_correction, "error_correction", true);
   const int64_t numel = c.param.numel;
-  LOWBIT_REQUIRE(numel > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " must be > 0");
+  // A parameter with no elements (a JAX leaf) plans an empty state; add_param
+  // requires elements.
+  LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " must be >= 0");
   LOWBIT_REQUIRE(c.param.dtype >= LOWBIT_DTYPE_FLOAT32 && c.param.dtype <= LOWBIT_DTYPE_FLOAT16,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "param.dtype = ", int(c.param.dtype), " is not a lowbit_dtype_t value");
 

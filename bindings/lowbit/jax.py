@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._capi import Algorithm, StateFormat
+from ._capi import Algorithm, Dtype, StateFormat
+from ._plan import plan_param_state
 
 __all__ = [
     "LIBRARY_ENV",
@@ -86,12 +87,8 @@ _FORMATS = {
     "fp8": StateFormat.FP8,
     "e4m3": StateFormat.FP8,
 }
-_QUANTIZED = (StateFormat.BIT8, StateFormat.BIT4, StateFormat.FP8)
-_BLOCK = {StateFormat.BIT8: 256, StateFormat.FP8: 256, StateFormat.BIT4: 128}
-_PARAM_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-ROUND_NEAREST, ROUND_STOCHASTIC, ROUND_ERROR_CORRECTION = 0, 1, 2
-
+_PARAM_DTYPES = {jnp.dtype(jnp.float32): Dtype.FLOAT32, jnp.dtype(jnp.bfloat16): Dtype.BFLOAT16,
+                 jnp.dtype(jnp.float16): Dtype.FLOAT16}
 
 # ----------------------------------------------------------------- the module
 
@@ -256,61 +253,42 @@ def _parse_format(fmt, arg):
     return _FORMATS[key]
 
 
-def _num_moments(cfg: Config) -> int:
-    if cfg.algorithm in (Algorithm.ADAMW, Algorithm.ADAM):
-        return 2
-    if cfg.algorithm == Algorithm.LION:
-        return 1
-    return 1 if cfg.momentum != 0 else 0
-
-
-def _resolve(fmt, numel, cfg: Config) -> StateFormat:
-    # As Optimizer::resolve_format for a param registered without an explicit
-    # format: the optimizer's format, fp32 under the threshold if quantized.
-    f = StateFormat.FP32 if fmt is None else fmt
-    if f in _QUANTIZED and numel < cfg.min_quantized_numel:
-        return StateFormat.FP32
-    return f
-
-
 class _Leaf(NamedTuple):
     formats: tuple  # (moment 0, moment 1) lowbit_state_format_t values, 0 = none
     rounding: int
+    data_bytes: tuple
+    scale_count: tuple
+    ecc_bytes: int
 
 
 def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
+    """The state of one leaf, as the library plans it (lowbit_plan_param_state)."""
     dtype = jnp.dtype(dtype)
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"lowbit.jax: param {name} has dtype {dtype}; lowbit updates float32, bfloat16 and float16")
     numel = int(np.prod(shape, dtype=np.int64))
-    n = _num_moments(cfg)
-    first = _resolve(cfg.state_format, numel, cfg)
-    second = _resolve(cfg.second_state_format if cfg.second_state_format is not None else cfg.state_format, numel,
-                      cfg)
-    formats = tuple(int(f) if m < n else 0 for m, f in enumerate((first, second)))
-    rounding = ROUND_NEAREST
-    if dtype != jnp.float32:
-        if cfg.error_correction:
-            rounding = ROUND_ERROR_CORRECTION
-        elif cfg.stochastic_rounding:
-            rounding = ROUND_STOCHASTIC
-    return _Leaf(formats, rounding)
+    plan = plan_param_state(
+        cfg.algorithm, numel, _PARAM_DTYPES[dtype], state_format=cfg.state_format,
+        second_state_format=cfg.second_state_format if cfg.second_state_format is not None else StateFormat.DEFAULT,
+        min_quantized_numel=cfg.min_quantized_numel, stochastic_rounding=cfg.stochastic_rounding,
+        error_correction=cfg.error_correction, momentum=cfg.momentum)
+    return _Leaf(tuple(int(f) for f in plan.formats), int(plan.rounding), plan.data_bytes, plan.scale_count,
+                 plan.ecc_bytes)
 
 
-def _moment_arrays(fmt, numel):
-    if fmt == 0:
-        return jnp.zeros((0,), jnp.float32), jnp.zeros((0,), jnp.float32)
-    fmt = StateFormat(fmt)
+def _moment_arrays(plan: _Leaf, m: int):
+    """Zero data and scales of moment m: the data as its format stores it
+    (float32, bfloat16 or uint8 codes), one float32 per scale."""
+    fmt, nbytes = plan.formats[m], plan.data_bytes[m]
     if fmt == StateFormat.FP32:
-        data = jnp.zeros((numel,), jnp.float32)
+        data = jnp.zeros((nbytes // 4,), jnp.float32)
     elif fmt == StateFormat.BF16:
-        data = jnp.zeros((numel,), jnp.bfloat16)
-    elif fmt == StateFormat.BIT4:
-        data = jnp.zeros(((numel + 1) // 2,), jnp.uint8)
+        data = jnp.zeros((nbytes // 2,), jnp.bfloat16)
+    elif fmt == 0:
+        data = jnp.zeros((0,), jnp.float32)
     else:
-        data = jnp.zeros((numel,), jnp.uint8)
-    blocks = -(-numel // _BLOCK[fmt]) if fmt in _QUANTIZED else 0
-    return data, jnp.zeros((blocks,), jnp.float32)
+        data = jnp.zeros((nbytes,), jnp.uint8)
+    return data, jnp.zeros((plan.scale_count[m],), jnp.float32)
 
 
 def _leaf_names(params):
@@ -344,14 +322,13 @@ def _init(params, cfg: Config) -> LowbitState:
     for leaf, name in zip(leaves, names):
         shape, dtype = jnp.shape(leaf), jnp.result_type(leaf)
         plan = _plan_leaf(shape, dtype, cfg, name)
-        numel = int(np.prod(shape, dtype=np.int64))
-        d0, s0 = _moment_arrays(plan.formats[0], numel)
-        d1, s1 = _moment_arrays(plan.formats[1], numel)
+        d0, s0 = _moment_arrays(plan, 0)
+        d1, s1 = _moment_arrays(plan, 1)
         mu.append(d0)
         mus.append(s0)
         nu.append(d1)
         nus.append(s1)
-        ecc.append(jnp.zeros((numel if plan.rounding == ROUND_ERROR_CORRECTION else 0,), jnp.uint8))
+        ecc.append(jnp.zeros((plan.ecc_bytes,), jnp.uint8))
         layout.append((plan.formats[0], plan.formats[1], plan.rounding))
     un = treedef.unflatten
     return LowbitState(

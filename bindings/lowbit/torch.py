@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import torch
 
-from . import _checkpoint
 from ._arrays import ArrayRef
 from ._capi import Algorithm, Device, Dtype, StateFormat, Tensor
 from ._lib import ArrayError, InvalidArgumentError, StateMismatchError
@@ -334,7 +333,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if lowbit.get("algorithm") != self._algorithm.name.lower():
                 raise StateMismatchError(f"the state dict is for {lowbit.get('algorithm')}, this optimizer is "
                                          f"{self._algorithm.name.lower()}")
-            plan = [([by_index[i] for i in h["params"]], bytes(h["checkpoint"].cpu().numpy().tobytes()))
+            plan = [([by_index[i] for i in h["params"]], _loader(bytes(h["checkpoint"].cpu().numpy().tobytes())))
                     for h in lowbit["handles"]]
         else:
             plan = self._plan_torch_import(state_dict.get("state", {}), by_index, saved_groups)
@@ -354,10 +353,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 for p in params:
                     self._register(p, group_of[p], new_groups[group_of[p]])
                 if params:
-                    dev = self._devices[_device_key(params[0].device)]
-                    if callable(blob):
-                        blob = blob(dev)
-                    dev.handle.load(blob)
+                    blob(self._devices[_device_key(params[0].device)])
         except BaseException:
             for dev in self._devices.values():
                 dev.handle.close()
@@ -371,7 +367,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def _plan_torch_import(self, state: dict, by_index: dict, saved_groups) -> list:
         """Plan for a plain torch.optim state dict: register the params that
-        have state, then load a materialized fp32 checkpoint built from it."""
+        have state, then hand each moment (fp32) and step count to the library,
+        which encodes them into this optimizer's formats and checks them."""
         names = self._moment_names
         per_device: dict = {}
         for idx, s in sorted(state.items(), key=lambda kv: kv[0]):
@@ -399,18 +396,21 @@ class LowbitOptimizer(torch.optim.Optimizer):
         for entries in per_device.values():
             params = [e[0] for e in entries]
 
-            def make_blob(dev, entries=entries):
-                ck = _checkpoint.parse(dev.handle.save("fp32"))
-                for (p, step, moments), rec in zip(entries, ck.params):
-                    rec.step = step
-                    if len(rec.moments) != len(moments):
-                        raise StateMismatchError(f"param {tuple(p.shape)} keeps {len(rec.moments)} moments in "
-                                                 f"lowbit but the state dict has {len(moments)}")
-                    rec.moments = [_checkpoint.fp32_moment(m.detach().float().cpu().numpy()) for m in moments]
-                return _checkpoint.build(ck)
+            def import_moments(dev, entries=entries):
+                # The library checks each moment (its parameter, size, finite
+                # values, a non-negative variance) and encodes it.
+                for pid, (p, step, moments) in enumerate(entries):
+                    for k, m in enumerate(moments):
+                        dev.handle.write_moment(pid, k, m.detach().float().cpu().numpy())
+                    dev.handle.set_step(step, pid)
 
-            plan.append((params, make_blob))
+            plan.append((params, import_moments))
         return plan
+
+
+def _loader(blob: bytes):
+    """Loads a lowbit checkpoint into a device's handle."""
+    return lambda dev: dev.handle.load(blob)
 
 
 def _betas(group):

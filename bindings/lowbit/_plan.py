@@ -1,0 +1,64 @@
+"""The optimizer state a parameter gets, planned by the library
+(lowbit_plan_param_state): the one home of format resolution, the size
+threshold, moment counts, block and byte sizes and the rounding precedence.
+Used by lowbit.jax, which keeps the state itself."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from ctypes import byref
+from dataclasses import dataclass
+
+from . import _capi
+from ._capi import Algorithm, Dtype, Rounding, StateFormat
+from ._lib import call
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    num_moments: int
+    formats: tuple  # StateFormat of moments 0 and 1 (DEFAULT where the algorithm keeps none)
+    block_size: tuple  # elements per fp32 scale (0: unquantized)
+    data_bytes: tuple
+    scale_count: tuple
+    rounding: Rounding
+    ecc_bytes: int
+    state_bytes: int
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_format=StateFormat.FP32,
+                     second_state_format=StateFormat.DEFAULT, min_quantized_numel: int = 4096,
+                     stochastic_rounding: bool = False, error_correction: bool = False,
+                     momentum: float = 0.0) -> StatePlan:
+    """The state of a param of `numel` elements and `dtype` in an optimizer
+    with these settings (the optimizer-wide ones of lowbit_optimizer_config_t;
+    `momentum` is SGD's, which decides whether it keeps a moment)."""
+    cfg = _capi.OptimizerConfig()
+    call("lowbit_optimizer_config_init", byref(cfg), int(algorithm))
+    cfg.state_format = int(state_format)
+    cfg.second_state_format = int(second_state_format)
+    cfg.min_quantized_numel = int(min_quantized_numel)
+    cfg.stochastic_rounding = int(bool(stochastic_rounding))
+    cfg.error_correction = int(bool(error_correction))
+    hp = _capi.Hparams()
+    call("lowbit_hparams_init", byref(hp), int(algorithm))
+    hp.momentum = float(momentum)
+    pc = _capi.ParamConfig()
+    call("lowbit_param_config_init", byref(pc))
+    pc.param.numel = int(numel)
+    pc.param.dtype = int(dtype)
+    out = _capi.StatePlan()
+    out.struct_size = ctypes.sizeof(out)
+    call("lowbit_plan_param_state", byref(cfg), byref(hp), byref(pc), byref(out))
+    return StatePlan(
+        num_moments=out.num_moments,
+        formats=tuple(StateFormat(f) for f in out.format),
+        block_size=tuple(out.block_size),
+        data_bytes=tuple(out.data_bytes),
+        scale_count=tuple(out.scale_count),
+        rounding=Rounding(out.rounding),
+        ecc_bytes=out.ecc_bytes,
+        state_bytes=out.state_bytes,
+    )
