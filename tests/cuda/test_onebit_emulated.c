@@ -1,0 +1,255 @@
+/* 1-bit Adam with CUDA parameters (the CUDA engine and the communicator's
+ * device path on the emulation, linked with lowbit_emulated) against the CPU
+ * engine, bit for bit, under mpirun (2 and 4 ranks).
+ *
+ * Every rank runs two optimizers side by side, each with its own MPI
+ * communicator: one with host tensors (CPU engine, host communicator path),
+ * one with CUDA tensors (CUDA engine, device communicator path, staged through
+ * pinned memory). Parameters: fp32 with a momentum mask, bf16 with stochastic
+ * rounding over two chunks, fp16 with error correction; bias correction on;
+ * freeze_step 3. Gradients differ per rank. Step 2 has a NaN gradient on rank
+ * 0 (the warm-up average is NaN: skipped on every rank), step 6 an Inf on the
+ * last rank (the compressed exchange finds it: skipped on every rank). After
+ * every step the params, the skip flags, and at the end the whole optimizer
+ * state and both communicator errors must be identical between the engines.
+ * Resume: the CUDA run's checkpoint and communicator errors after step 2
+ * (warm-up), loaded into a fresh CUDA optimizer and communicator, must carry
+ * on through the freeze to the same bits as the uninterrupted CPU run. */
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "lowbit.h"
+#include "lowbit_comm.h"
+
+#define NP 3
+#define STEPS 8
+#define FREEZE 3
+#define RESUME_AFTER 2
+static const int64_t SIZES[NP] = {3000, 70001, 129};
+static const lowbit_dtype_t PDT[NP] = {LOWBIT_DTYPE_FLOAT32, LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_FLOAT16};
+
+static int rank, world;
+
+#define CHECK(cond, ...)                                             \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                                  \
+      fprintf(stderr, "\n");                                         \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                  \
+    }                                                                \
+  } while (0)
+#define OK(call) CHECK((call) == LOWBIT_SUCCESS, "%s failed: %s", #call, lowbit_last_error())
+
+static size_t dbytes(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
+
+static uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Deterministic values of magnitude 2^emin .. 1, bits of the dtype. */
+static void fill(void* out, lowbit_dtype_t d, int64_t n, int emin, uint64_t key) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t r = mix(key * 0x9E3779B97F4A7C15ull + (uint64_t)i);
+    int e = emin + (int)(r % (uint64_t)(1 - emin));
+    uint32_t sign = (uint32_t)(r >> 63), mant = (uint32_t)(r >> 8);
+    if (d == LOWBIT_DTYPE_FLOAT32) {
+      uint32_t u = (sign << 31) | ((uint32_t)(e + 127) << 23) | (mant & 0x7FFFFFu);
+      memcpy((char*)out + 4 * i, &u, 4);
+    } else if (d == LOWBIT_DTYPE_BFLOAT16) {
+      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 127) << 7) | (mant & 0x7Fu));
+      memcpy((char*)out + 2 * i, &h, 2);
+    } else {
+      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 15) << 10) | (mant & 0x3FFu));
+      memcpy((char*)out + 2 * i, &h, 2);
+    }
+  }
+}
+
+typedef struct {
+  lowbit_device_t device;
+  lowbit_comm_t comm;
+  lowbit_optimizer_t opt;
+  void* param[NP];
+  void* grad[NP];
+} run_t;
+
+static void* alloc(lowbit_device_t d, size_t bytes) {
+  void* p = NULL;
+  if (d == LOWBIT_DEVICE_CUDA)
+    CHECK(cudaMalloc(&p, bytes) == cudaSuccess, "cudaMalloc");
+  else
+    p = malloc(bytes);
+  return p;
+}
+
+/* Emulated device memory is host memory: params are compared and filled directly. */
+static void setup(run_t* r, lowbit_device_t device, const uint8_t* mask) {
+  memset(r, 0, sizeof *r);
+  r->device = device;
+  MPI_Comm mc = MPI_COMM_WORLD;
+  lowbit_comm_config_t cc;
+  OK(lowbit_comm_config_init(&cc));
+  cc.cuda_aware_mpi = LOWBIT_COMM_CUDA_AWARE_NEVER;
+  OK(lowbit_comm_create_mpi(&r->comm, &mc, &cc));
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  OK(lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_ONEBIT_ADAM));
+  OK(lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ONEBIT_ADAM));
+  c.device = device;
+  c.freeze_step = FREEZE;
+  c.seed = 77;
+  h.lr = 1e-2f;
+  h.bias_correction = 1;
+  h.weight_decay = 0.01f;
+  OK(lowbit_optimizer_create(&r->opt, &c, &h));
+  OK(lowbit_optimizer_set_comm(r->opt, r->comm));
+  for (int i = 0; i < NP; ++i) {
+    const size_t bytes = (size_t)SIZES[i] * dbytes(PDT[i]);
+    r->param[i] = alloc(device, bytes);
+    r->grad[i] = alloc(device, bytes);
+    fill(r->param[i], PDT[i], SIZES[i], -4, 1000u + (uint64_t)i); /* the same params on every rank */
+    lowbit_param_config_t pc;
+    OK(lowbit_param_config_init(&pc));
+    pc.param = (lowbit_tensor_t){r->param[i], SIZES[i], PDT[i], device, 0};
+    pc.grad = (lowbit_tensor_t){r->grad[i], SIZES[i], PDT[i], device, 0};
+    pc.stochastic_rounding = i == 1;
+    pc.error_correction = i == 2;
+    int64_t id;
+    OK(lowbit_optimizer_add_param(r->opt, &pc, &id));
+  }
+  OK(lowbit_optimizer_set_momentum_mask(r->opt, 0, mask, SIZES[0]));
+}
+
+static void destroy(run_t* r) {
+  lowbit_optimizer_destroy(r->opt);
+  lowbit_comm_destroy(r->comm);
+  for (int i = 0; i < NP; ++i) {
+    if (r->device == LOWBIT_DEVICE_CUDA) {
+      cudaFree(r->param[i]);
+      cudaFree(r->grad[i]);
+    } else {
+      free(r->param[i]);
+      free(r->grad[i]);
+    }
+  }
+}
+
+static void grads_for(run_t* r, int step) {
+  for (int i = 0; i < NP; ++i) {
+    fill(r->grad[i], PDT[i], SIZES[i], -12, (uint64_t)step * 7919u + (uint64_t)rank * 104729u + (uint64_t)i);
+    const int bad = (step == 2 && rank == 0) || (step == 6 && rank == world - 1);
+    if (bad && i == 1) {
+      const uint16_t v = step == 2 ? 0x7FC0u : 0x7F80u; /* bf16 NaN, +Inf */
+      memcpy((char*)r->grad[i] + 2 * 4321, &v, 2);
+    }
+  }
+}
+
+static void step(run_t* r, int s) {
+  grads_for(r, s);
+  OK(lowbit_optimizer_step(r->opt, NULL));
+  if (r->device == LOWBIT_DEVICE_CUDA) CHECK(cudaStreamSynchronize(NULL) == cudaSuccess, "sync");
+}
+
+static int skipped(run_t* r) {
+  int32_t out = -1;
+  OK(lowbit_optimizer_last_step_skipped(r->opt, &out));
+  return out;
+}
+
+static void same_params(run_t* a, run_t* b, const char* what, int s) {
+  for (int i = 0; i < NP; ++i)
+    CHECK(memcmp(a->param[i], b->param[i], (size_t)SIZES[i] * dbytes(PDT[i])) == 0,
+          "%s step %d: param %d differs between the CPU and the CUDA engine", what, s, i);
+}
+
+static uint8_t* save_opt(run_t* r, int64_t* n) {
+  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, n, NULL));
+  uint8_t* b = malloc((size_t)*n);
+  OK(lowbit_optimizer_save(r->opt, LOWBIT_CHECKPOINT_COMPRESSED, b, *n, n, NULL));
+  return b;
+}
+
+static uint8_t* save_errors(run_t* r, int64_t* n) {
+  OK(lowbit_comm_save_errors(r->comm, NULL, 0, n, NULL));
+  uint8_t* b = malloc((size_t)*n);
+  OK(lowbit_comm_save_errors(r->comm, b, *n, n, NULL));
+  return b;
+}
+
+static void same_state(run_t* a, run_t* b, const char* what) {
+  int64_t n0, n1, e0, e1;
+  uint8_t *x = save_opt(a, &n0), *y = save_opt(b, &n1);
+  CHECK(n0 == n1 && memcmp(x, y, (size_t)n0) == 0, "%s: optimizer state differs between the engines", what);
+  uint8_t *u = save_errors(a, &e0), *v = save_errors(b, &e1);
+  CHECK(e0 == e1 && memcmp(u, v, (size_t)e0) == 0, "%s: communicator errors differ between the engines", what);
+  free(x), free(y), free(u), free(v);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  uint8_t* mask = malloc((size_t)SIZES[0]);
+  for (int64_t i = 0; i < SIZES[0]; ++i) mask[i] = (uint8_t)(mix((uint64_t)i + 5) % 5 != 0);
+
+  run_t cpu, gpu;
+  setup(&cpu, LOWBIT_DEVICE_CPU, mask);
+  setup(&gpu, LOWBIT_DEVICE_CUDA, mask);
+  uint8_t *ck = NULL, *errs = NULL;
+  int64_t ck_n = 0, errs_n = 0;
+  void* mid[NP];
+  for (int s = 1; s <= STEPS; ++s) {
+    step(&cpu, s);
+    step(&gpu, s);
+    const int expect_skip = s == 2 || s == 6;
+    CHECK(skipped(&cpu) == expect_skip && skipped(&gpu) == expect_skip, "step %d: skipped CPU %d CUDA %d, expected %d",
+          s, skipped(&cpu), skipped(&gpu), expect_skip);
+    same_params(&cpu, &gpu, "1-bit Adam", s);
+    if (s == RESUME_AFTER) {
+      ck = save_opt(&gpu, &ck_n);
+      errs = save_errors(&gpu, &errs_n);
+      for (int i = 0; i < NP; ++i) {
+        const size_t bytes = (size_t)SIZES[i] * dbytes(PDT[i]);
+        mid[i] = malloc(bytes);
+        memcpy(mid[i], gpu.param[i], bytes);
+      }
+    }
+  }
+  same_state(&cpu, &gpu, "after the run");
+  lowbit_param_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  OK(lowbit_optimizer_param_info(gpu.opt, 1, &info));
+  CHECK(info.step == STEPS - 2, "CUDA step count %lld, expected %d", (long long)info.step, STEPS - 2);
+
+  /* Resume the CUDA run from its warm-up checkpoint, through the freeze. */
+  run_t resumed;
+  setup(&resumed, LOWBIT_DEVICE_CUDA, mask);
+  for (int i = 0; i < NP; ++i) memcpy(resumed.param[i], mid[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+  OK(lowbit_optimizer_load(resumed.opt, ck, ck_n, NULL));
+  OK(lowbit_comm_load_errors(resumed.comm, errs, errs_n, NULL));
+  for (int s = RESUME_AFTER + 1; s <= STEPS; ++s) step(&resumed, s);
+  same_params(&cpu, &resumed, "resumed", STEPS);
+  same_state(&cpu, &resumed, "resumed");
+
+  if (rank == 0)
+    printf("1-bit Adam, %d ranks: CUDA engine (emulated) = CPU engine bit for bit over %d steps (freeze at %d, two "
+           "skipped steps), resume included\n",
+           world, STEPS, FREEZE);
+  destroy(&resumed);
+  destroy(&gpu);
+  destroy(&cpu);
+  for (int i = 0; i < NP; ++i) free(mid[i]);
+  free(ck), free(errs), free(mask);
+  MPI_Finalize();
+  return 0;
+}
