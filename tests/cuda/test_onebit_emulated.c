@@ -16,14 +16,8 @@
  * (warm-up), loaded into a fresh CUDA optimizer and communicator, must carry
  * on through the freeze to the same bits as the uninterrupted CPU run. */
 #include <mpi.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include <cuda_runtime_api.h>
-
-#include "lowbit.h"
+#include "cuda_test_util.h"
 #include "lowbit_comm.h"
 
 #define NP 3
@@ -46,31 +40,10 @@ static int rank, world;
   } while (0)
 #define OK(call) CHECK((call) == LOWBIT_SUCCESS, "%s failed: %s", #call, lowbit_last_error())
 
-static size_t dbytes(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
-
-static uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Deterministic values of magnitude 2^emin .. 1, bits of the dtype. */
+/* Deterministic values of magnitude 2^emin .. 1 for a key (rank, step, param). */
 static void fill(void* out, lowbit_dtype_t d, int64_t n, int emin, uint64_t key) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t r = mix(key * 0x9E3779B97F4A7C15ull + (uint64_t)i);
-    int e = emin + (int)(r % (uint64_t)(1 - emin));
-    uint32_t sign = (uint32_t)(r >> 63), mant = (uint32_t)(r >> 8);
-    if (d == LOWBIT_DTYPE_FLOAT32) {
-      uint32_t u = (sign << 31) | ((uint32_t)(e + 127) << 23) | (mant & 0x7FFFFFu);
-      memcpy((char*)out + 4 * i, &u, 4);
-    } else if (d == LOWBIT_DTYPE_BFLOAT16) {
-      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 127) << 7) | (mant & 0x7Fu));
-      memcpy((char*)out + 2 * i, &h, 2);
-    } else {
-      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 15) << 10) | (mant & 0x3FFu));
-      memcpy((char*)out + 2 * i, &h, 2);
-    }
-  }
+  uint64_t rng = key * 0x9E3779B97F4A7C15ull;
+  ct_fill(out, d, n, emin, 0, &rng);
 }
 
 typedef struct {
@@ -112,7 +85,7 @@ static void setup(run_t* r, lowbit_device_t device, const uint8_t* mask) {
   OK(lowbit_optimizer_create(&r->opt, &c, &h));
   OK(lowbit_optimizer_set_comm(r->opt, r->comm));
   for (int i = 0; i < NP; ++i) {
-    const size_t bytes = (size_t)SIZES[i] * dbytes(PDT[i]);
+    const size_t bytes = (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]);
     r->param[i] = alloc(device, bytes);
     r->grad[i] = alloc(device, bytes);
     fill(r->param[i], PDT[i], SIZES[i], -4, 1000u + (uint64_t)i); /* the same params on every rank */
@@ -167,7 +140,7 @@ static int skipped(run_t* r) {
 
 static void same_params(run_t* a, run_t* b, const char* what, int s) {
   for (int i = 0; i < NP; ++i)
-    CHECK(memcmp(a->param[i], b->param[i], (size_t)SIZES[i] * dbytes(PDT[i])) == 0,
+    CHECK(memcmp(a->param[i], b->param[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i])) == 0,
           "%s step %d: param %d differs between the CPU and the CUDA engine", what, s, i);
 }
 
@@ -199,7 +172,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   uint8_t* mask = malloc((size_t)SIZES[0]);
-  for (int64_t i = 0; i < SIZES[0]; ++i) mask[i] = (uint8_t)(mix((uint64_t)i + 5) % 5 != 0);
+  uint64_t mask_rng = 5;
+  for (int64_t i = 0; i < SIZES[0]; ++i) mask[i] = (uint8_t)(ct_next(&mask_rng) % 5 != 0);
 
   run_t cpu, gpu;
   setup(&cpu, LOWBIT_DEVICE_CPU, mask);
@@ -218,7 +192,7 @@ int main(int argc, char** argv) {
       ck = save_opt(&gpu, &ck_n);
       errs = save_errors(&gpu, &errs_n);
       for (int i = 0; i < NP; ++i) {
-        const size_t bytes = (size_t)SIZES[i] * dbytes(PDT[i]);
+        const size_t bytes = (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]);
         mid[i] = malloc(bytes);
         memcpy(mid[i], gpu.param[i], bytes);
       }
@@ -234,7 +208,7 @@ int main(int argc, char** argv) {
   /* Resume the CUDA run from its warm-up checkpoint, through the freeze. */
   run_t resumed;
   setup(&resumed, LOWBIT_DEVICE_CUDA, mask);
-  for (int i = 0; i < NP; ++i) memcpy(resumed.param[i], mid[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+  for (int i = 0; i < NP; ++i) memcpy(resumed.param[i], mid[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
   OK(lowbit_optimizer_load(resumed.opt, ck, ck_n, NULL));
   OK(lowbit_comm_load_errors(resumed.comm, errs, errs_n, NULL));
   for (int s = RESUME_AFTER + 1; s <= STEPS; ++s) step(&resumed, s);

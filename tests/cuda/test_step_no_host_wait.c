@@ -20,20 +20,8 @@
  * A default-settings step captured in a graph (cudaStreamBeginCapture on the
  * emulation records the work; cudaGraphLaunch replays it) equals, replay for
  * replay, an uncaptured optimizer taking the same steps. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <cmocka.h>
-#include <cuda_runtime_api.h>
-
+#include "cuda_test_util.h"
 #include "emu_counters.h"
-#include "lowbit.h"
-#include "../common/test_seed.h"
 
 #define NP 3
 static const int64_t SIZES[NP] = {70001, 5003, 129};
@@ -43,43 +31,13 @@ static const int ECC[NP] = {0, 0, 1};
 
 static uint64_t g_rng;
 
-static uint64_t next_u64(void) {
-  uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static size_t dbytes(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
-
-/* Values of magnitude 2^-12 .. 1 as bits of the dtype. */
-static void fill(void* out, lowbit_dtype_t d, int64_t n, int emin) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t r = next_u64();
-    int e = emin + (int)(r % (uint64_t)(1 - emin));
-    uint32_t sign = (uint32_t)(r >> 63), mant = (uint32_t)(r >> 8);
-    if (d == LOWBIT_DTYPE_FLOAT32) {
-      uint32_t u = (sign << 31) | ((uint32_t)(e + 127) << 23) | (mant & 0x7FFFFFu);
-      memcpy((char*)out + 4 * i, &u, 4);
-    } else if (d == LOWBIT_DTYPE_BFLOAT16) {
-      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 127) << 7) | (mant & 0x7Fu));
-      memcpy((char*)out + 2 * i, &h, 2);
-    } else {
-      uint16_t h = (uint16_t)((sign << 15) | ((uint32_t)(e + 15) << 10) | (mant & 0x3FFu));
-      memcpy((char*)out + 2 * i, &h, 2);
-    }
-  }
-}
+static uint64_t next_u64(void) { return ct_next(&g_rng); }
 
 typedef struct {
   lowbit_optimizer_t opt;
   void* param[NP];
   void* grad[NP];
 } fixture_t;
-
-static void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail_msg("%s: %s", what, cudaGetErrorString(e));
-}
 
 static void setup(fixture_t* f, lowbit_algorithm_t algo, float momentum, lowbit_state_format_t m,
                   lowbit_state_format_t v, int skip_nonfinite) {
@@ -100,10 +58,10 @@ static void setup(fixture_t* f, lowbit_algorithm_t algo, float momentum, lowbit_
   h.lr *= 0.5f;
   assert_int_equal(lowbit_optimizer_add_group(f->opt, &h, &g1), LOWBIT_SUCCESS);
   for (int i = 0; i < NP; ++i) {
-    const size_t bytes = (size_t)SIZES[i] * dbytes(PDT[i]);
-    cuda_ok(cudaMalloc(&f->param[i], bytes), "cudaMalloc");
-    cuda_ok(cudaMalloc(&f->grad[i], bytes), "cudaMalloc");
-    fill(f->param[i], PDT[i], SIZES[i], -4); /* emulated device memory is host memory */
+    const size_t bytes = (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]);
+    CT_CUDA(cudaMalloc(&f->param[i], bytes));
+    CT_CUDA(cudaMalloc(&f->grad[i], bytes));
+    ct_fill(f->param[i], PDT[i], SIZES[i], -4, 0, &g_rng); /* emulated device memory is host memory */
     lowbit_param_config_t pc;
     lowbit_param_config_init(&pc);
     pc.param = (lowbit_tensor_t){f->param[i], SIZES[i], PDT[i], LOWBIT_DEVICE_CUDA, 0};
@@ -126,7 +84,7 @@ static void teardown(fixture_t* f) {
 }
 
 static void new_grads(fixture_t* f) {
-  for (int i = 0; i < NP; ++i) fill(f->grad[i], PDT[i], SIZES[i], -12);
+  for (int i = 0; i < NP; ++i) ct_fill(f->grad[i], PDT[i], SIZES[i], -12, 0, &g_rng);
 }
 
 /* A call that must neither wait nor allocate. */
@@ -171,7 +129,7 @@ static uint8_t* save(lowbit_optimizer_t opt, int64_t* size) {
 static void test_every_step_is_wait_free(void** state) {
   (void)state;
   cudaStream_t s;
-  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  CT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (size_t a = 0; a < sizeof ALGOS / sizeof ALGOS[0]; ++a)
     for (size_t fi = 0; fi < sizeof FORMATS / sizeof FORMATS[0]; ++fi) {
       const int two = ALGOS[a].algo == LOWBIT_ALGORITHM_ADAMW || ALGOS[a].algo == LOWBIT_ALGORITHM_ADAM;
@@ -193,7 +151,7 @@ static void test_every_step_is_wait_free(void** state) {
         grads[1].data = NULL; /* param 1 sits this step out */
         NO_WAIT(label, lowbit_optimizer_step_with_grads(f.opt, grads, NP, s));
         NO_WAIT(label, lowbit_optimizer_step(f.opt, s));
-        cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+        CT_CUDA(cudaStreamSynchronize(s));
         int32_t skipped = -1;
         assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
         assert_int_equal(skipped, 0);
@@ -216,22 +174,21 @@ static void test_nan_skips_and_changes_nothing(void** state) {
     fixture_t f;
     setup(&f, ALGOS[a].algo, ALGOS[a].momentum, fmt[0], fmt[0], 1);
     cudaStream_t s;
-    cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    CT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     new_grads(&f);
     NO_WAIT(ALGOS[a].name, lowbit_optimizer_step(f.opt, s));
-    cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    CT_CUDA(cudaStreamSynchronize(s));
     int64_t n0, n1;
     uint8_t* before = save(f.opt, &n0);
     void* params[NP];
     for (int i = 0; i < NP; ++i) {
-      params[i] = malloc((size_t)SIZES[i] * dbytes(PDT[i]));
-      memcpy(params[i], f.param[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+      params[i] = malloc((size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
+      memcpy(params[i], f.param[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
     }
     new_grads(&f);
-    const uint16_t nan16 = PDT[2] == LOWBIT_DTYPE_BFLOAT16 ? 0x7FC0u : 0x7E00u;
-    memcpy((char*)f.grad[2] + 2 * 100, &nan16, 2);
+    ct_set_nan(f.grad[2], PDT[2], 100);
     NO_WAIT(ALGOS[a].name, lowbit_optimizer_step(f.opt, s));
-    cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    CT_CUDA(cudaStreamSynchronize(s));
     int32_t skipped = 0;
     assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
     assert_int_equal(skipped, 1);
@@ -239,7 +196,7 @@ static void test_nan_skips_and_changes_nothing(void** state) {
     assert_int_equal(n0, n1);
     assert_memory_equal(before, after, (size_t)n0); /* state and step counts */
     for (int i = 0; i < NP; ++i) {
-      assert_memory_equal(params[i], f.param[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+      assert_memory_equal(params[i], f.param[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
       free(params[i]);
     }
     free(before);
@@ -247,7 +204,7 @@ static void test_nan_skips_and_changes_nothing(void** state) {
     /* The next finite step is applied. */
     new_grads(&f);
     NO_WAIT(ALGOS[a].name, lowbit_optimizer_step(f.opt, s));
-    cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    CT_CUDA(cudaStreamSynchronize(s));
     assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
     assert_int_equal(skipped, 0);
     cudaStreamDestroy(s);
@@ -266,24 +223,24 @@ static void test_default_step_in_a_graph(void** state) {
   g_rng = seed;
   setup(&ref, LOWBIT_ALGORITHM_ADAMW, 0.f, LOWBIT_STATE_8BIT, LOWBIT_STATE_DEFAULT, 1);
   cudaStream_t s;
-  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  CT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  cuda_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  CT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   NO_WAIT("capture", lowbit_optimizer_step(f.opt, s));
-  cuda_ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  CT_CUDA(cudaStreamEndCapture(s, &graph));
+  CT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   for (int r = 0; r < 6; ++r) {
     new_grads(&f);
-    for (int i = 0; i < NP; ++i) memcpy(ref.grad[i], f.grad[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+    for (int i = 0; i < NP; ++i) memcpy(ref.grad[i], f.grad[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
     if (r == 3) {
       const uint16_t inf = 0x7F80u;
       memcpy((char*)f.grad[1] + 2 * 7, &inf, 2);
       memcpy((char*)ref.grad[1] + 2 * 7, &inf, 2);
     }
-    cuda_ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    CT_CUDA(cudaGraphLaunch(exec, s));
     assert_int_equal(lowbit_optimizer_step(ref.opt, NULL), LOWBIT_SUCCESS);
-    cuda_ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    CT_CUDA(cudaStreamSynchronize(s));
     int32_t a = -1, b = -1;
     lowbit_optimizer_last_step_skipped(f.opt, &a);
     lowbit_optimizer_last_step_skipped(ref.opt, &b);
@@ -294,7 +251,7 @@ static void test_default_step_in_a_graph(void** state) {
     uint8_t* y = save(ref.opt, &n1);
     assert_int_equal(n0, n1);
     assert_memory_equal(x, y, (size_t)n0);
-    for (int i = 0; i < NP; ++i) assert_memory_equal(f.param[i], ref.param[i], (size_t)SIZES[i] * dbytes(PDT[i]));
+    for (int i = 0; i < NP; ++i) assert_memory_equal(f.param[i], ref.param[i], (size_t)SIZES[i] * ct_dtype_bytes(PDT[i]));
     free(x);
     free(y);
   }
