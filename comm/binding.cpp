@@ -59,7 +59,7 @@ void Communicator::Impl::prepare(const CommArg& a, void* stream) {
   b.grecv = Mem(k, all);
 #ifdef LOWBIT_COMM_WITH_CUDA
   if (cuda) {
-    b.partials = Mem(MemKind::Device, sizeof(double) * onebit::dev::kMaxPartials);
+    b.partials = Mem(MemKind::Device, sizeof(double) * size_t(onebit::dev::partials_count(a.n)));
     b.scal = Mem(MemKind::Device, 4 * sizeof(float));
     b.flag = Mem(MemKind::Device, sizeof(int32_t));
     b.host_flag = Mem(MemKind::Mapped, sizeof(int32_t));

@@ -1,10 +1,10 @@
 // CUDA kernels of the 1-bit compressed allreduce: the same arithmetic as
-// host_kernels.cpp (the fp32 operations are identical and in the same order;
-// only the double sums of squares are accumulated in another order), with
-// every scale kept in device memory. Device code plus the geometry of every
-// launch (enqueue_*), shared by the nvcc launchers (cuda_kernels.cu, built
-// with --fmad=false) and the host emulation (tests/cuda/emu/emu.hpp,
-// tests/cuda/emu/emu_comm_kernels.cpp).
+// host_kernels.cpp (every fp32 and fp64 operation identical and in the same
+// order, the sums of squares included: sumsq.hpp), with every scale kept in
+// device memory, so a device call gives the bits of a host call. Device code
+// plus the geometry of every launch (enqueue_*), shared by the nvcc launchers
+// (cuda_kernels.cu, built with --fmad=false: no contraction into FMA) and
+// the host emulation (tests/cuda/emu/emu.hpp, emu_comm_kernels.cpp).
 #pragma once
 #ifndef LOWBIT_CUDA_EMULATION  // tests/cuda/emu: the same kernel code run on the host
 #include <cuda_runtime.h>
@@ -19,6 +19,7 @@
 
 #include "comm/device.hpp"
 #include "comm/layout.hpp"
+#include "comm/sumsq.hpp"
 #include "core/error.hpp"
 
 namespace lowbit {
@@ -42,8 +43,8 @@ __device__ __forceinline__ void store_scale(uint8_t* m, float s) {
   m[3] = uint8_t(u >> 24);
 }
 
-// Fixed-order block sum (blockDim.x == kThreads, a power of two); all threads
-// get the result.
+// tree256 of sumsq.hpp over the block (blockDim.x == kThreads == 256): all
+// threads get the result.
 __device__ double block_sum(double v, double* sh) {
   sh[threadIdx.x] = v;
   __syncthreads();
@@ -56,39 +57,43 @@ __device__ double block_sum(double v, double* sh) {
   return r;
 }
 
+// seg[s] = sum of (t + e)^2 over segment s (sumsq.hpp), for the segments
+// s = blockIdx.x, blockIdx.x + gridDim.x, ...: thread c owns lanes 8c .. 8c+7.
 __global__ void k_worker_sumsq(const float* __restrict__ t, const float* __restrict__ e, int64_t n, bool vec,
-                               double* __restrict__ partials) {
+                               double* __restrict__ seg, int64_t nseg) {
   __shared__ double sh[kThreads];
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  double acc = 0.0;
-  int64_t start = 0;
-  if (vec) {
-    const int64_t n4 = n / 4;
-    const float4* t4 = LOWBIT_VECTOR_PTR(reinterpret_cast<const float4*>(t));
-    const float4* e4 = LOWBIT_VECTOR_PTR(reinterpret_cast<const float4*>(e));
-    for (int64_t i = tid; i < n4; i += stride) {
-      const float4 a = t4[i], b = e4[i];
-      const float x0 = a.x + b.x, x1 = a.y + b.y, x2 = a.z + b.z, x3 = a.w + b.w;
-      acc += double(x0) * x0 + double(x1) * x1 + double(x2) * x2 + double(x3) * x3;
+  for (int64_t sg = blockIdx.x; sg < nseg; sg += gridDim.x) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < sumsq::kRounds; ++r) {
+      const int64_t base = sg * sumsq::kSegment + int64_t(r) * sumsq::kLanes + int64_t(threadIdx.x) * 8;
+      if (vec && base + 8 <= n) {
+        const float4* t4 = LOWBIT_VECTOR_PTR(reinterpret_cast<const float4*>(t + base));
+        const float4* e4 = LOWBIT_VECTOR_PTR(reinterpret_cast<const float4*>(e + base));
+        const float4 ta = t4[0], tb = t4[1], ea = e4[0], eb = e4[1];
+        const float x[8] = {ta.x + ea.x, ta.y + ea.y, ta.z + ea.z, ta.w + ea.w,
+                            tb.x + eb.x, tb.y + eb.y, tb.z + eb.z, tb.w + eb.w};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[k] += double(x[k]) * double(x[k]);
+      } else {
+        for (int k = 0; k < 8 && base + k < n; ++k) {
+          const float x = t[base + k] + e[base + k];
+          a[k] += double(x) * double(x);
+        }
+      }
     }
-    start = n4 * 4;
+    const double s = block_sum(sumsq::fold8(a), sh);
+    if (threadIdx.x == 0) seg[sg] = s;
   }
-  for (int64_t i = start + tid; i < n; i += stride) {
-    const float x = t[i] + e[i];
-    acc += double(x) * x;
-  }
-  const double s = block_sum(acc, sh);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-// scal[slot] = sqrt(sum(partials) / count) (0 if count == 0), NaN if the sum
-// or one of the W scales at recv (when given) is not finite.
-__global__ void k_finish_scale(const double* __restrict__ partials, int nparts, int64_t count, float* scal, int slot,
+// scal[slot] = sqrt(total / count) (0 if count == 0), NaN if the total or one
+// of the W scales at recv (when given) is not finite. The total of the
+// segment sums seg[0 .. nseg) as sumsq.hpp: thread c owns accumulator c.
+__global__ void k_finish_scale(const double* __restrict__ seg, int64_t nseg, int64_t count, float* scal, int slot,
                                const uint8_t* recv, int world, int64_t msg) {
   __shared__ double sh[kThreads];
   double acc = 0.0;
-  for (int p = threadIdx.x; p < nparts; p += kThreads) acc += partials[p];
+  for (int64_t p = threadIdx.x; p < nseg; p += kThreads) acc += seg[p];
   const double sum = block_sum(acc, sh);
   __shared__ int bad;
   if (threadIdx.x == 0) bad = 0;
@@ -147,36 +152,41 @@ __global__ void k_worker_pack(const float* __restrict__ t, const float* __restri
   }
 }
 
+// y = mean_j(q_j) + z into ws_z, and seg[s] = sum of y^2 over segment s
+// (sumsq.hpp) of this rank's chunk (c elements): thread c owns lanes
+// 8c .. 8c+7, the elements of one byte of each message per round.
 __global__ void k_server_sum(const uint8_t* __restrict__ recv, int world, int64_t msg, const float* __restrict__ z,
-                             float* __restrict__ ws_z, int64_t c, double* __restrict__ partials) {
+                             float* __restrict__ ws_z, int64_t c, double* __restrict__ seg, int64_t nseg) {
   LOWBIT_DYNAMIC_SHARED(float, sc);
   __shared__ double sh[kThreads];
   for (int j = threadIdx.x; j < world; j += blockDim.x) sc[j] = load_scale(recv + int64_t(j) * msg);
   __syncthreads();
   const float fw = float(world);
-  const int64_t nb = (c + 7) / 8;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  double acc2 = 0.0;
-  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < nb; b += stride) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < world; ++j) {
-      const unsigned byte = recv[int64_t(j) * msg + 4 + b];
-      const float s = sc[j];
+  for (int64_t sg = blockIdx.x; sg < nseg; sg += gridDim.x) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < sumsq::kRounds; ++r) {
+      const int64_t base = sg * sumsq::kSegment + int64_t(r) * sumsq::kLanes + int64_t(threadIdx.x) * 8;
+      if (base >= c) break;
+      const int64_t b = base / 8;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < world; ++j) {
+        const unsigned byte = recv[int64_t(j) * msg + 4 + b];
+        const float s = sc[j];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] += signed_scale((byte >> k) & 1u, s);
-    }
-    const int64_t base = b * 8;
+        for (int k = 0; k < 8; ++k) acc[k] += signed_scale((byte >> k) & 1u, s);
+      }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (base + k < c) {
-        const float y = acc[k] / fw + z[base + k];
-        ws_z[base + k] = y;
-        acc2 += double(y) * y;
+      for (int k = 0; k < 8; ++k) {
+        if (base + k < c) {
+          const float y = acc[k] / fw + z[base + k];
+          ws_z[base + k] = y;
+          a[k] += double(y) * double(y);
+        }
       }
     }
+    const double s = block_sum(sumsq::fold8(a), sh);
+    if (threadIdx.x == 0) seg[sg] = s;
   }
-  const double s = block_sum(acc2, sh);
-  if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
 __global__ void k_server_pack(float* __restrict__ ws_z, int64_t c, int64_t cb, const float* __restrict__ scal,
@@ -265,13 +275,20 @@ inline size_t scales_smem(int world) {
   return size_t(world) * sizeof(float);
 }
 
+// Blocks for the segments of `count` elements (one block per segment, at
+// least one block).
+inline int blocks_for_segments(int64_t count) {
+  const int64_t s = sumsq::segments(count);
+  return int(s < 1 ? 1 : (s > (1 << 20) ? (1 << 20) : s));
+}
+
 template <class Launch>
 void enqueue_worker(const Launch& launch, const float* t, const float* e, float* ws_err, const Layout& l,
                     uint8_t* send, double* partials, float* scal) {
   const bool vec = aligned16(t) && aligned16(e) && aligned16(ws_err);
-  const int nb1 = blocks_for((l.n + 3) / 4, kMaxPartials);
-  launch(k_worker_sumsq, nb1, 0, t, e, l.n, vec, partials);
-  launch(k_finish_scale, 1, 0, partials, nb1, l.n, scal, 0, static_cast<const uint8_t*>(nullptr), 0, int64_t(0));
+  const int64_t nseg = sumsq::segments(l.n);
+  launch(k_worker_sumsq, blocks_for_segments(l.n), 0, t, e, l.n, vec, partials, nseg);
+  launch(k_finish_scale, 1, 0, partials, nseg, l.n, scal, 0, static_cast<const uint8_t*>(nullptr), 0, int64_t(0));
   const int64_t nbytes = l.padded / 8;
   launch(k_worker_pack, blocks_for(nbytes, 1 << 20), 0, t, e, ws_err, l.n, nbytes, l.chunk_bytes, l.msg, l.world,
          vec, scal, send);
@@ -281,9 +298,10 @@ template <class Launch>
 void enqueue_server(const Launch& launch, const uint8_t* recv, const float* z, float* ws_z, const Layout& l,
                     uint8_t* gsend, double* partials, float* scal) {
   const int64_t c = l.server_numel();
-  const int nb1 = blocks_for((c + 7) / 8, kMaxPartials);
-  launch(k_server_sum, nb1, scales_smem(l.world), recv, l.world, l.msg, z, ws_z, c, partials);
-  launch(k_finish_scale, 1, 0, partials, nb1, c, scal, 1, recv, l.world, l.msg);
+  const int64_t nseg = sumsq::segments(c);
+  launch(k_server_sum, blocks_for_segments(c), scales_smem(l.world), recv, l.world, l.msg, z, ws_z, c, partials,
+         nseg);
+  launch(k_finish_scale, 1, 0, partials, nseg, c, scal, 1, recv, l.world, l.msg);
   launch(k_server_pack, blocks_for(l.chunk_bytes, 1 << 20), 0, ws_z, c, l.chunk_bytes, scal, gsend);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "layout.hpp"
+#include "sumsq.hpp"
 
 namespace lowbit {
 namespace onebit {
@@ -31,8 +32,12 @@ int device_count() noexcept;  // 0 when there is no usable device
 // "" if p is device (or managed) memory usable on device `index`, else why not.
 std::string check_device_pointer(const void* p, int index);
 
-// Partials of a sum of squares: at most this many blocks.
-constexpr int kMaxPartials = 1024;
+// Doubles of the `partials` workspace of worker() and server() for a tensor
+// of n elements: one per segment of the sums of squares (sumsq.hpp).
+inline int64_t partials_count(int64_t n) {
+  const int64_t s = sumsq::segments(n);
+  return s < 1 ? 1 : s;
+}
 
 // Worker phase: x = t + e; scal[0] = scale of x (NaN if not finite); the new
 // worker error x - q into ws_err; the W messages into send.

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "sumsq.hpp"
+
 namespace lowbit {
 namespace onebit {
 
@@ -23,33 +25,88 @@ float get_scale(const uint8_t* msg) {
   return f;
 }
 
+namespace {
+
+using sumsq::kLanes;
+using sumsq::kRounds;
+using sumsq::kSegment;
+using sumsq::kTree;
+
+// The sum of squares in the order of sumsq.hpp, segment by segment; a
+// segment is computed as the device's block computes it: "thread" c
+// accumulates lanes 8c .. 8c+7 over the rounds (in registers) and folds
+// them, then tree256 over the threads.
+//   lanes(base, m, a): adds the squares of the m <= 8 elements from `base`
+//   to a[0 .. m) (and does the element-wise work that goes with them).
+class SumOfSquares {
+ public:
+  template <class Lanes>
+  void add_segment(int64_t s0, int64_t s1, Lanes&& lanes) {
+    double t[kTree];
+    if (s1 - s0 == kSegment) {
+      for (int c = 0; c < kTree; ++c) {
+        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int r = 0; r < kRounds; ++r) lanes(s0 + int64_t(r) * kLanes + 8 * c, 8, a);
+        t[c] = sumsq::fold8(a);
+      }
+    } else {
+      for (int c = 0; c < kTree; ++c) {
+        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int r = 0; r < kRounds; ++r) {
+          const int64_t base = s0 + int64_t(r) * kLanes + 8 * c;
+          if (base >= s1) break;
+          lanes(base, s1 - base < 8 ? int(s1 - base) : 8, a);
+        }
+        t[c] = sumsq::fold8(a);
+      }
+    }
+    acc_[segment_++ % kTree] += sumsq::tree256(t);
+  }
+  double total() {
+    double t[kTree];
+    for (int i = 0; i < kTree; ++i) t[i] = acc_[i];
+    return sumsq::tree256(t);
+  }
+
+ private:
+  double acc_[kTree] = {};
+  int64_t segment_ = 0;
+};
+
+}  // namespace
+
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
-  if (!e) {
-    // No error yet: x = t + 0 (the same lanes and order as below).
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = t[i] + 0.0f;
-      x_out[i] = x;
-      acc[i & 7] += double(x) * double(x);
+  SumOfSquares sum;
+  for (int64_t s0 = 0; s0 < n; s0 += kSegment) {
+    const int64_t s1 = n - s0 < kSegment ? n : s0 + kSegment;
+    if (e) {
+      sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
+        if (m == 8) {
+          for (int k = 0; k < 8; ++k) {
+            const float x = t[base + k] + e[base + k];
+            x_out[base + k] = x;
+            a[k] += double(x) * double(x);
+          }
+        } else {
+          for (int k = 0; k < m; ++k) {
+            const float x = t[base + k] + e[base + k];
+            x_out[base + k] = x;
+            a[k] += double(x) * double(x);
+          }
+        }
+      });
+    } else {
+      // No error yet: x = t + 0 (as the device, which adds its zeroed error).
+      sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
+        for (int k = 0; k < m; ++k) {
+          const float x = t[base + k] + 0.0f;
+          x_out[base + k] = x;
+          a[k] += double(x) * double(x);
+        }
+      });
     }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   }
-  // Eight independent lanes (a fixed order, so the result is reproducible).
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) {
-      float x = t[i + k] + e[i + k];
-      x_out[i + k] = x;
-      acc[k] += double(x) * double(x);
-    }
-  }
-  for (; i < n; ++i) {
-    float x = t[i] + e[i];
-    x_out[i] = x;
-    acc[i & 7] += double(x) * double(x);
-  }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return sum.total();
 }
 
 float scale_from_sumsq(double sumsq, int64_t count) {
@@ -118,34 +175,37 @@ double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const 
     sc[size_t(j)] = get_scale(recv + int64_t(j) * l.msg);
     if (!std::isfinite(sc[size_t(j)])) finite = false;
   }
-  double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const float fw = float(W);
-  const int64_t used_bytes = (c + 7) / 8;
-  for (int64_t b = 0; b < used_bytes; ++b) {
-    // Sum over ranks in rank order, as the CUDA kernel does.
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int32_t j = 0; j < W; ++j) {
-      const float* sg = kSign.v[recv[int64_t(j) * l.msg + 4 + b]];
-      const float s = sc[size_t(j)];
-      for (int k = 0; k < 8; ++k) acc[k] += sg[k] * s;
-    }
-    const int64_t base = b * 8;
-    if (base + 8 <= c) {
-      for (int k = 0; k < 8; ++k) {
-        const float y = acc[k] / fw + z[base + k];
-        y_out[base + k] = y;
-        acc2[k] += double(y) * double(y);
+  SumOfSquares sum;
+  for (int64_t s0 = 0; s0 < c; s0 += kSegment) {
+    const int64_t s1 = c - s0 < kSegment ? c : s0 + kSegment;
+    // The 8 elements from `base` come from one byte of every message.
+    sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
+      const int64_t b = base / 8;
+      // Sum over ranks in rank order, as the CUDA kernel does.
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int32_t j = 0; j < W; ++j) {
+        const float* sg = kSign.v[recv[int64_t(j) * l.msg + 4 + b]];
+        const float s = sc[size_t(j)];
+        for (int k = 0; k < 8; ++k) acc[k] += sg[k] * s;
       }
-    } else {
-      for (int k = 0; k < 8 && base + k < c; ++k) {
-        const float y = acc[k] / fw + z[base + k];
-        y_out[base + k] = y;
-        acc2[k] += double(y) * double(y);
+      if (m == 8) {
+        for (int k = 0; k < 8; ++k) {
+          const float y = acc[k] / fw + z[base + k];
+          y_out[base + k] = y;
+          a[k] += double(y) * double(y);
+        }
+      } else {
+        for (int k = 0; k < m; ++k) {
+          const float y = acc[k] / fw + z[base + k];
+          y_out[base + k] = y;
+          a[k] += double(y) * double(y);
+        }
       }
-    }
+    });
   }
   if (!finite) return NAN;
-  return ((acc2[0] + acc2[1]) + (acc2[2] + acc2[3])) + ((acc2[4] + acc2[5]) + (acc2[6] + acc2[7]));
+  return sum.total();
 }
 
 void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&recv, size_t(Wmax) * size_t(big.msg) + n / 8 + 64));
   CK(cudaMalloc(&gsend, n / 8 + 64));
   CK(cudaMalloc(&grecv, size_t(Wmax) * size_t(big.msg) + n / 8 + 64));
-  CK(cudaMalloc(&partials, sizeof(double) * dev::kMaxPartials));
+  CK(cudaMalloc(&partials, sizeof(double) * dev::partials_count(n)));
   CK(cudaMalloc(&scal, 16));
   CK(cudaMalloc(&flag, 4));
   fill<<<1024, 256, 0, s>>>(t, n, 1);
