@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/test_seed.h"
+
 int g_rank = 0, g_world = 1;
 static uint64_t g_seed = 0;
 
@@ -40,17 +42,12 @@ void harness_init(int* argc, char*** argv) {
   MPI_Init(argc, argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  /* Rank 0 picks the seed (tests/common/test_seed.h: fixed unless
+   * LOWBIT_TEST_SEED says otherwise) and every rank uses it. */
   unsigned long long s = 0;
   if (g_rank == 0) {
-    const char* env = getenv("LOWBIT_TEST_SEED");
-    if (env && *env)
-      s = strtoull(env, NULL, 10);
-    else {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      s = (unsigned long long)ts.tv_sec * 1000003ull + (unsigned long long)ts.tv_nsec;
-    }
-    printf("%s: %d ranks, seed %llu (set LOWBIT_TEST_SEED to repeat)\n", (*argv)[0], g_world, s);
+    printf("%s: %d ranks\n", (*argv)[0], g_world);
+    s = (unsigned long long)lowbit_test_seed((*argv)[0]);
     fflush(stdout);
   }
   MPI_Bcast(&s, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);

@@ -2,8 +2,9 @@
  *
  * A failed check prints the rank, the place and why, then calls MPI_Abort so
  * that no rank is left waiting in a collective. Random inputs come from a seed
- * drawn by rank 0 (time-based, or LOWBIT_TEST_SEED) and broadcast, so every
- * rank can regenerate every other rank's input and simulate the whole world.
+ * chosen by rank 0 (tests/common/test_seed.h: fixed, unless LOWBIT_TEST_SEED=N
+ * or =random) and broadcast, so every rank can regenerate every other rank's
+ * input and simulate the whole world.
  *
  * The float64 simulation (comm_sim_step) is the algorithm of lowbit_comm.h
  * written independently in double precision: x = t + e, s = ||x||/sqrt(n),
