@@ -41,6 +41,9 @@
  *     y = a + z;  S = ||y||_2 / sqrt(c_r) (S = 0 when c_r == 0);
  *     o = S * sign(y);  z <- y - o.  It sends the sign bits of o and S to all.
  *   Result (every rank, identical bits): element i of chunk r = o_i of r.
+ *   The double sums of squares are accumulated in one fixed order
+ *   (comm/sumsq.hpp) on the host and on the device, so host and CUDA tensors
+ *   give the same bits too.
  *   Bytes each rank sends: 2 * (W-1) * (4 + C/8) (an all-to-all and an
  *   all-gather of the packed bits plus one fp32 scale per message), i.e.
  *   about 2 * (W-1)/W * (1/8 + 4W/N) bytes per element, against

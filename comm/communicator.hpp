@@ -40,8 +40,9 @@ class Communicator {
 
   // Device int32, 1 if the last CUDA compressed_allreduce found a non-finite
   // input (nothing changed), 0 if it was applied; written in stream order by
-  // that call, so kernels enqueued after it can read it. nullptr until the
-  // communicator is bound to a CUDA buffer.
+  // that call, so kernels enqueued after it can read it (1-bit Adam's update
+  // on CUDA skips on it). nullptr until the communicator is bound to a CUDA
+  // buffer.
   const int32_t* device_nonfinite_flag() const;
 
   // Error buffers (local; see lowbit_comm.h for the blob format).
@@ -68,8 +69,5 @@ class Communicator {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// The communicator of a handle; throws LOWBIT_ERROR_NULL_POINTER for NULL.
-Communicator& communicator_from_handle(lowbit_comm_t comm);
 
 }  // namespace lowbit
