@@ -39,7 +39,7 @@ LOWBIT_API const char* lowbit_last_error(void) { return lowbit::thread_error(); 
 LOWBIT_API int lowbit_version(void) { return LOWBIT_VERSION; }
 
 LOWBIT_API int lowbit_has_cuda(void) {
-#ifdef LOWBIT_CUDA_ENGINE
+#ifdef LOWBIT_HAVE_CUDA
   return 1;
 #else
   return 0;

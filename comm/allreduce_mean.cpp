@@ -4,7 +4,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
 #endif
@@ -36,7 +36,7 @@ void Communicator::allreduce_mean(const lowbit_tensor_t* tensor, void* stream) {
     if (!T.allreduce_f32(a.data, a.n, stream))
       for (int64_t i = 0; i < a.n; ++i) a.data[i] = a.data[i] / fw;
   } else {
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     cuda::DeviceGuard guard(a.index);
     bool averaged;
     if (T.stream_ordered()) {

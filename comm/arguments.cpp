@@ -5,7 +5,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "device.hpp"
 #endif
 
@@ -55,7 +55,7 @@ CommArg Communicator::Impl::check_tensor(const lowbit_tensor_t* tensor) const {
                    "tensor.device is LOWBIT_DEVICE_CPU, but an NCCL communicator moves CUDA tensors only");
     a.index = 0;
   } else if (tensor->device == LOWBIT_DEVICE_CUDA) {
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     const int count = onebit::dev::device_count();
     LOWBIT_REQUIRE(count > 0, LOWBIT_ERROR_UNSUPPORTED,
                    "tensor.device is LOWBIT_DEVICE_CUDA, but no CUDA device is available to this process");

@@ -6,7 +6,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
 #endif
@@ -33,7 +33,7 @@ void Communicator::Impl::prepare(const CommArg& a, void* stream) {
   LOWBIT_REQUIRE(!has_pending || pending_n == a.n, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", a.n,
                  ", but the error state loaded into this communicator is for numel ", pending_n);
   const bool cuda = a.device == LOWBIT_DEVICE_CUDA;
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
   std::optional<cuda::DeviceGuard> guard;
   if (cuda) guard.emplace(a.index);
 #endif
@@ -57,7 +57,7 @@ void Communicator::Impl::prepare(const CommArg& a, void* stream) {
   b.recv = Mem(k, all);
   b.gsend = Mem(k, size_t(L.msg));
   b.grecv = Mem(k, all);
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
   if (cuda) {
     b.partials = Mem(MemKind::Device, sizeof(double) * size_t(onebit::dev::partials_count(a.n)));
     b.scal = Mem(MemKind::Device, 4 * sizeof(float));
@@ -92,7 +92,7 @@ void Communicator::Impl::activate(const CommArg& a, void* stream) {
       std::memset(buf.serr.as(), 0, buf.serr.bytes());
     }
   } else {
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     cuda::DeviceGuard guard(a.index);
     if (has_pending) {
       onebit::dev::copy_async(buf.err.as(), pending_worker.data(), wbytes, stream);
@@ -119,7 +119,7 @@ void Communicator::Impl::copy_errors_out(float* worker, float* server, void* str
       if (worker) std::memcpy(worker, buf.err.as(), wbytes);
       if (server && sbytes) std::memcpy(server, buf.serr.as(), sbytes);
     } else {
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
       cuda::DeviceGuard guard(buf.device_index);
       if (worker) onebit::dev::copy_async(worker, buf.err.as(), wbytes, stream);
       if (server) onebit::dev::copy_async(server, buf.serr.as(), sbytes, stream);

@@ -7,7 +7,7 @@
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
 #include "host_kernels.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
 #endif
@@ -26,7 +26,7 @@ void Communicator::Impl::exchange(bool gather, const uint8_t* dsend, uint8_t* dr
     else
       t->alltoall(s, r, m, stream);
   };
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
   if (t->stream_ordered()) {
     op(dsend, drecv);
   } else if (t->device_direct()) {
@@ -118,7 +118,7 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     I.last_was_device = false;
     return true;
   }
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
   cuda::DeviceGuard guard(a.index);
   onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), L, B.send.as<uint8_t>(),
                       B.partials.as<double>(), B.scal.as<float>(), stream);

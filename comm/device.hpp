@@ -1,4 +1,4 @@
-// CUDA side of the communicator, built with LOWBIT_COMM_WITH_CUDA. Plain C++
+// CUDA side of the communicator, built with LOWBIT_HAVE_CUDA. Plain C++
 // declarations: streams are void* (cudaStream_t), failures throw
 // lowbit::Error (LOWBIT_ERROR_CUDA / LOWBIT_ERROR_OUT_OF_MEMORY).
 //   device_runtime.cpp  memory, copies and device queries (CUDA runtime API)

@@ -1,7 +1,7 @@
 // The CUDA runtime side of the communicator (device.hpp): allocations,
 // copies, synchronisation and device queries. Plain C++ over the CUDA
 // runtime API (the host emulation of tests/cuda/emu runs it too).
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -81,4 +81,4 @@ std::string check_device_pointer(const void* p, int index) {
 }  // namespace dev
 }  // namespace onebit
 }  // namespace lowbit
-#endif  // LOWBIT_COMM_WITH_CUDA
+#endif  // LOWBIT_HAVE_CUDA

@@ -8,7 +8,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
 #endif
@@ -140,7 +140,7 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
       std::memcpy(I.buf.err.as(), wv.data(), wb);
       if (sb) std::memcpy(I.buf.serr.as(), sv.data(), sb);
     } else {
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
       cuda::DeviceGuard guard(I.buf.device_index);
       onebit::dev::copy_async(I.buf.err.as(), wv.data(), wb, stream);
       onebit::dev::copy_async(I.buf.serr.as(), sv.data(), sb, stream);

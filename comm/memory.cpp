@@ -4,7 +4,7 @@
 #include <new>
 
 #include "core/error.hpp"
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
 #include "device.hpp"
 #endif
 
@@ -17,7 +17,7 @@ Mem::Mem(MemKind kind, size_t bytes) : kind_(kind), bytes_(bytes) {
       p_ = std::calloc(bytes ? bytes : 1, 1);
       if (!p_) throw std::bad_alloc();
       break;
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     case MemKind::Device: p_ = dev::alloc(bytes); break;
     case MemKind::Pinned: p_ = dev::alloc_pinned(bytes); break;
     case MemKind::Mapped: p_ = dev::alloc_mapped(bytes, &alias_); break;
@@ -29,7 +29,7 @@ Mem::Mem(MemKind kind, size_t bytes) : kind_(kind), bytes_(bytes) {
 void Mem::reset() noexcept {
   switch (kind_) {
     case MemKind::Host: std::free(p_); break;
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     case MemKind::Device: dev::release(p_); break;
     case MemKind::Pinned:
     case MemKind::Mapped: dev::release_pinned(p_); break;

@@ -16,7 +16,7 @@ enum class MemKind { None, Host, Device, Pinned, Mapped };
 // One owned allocation: host (calloc), device (cudaMalloc), pinned host
 // (cudaMallocHost) or mapped pinned host memory (cudaHostAlloc, with its
 // device alias). Throws lowbit::Error (or std::bad_alloc for host memory)
-// when the allocation fails; the CUDA kinds need LOWBIT_COMM_WITH_CUDA.
+// when the allocation fails; the CUDA kinds need LOWBIT_HAVE_CUDA.
 class Mem {
  public:
   Mem() = default;

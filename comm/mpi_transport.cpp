@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 
-#ifdef LOWBIT_COMM_WITH_MPI
+#ifdef LOWBIT_HAVE_MPI
 // The C API of MPI only (no C++ bindings to link).
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -25,7 +25,7 @@
 
 namespace lowbit {
 
-#ifdef LOWBIT_COMM_WITH_MPI
+#ifdef LOWBIT_HAVE_MPI
 namespace {
 
 std::string mpi_error_text(int code) {
@@ -71,7 +71,7 @@ class MpiTransport final : public Transport {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &world_);
-#ifdef LOWBIT_COMM_WITH_CUDA
+#ifdef LOWBIT_HAVE_CUDA
     direct_ = cuda_aware == 1 || (cuda_aware == -1 && mpi_is_cuda_aware());
 #else
     (void)cuda_aware;
@@ -138,7 +138,7 @@ std::unique_ptr<Transport> make_mpi_transport_fortran(int64_t fortran_comm, int3
   return std::make_unique<MpiTransport>(c, cuda_aware);
 }
 
-#else  // !LOWBIT_COMM_WITH_MPI
+#else  // !LOWBIT_HAVE_MPI
 
 std::unique_ptr<Transport> make_mpi_transport(const void*, int32_t) {
   fail(LOWBIT_ERROR_UNSUPPORTED,

@@ -4,7 +4,7 @@
 
 #include "core/error.hpp"
 
-#ifdef LOWBIT_COMM_WITH_NCCL
+#ifdef LOWBIT_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -19,7 +19,7 @@
 
 namespace lowbit {
 
-#ifdef LOWBIT_COMM_WITH_NCCL
+#ifdef LOWBIT_HAVE_NCCL
 namespace {
 
 struct NcclApi {
@@ -205,7 +205,7 @@ std::unique_ptr<Transport> make_nccl_transport_from_comm(void* nccl_comm) {
   return std::make_unique<NcclTransport>(static_cast<ncclComm_t>(nccl_comm), false);
 }
 
-#else  // !LOWBIT_COMM_WITH_NCCL
+#else  // !LOWBIT_HAVE_NCCL
 
 namespace {
 [[noreturn]] void no_nccl(const char* fn) {

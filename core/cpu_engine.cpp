@@ -298,7 +298,7 @@ class CpuEngine final : public Engine {
 
 std::unique_ptr<Engine> make_cpu_engine(int num_threads) { return std::make_unique<CpuEngine>(num_threads); }
 
-#ifndef LOWBIT_CUDA_ENGINE
+#ifndef LOWBIT_HAVE_CUDA
 std::unique_ptr<Engine> make_cuda_engine(int) {
   fail(LOWBIT_ERROR_UNSUPPORTED, "device: this lowbit library was built without CUDA support");
 }

@@ -172,7 +172,7 @@ int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float
 }
 
 int32_t lowbit_jax_has_cuda(void) {
-#ifdef LOWBIT_CUDA_ENGINE
+#ifdef LOWBIT_HAVE_CUDA
   return 1;
 #else
   return 0;

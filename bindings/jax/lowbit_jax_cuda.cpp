@@ -1,10 +1,10 @@
 // XLA FFI handler of the fused step on CUDA ("lowbit_step" on platform CUDA).
-// Built only when the library has a CUDA engine (LOWBIT_CUDA_ENGINE): the
+// Built only when the library has a CUDA engine (LOWBIT_HAVE_CUDA): the
 // buffers are device memory and the work is enqueued on XLA's stream. lr,
 // count and the recorded layout stay on the device: the engine reads them in
 // stream order (a bad lr, count or layout makes the step change nothing,
 // count included), so the handler never waits for the GPU.
-#ifdef LOWBIT_CUDA_ENGINE
+#ifdef LOWBIT_HAVE_CUDA
 #include <cuda_runtime.h>
 
 #include <map>
@@ -88,4 +88,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitStepCuda, lowbit::jaxffi::StepCuda,
                                   .Attr<int32_t>("num_threads")
                                   .Attr<std::string_view>("names"));
 
-#endif  // LOWBIT_CUDA_ENGINE
+#endif  // LOWBIT_HAVE_CUDA
