@@ -138,7 +138,8 @@ void sim_step(const sim_layout_t* l, float* const* in, double* const* werr, doub
       const double x = (double)in[j][i] + werr[j][i];
       ss += x * x;
     }
-    const double s = sqrt(ss / (double)n);
+    /* The scale travels as fp32 (the sum of squares in double, rounded once). */
+    const double s = (double)(float)sqrt(ss / (double)n);
     if (worker_scales) worker_scales[j] = s;
     if (s > *smax) *smax = s;
     for (int64_t i = 0; i < n; ++i) {
@@ -154,9 +155,11 @@ void sim_step(const sim_layout_t* l, float* const* in, double* const* werr, doub
     double* y = (double*)xmalloc(sizeof(double) * (size_t)(c ? c : 1));
     double ss = 0.0;
     for (int64_t i = 0; i < c; ++i) {
-      double a = 0.0;
-      for (int j = 0; j < W; ++j) a += q[(size_t)j * (size_t)n + (size_t)(off + i)];
-      y[i] = a / (double)W + serr[r][i];
+      /* As specified: the sum over ranks, in rank order, and the division in
+       * fp32 (exact here, not float64, where the +-s_j nearly cancel). */
+      float a = 0.f;
+      for (int j = 0; j < W; ++j) a += (float)q[(size_t)j * (size_t)n + (size_t)(off + i)];
+      y[i] = (double)(a / (float)W) + serr[r][i];
       ss += y[i] * y[i];
     }
     const double S = c ? sqrt(ss / (double)c) : 0.0;
