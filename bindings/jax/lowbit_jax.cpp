@@ -48,11 +48,7 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
                    ffi::Span<const int32_t> rounding, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
                    std::string_view names) {
   return guarded("step", [&] {
-    check_scalar(lr, ffi::DataType::F32, "lr");
-    check_scalar(count, ffi::DataType::S32, "state.count");
-    check_scalar(*count_out, ffi::DataType::S32, "the count output");
-    LOWBIT_REQUIRE(layout.element_type() == ffi::DataType::S32, LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "state.layout must be int32, got ", ffi_dtype_name(layout.element_type()));
+    check_leading(lr, count, layout, *count_out);
     LOWBIT_REQUIRE(num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", num_threads, " must be >= 0");
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
                 weight_decay, formats,   rounding, seed, skip_nonfinite, names};
@@ -102,28 +98,7 @@ ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi
 namespace ffi = ::xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitStepCpu, lowbit::jaxffi::StepCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // lr
-                                  .Arg<ffi::AnyBuffer>()  // count
-                                  .Arg<ffi::AnyBuffer>()  // layout
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()  // count
-                                  .RemainingRets()
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<float>("beta1")
-                                  .Attr<float>("beta2")
-                                  .Attr<float>("eps")
-                                  .Attr<float>("momentum")
-                                  .Attr<float>("dampening")
-                                  .Attr<int32_t>("nesterov")
-                                  .Attr<int32_t>("bias_correction")
-                                  .Attr<ffi::Span<const float>>("weight_decay")
-                                  .Attr<ffi::Span<const int32_t>>("formats")
-                                  .Attr<ffi::Span<const int32_t>>("rounding")
-                                  .Attr<uint64_t>("seed")
-                                  .Attr<int32_t>("skip_nonfinite")
-                                  .Attr<int32_t>("num_threads")
-                                  .Attr<std::string_view>("names"));
+                              lowbit::jaxffi::bind_step_signature(ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
                               ffi::Ffi::Bind()

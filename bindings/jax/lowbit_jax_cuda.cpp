@@ -39,11 +39,7 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
                     ffi::Span<const int32_t> formats, ffi::Span<const int32_t> rounding, uint64_t seed,
                     int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names) {
   return guarded("step", [&] {
-    check_scalar(lr, ffi::DataType::F32, "lr");
-    check_scalar(count, ffi::DataType::S32, "state.count");
-    check_scalar(*count_out, ffi::DataType::S32, "the count output");
-    LOWBIT_REQUIRE(layout.element_type() == ffi::DataType::S32, LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "state.layout must be int32, got ", ffi_dtype_name(layout.element_type()));
+    check_leading(lr, count, layout, *count_out);
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
                 weight_decay, formats,   rounding, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;
@@ -64,28 +60,6 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
 namespace ffi = ::xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitStepCuda, lowbit::jaxffi::StepCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // lr
-                                  .Arg<ffi::AnyBuffer>()  // count
-                                  .Arg<ffi::AnyBuffer>()  // layout
-                                  .RemainingArgs()
-                                  .Ret<ffi::AnyBuffer>()  // count
-                                  .RemainingRets()
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<float>("beta1")
-                                  .Attr<float>("beta2")
-                                  .Attr<float>("eps")
-                                  .Attr<float>("momentum")
-                                  .Attr<float>("dampening")
-                                  .Attr<int32_t>("nesterov")
-                                  .Attr<int32_t>("bias_correction")
-                                  .Attr<ffi::Span<const float>>("weight_decay")
-                                  .Attr<ffi::Span<const int32_t>>("formats")
-                                  .Attr<ffi::Span<const int32_t>>("rounding")
-                                  .Attr<uint64_t>("seed")
-                                  .Attr<int32_t>("skip_nonfinite")
-                                  .Attr<int32_t>("num_threads")
-                                  .Attr<std::string_view>("names"));
+                              lowbit::jaxffi::bind_step_signature(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 #endif  // LOWBIT_HAVE_CUDA

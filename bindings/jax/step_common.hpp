@@ -32,6 +32,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/engine.hpp"
@@ -393,6 +394,43 @@ class StepDecoder {
   const ffi::RemainingRets& rets_;
   std::vector<std::string_view> names_;
 };
+
+// The checks of inputs 0..2 and output 0 that need no data.
+inline void check_leading(const ffi::AnyBuffer& lr, const ffi::AnyBuffer& count, const ffi::AnyBuffer& layout,
+                          const ffi::AnyBuffer& count_out) {
+  check_scalar(lr, ffi::DataType::F32, "lr");
+  check_scalar(count, ffi::DataType::S32, "state.count");
+  check_scalar(count_out, ffi::DataType::S32, "the count output");
+  LOWBIT_REQUIRE(layout.element_type() == ffi::DataType::S32, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "state.layout must be int32, got ", ffi_dtype_name(layout.element_type()));
+}
+
+// The FFI signature of the step after the platform context (CPU: none; CUDA:
+// the stream): the protocol at the top of this file.
+template <class Binding>
+auto bind_step_signature(Binding b) {
+  return std::move(b).template Arg<ffi::AnyBuffer>()  // lr
+      .template Arg<ffi::AnyBuffer>()      // count
+      .template Arg<ffi::AnyBuffer>()      // layout
+      .RemainingArgs()
+      .template Ret<ffi::AnyBuffer>()  // count
+      .RemainingRets()
+      .template Attr<int32_t>("algorithm")
+      .template Attr<float>("beta1")
+      .template Attr<float>("beta2")
+      .template Attr<float>("eps")
+      .template Attr<float>("momentum")
+      .template Attr<float>("dampening")
+      .template Attr<int32_t>("nesterov")
+      .template Attr<int32_t>("bias_correction")
+      .template Attr<ffi::Span<const float>>("weight_decay")
+      .template Attr<ffi::Span<const int32_t>>("formats")
+      .template Attr<ffi::Span<const int32_t>>("rounding")
+      .template Attr<uint64_t>("seed")
+      .template Attr<int32_t>("skip_nonfinite")
+      .template Attr<int32_t>("num_threads")
+      .template Attr<std::string_view>("names");
+}
 
 // Binds the prepared leaves and enqueues the step on the engine: the engine
 // reads lr and count (and on CUDA checks the layout) in stream order and
