@@ -1,8 +1,6 @@
 """The fused FFI step under jax.jit against float64 references and against the
 C API (same bits for the same inputs)."""
 
-import zlib
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 from float64_reference import float32_hparams, update  # noqa: E402
 from jax_reference import CapiOptimizer, bf16_ecc_value, check_quantized, decode  # noqa: E402
+
+import seeding  # noqa: E402
 
 HPARAMS = {
     "adamw": dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1),
@@ -51,9 +51,8 @@ def bits(x):
 
 
 @pytest.mark.parametrize("name", list(HPARAMS))
-def test_fp32_state_matches_float64_reference(ljax, name):
+def test_fp32_state_matches_float64_reference(ljax, name, rng):
     algo, h = base_algo(name), HPARAMS[name]
-    rng = np.random.default_rng(7)
     shapes = {"a": (5000,), "b": (33, 7), "c": (70001,)}  # "c" spans two engine chunks
     params = random_tree(rng, shapes)
     lr0 = h["lr"]
@@ -80,12 +79,17 @@ def test_fp32_state_matches_float64_reference(ljax, name):
 
 
 @pytest.mark.parametrize("fmt", ["8bit", "4bit", "fp8", "bf16"])
-def test_low_bit_state_matches_float64_reference(ljax, fmt):
+def test_low_bit_state_matches_float64_reference(ljax, fmt, rng):
     """Step 2 from the stored (quantized) state of step 1: the new param is
     the float64 update of the decoded state, and the new state is a nearest
     encoding (block scales = absmax) of the float64 moments."""
     algo, h = "adamw", HPARAMS["adamw"]
-    rng = np.random.default_rng(11)
+    if fmt == "bf16":
+        # pinned: the half-ulp bound has no slack for the fp32 rounding of a
+        # moment that nearly cancels (b1 * m + (1 - b1) * g ~ 0), which some
+        # inputs hit (unpinned, LOWBIT_TEST_SEED=1172488837 fails: m ~ -5e-8
+        # is off by 1.8 half-ulps)
+        rng = seeding.pinned(11)
     n = 5000  # above the 4096 threshold; partial last block
     p0 = rng.standard_normal(n).astype(np.float32)
     g0, g1 = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
@@ -113,7 +117,11 @@ def test_bf16_params_with_error_correction_track_float64(ljax):
     """Updates far below one bf16 ulp: the (weight, ecc byte) pair follows the
     float64 trajectory to within ulp/256 per step."""
     h = dict(HPARAMS["adamw"], lr=1e-4)
-    rng = np.random.default_rng(3)
+    # pinned: the bound takes the ulp of the final weight, too small for a
+    # weight that shrinks across binades during the steps (|p0| ~ 5e-4;
+    # unpinned, LOWBIT_TEST_SEED=1137012257 or 2320286355 fails: ~9 final
+    # ulp/256 in 5 steps)
+    rng = seeding.pinned(3)
     n, steps = 6000, 5
     p0 = rng.standard_normal(n).astype(ml_dtypes.bfloat16)
     opt = make_opt(ljax, "adamw", h, error_correction=True)
@@ -152,11 +160,11 @@ CAPI_CASES = {
 
 
 @pytest.mark.parametrize("case", list(CAPI_CASES))
-def test_same_bits_as_c_api(ljax, capi, case):
+def test_same_bits_as_c_api(ljax, capi, case, seed):
     c = CAPI_CASES[case]
     name, algo, fmt = c["algo"], base_algo(c["algo"]), c["fmt"]
     h = HPARAMS[name]
-    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    rng = seeding.rng(case, base=seed)  # a stream of its own for each case
     shapes = [(5000,), (33, 7), (70001,)]
     params = [rng.standard_normal(s).astype(c["dtype"]) for s in shapes]
     lrs = np.array([h["lr"], h["lr"] * 0.5, h["lr"] * 0.25, h["lr"] * 0.125], np.float32)
@@ -211,8 +219,7 @@ def test_same_bits_as_c_api(ljax, capi, case):
 # ----------------------------------------------------------------- step behaviour
 
 
-def test_nonfinite_gradient_skips_everything(ljax):
-    rng = np.random.default_rng(5)
+def test_nonfinite_gradient_skips_everything(ljax, rng):
     params = {"w": jnp.asarray(rng.standard_normal((80, 64)), jnp.float32), "b": jnp.zeros(64, jnp.bfloat16)}
     opt = ljax.adamw(1e-2, state_format="8bit", error_correction=True)
     state = opt.init(params)
@@ -242,9 +249,8 @@ def test_donated_step_updates_in_place(ljax):
     np.testing.assert_allclose(np.asarray(p2), 1.0 * (1 - 1e-2 * 1e-4) - 1e-2, rtol=1e-6)
 
 
-def test_state_round_trips_through_numpy(ljax):
+def test_state_round_trips_through_numpy(ljax, rng):
     """The state is plain arrays: saving and restoring it resumes bit for bit."""
-    rng = np.random.default_rng(9)
     params = {"w": jnp.asarray(rng.standard_normal((4100,)), jnp.bfloat16)}
     opt = ljax.lion(1e-3, state_format="8bit", stochastic_rounding=True, seed=5)
     state = opt.init(params)

@@ -4,6 +4,8 @@ a Python error at build/init time for what Python can see."""
 import numpy as np
 import pytest
 
+import seeding
+
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
@@ -11,7 +13,7 @@ XlaError = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntime
 
 
 def setup(ljax, fmt="8bit", n=5000, **kw):
-    rng = np.random.default_rng(0)
+    rng = seeding.rng("test_jax_errors.setup")
     params = {"w": jnp.asarray(rng.standard_normal(n), jnp.float32), "b": jnp.zeros((7,), jnp.float32)}
     grads = jax.tree.map(lambda p: jnp.ones_like(p), params)
     opt = ljax.adamw(1e-3, state_format=fmt, **kw)

@@ -1,7 +1,11 @@
 """Run under mpirun by test_comm.py: the communicator and 1-bit Adam through
 the Python package with mpi4py communicators. Every rank checks its results
 against a numpy simulation of the algorithm documented in lowbit_comm.h, and
-that all ranks agree bit for bit. Exits non-zero on the first failure."""
+that all ranks agree bit for bit. Exits non-zero on the first failure.
+
+The random inputs follow the seed convention of the suites (tests/common/
+seeding.py): LOWBIT_TEST_SEED (test_comm.py passes the seed of its run), the
+fixed default when unset; rank 0's seed is used by every rank."""
 
 import os
 import sys
@@ -13,15 +17,17 @@ from mpi4py import MPI
 sys.path[:0] = [p for p in os.environ.get("LOWBIT_TEST_SYSPATH", "").split(os.pathsep) if p]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
 import lowbit  # noqa: E402
+import seeding  # noqa: E402
 from float64_reference import Reference  # noqa: E402
 
 world = MPI.COMM_WORLD
 rank, W = world.Get_rank(), world.Get_size()
+SEED = world.bcast(seeding.seed(), root=0)  # one seed, even with LOWBIT_TEST_SEED=random
 
 
 def check(cond, what):
     if not cond:
-        print(f"rank {rank}: FAILED: {what}", flush=True)
+        print(f"rank {rank}: FAILED: {what} (LOWBIT_TEST_SEED={SEED} repeats it)", flush=True)
         world.Abort(1)
 
 
@@ -76,7 +82,7 @@ def all_tensors(local, comm_py=None):
 
 
 def test_compressed_allreduce(comm_py, n, calls=6):
-    rng = np.random.default_rng(100 + n)
+    rng = seeding.rng("allreduce", n, base=SEED)
     with lowbit.Communicator.from_mpi(comm_py) as comm:
         r, w = comm.rank, comm.world_size
         check((r, w) == (comm_py.Get_rank(), comm_py.Get_size()), "rank/world")
@@ -150,7 +156,7 @@ def test_compressed_allreduce(comm_py, n, calls=6):
 def test_onebit_adam():
     """Warm-up steps of 1-bit Adam are Adam on the rank-averaged gradient;
     after freeze_step every rank still holds identical params."""
-    rng = np.random.default_rng(7)
+    rng = seeding.rng("onebit_adam", base=SEED)
     n = 3000
     p = rng.standard_normal(n).astype(np.float32)
     p = world.bcast(p, root=0)
@@ -162,7 +168,8 @@ def test_onebit_adam():
         opt.set_comm(comm)
         opt.add_param(p)
         for t in range(1, 11):
-            grads = [np.random.default_rng(1000 * t + j).standard_normal(n).astype(np.float32) for j in range(W)]
+            grads = [seeding.rng("onebit_adam_grad", t, j, base=SEED).standard_normal(n).astype(np.float32)
+                     for j in range(W)]
             opt.step([grads[rank]])
             check(all(np.array_equal(p, q) for q in all_tensors(p)), f"1-bit Adam step {t}: ranks disagree")
             if t < 5:
@@ -183,4 +190,4 @@ if __name__ == "__main__":
     test_onebit_adam()
     world.Barrier()
     if rank == 0:
-        print(f"mpi_worker: all checks passed at world size {W}", flush=True)
+        print(f"mpi_worker: all checks passed at world size {W} (seed {SEED})", flush=True)

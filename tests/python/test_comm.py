@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import lowbit
+import seeding
 
 MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed (pip install mpi4py)")
 HERE = Path(__file__).resolve().parent
@@ -29,7 +30,8 @@ def test_mpi_ranks(ranks):
         pytest.skip("no mpirun")
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
-               LOWBIT_TEST_SYSPATH=os.pathsep.join(p for p in sys.path if p))
+               LOWBIT_TEST_SYSPATH=os.pathsep.join(p for p in sys.path if p),
+               LOWBIT_TEST_SEED=str(seeding.seed()))  # this run's seed, also when drawn at random
     cmd = [mpirun, "-n", str(ranks)]
     if "Open MPI" in MPI.Get_library_version():
         cmd.append("--oversubscribe")

@@ -48,8 +48,7 @@ def test_exception_hierarchy_keyed_by_status():
 # ----------------------------------------------------------------- invariants
 
 
-def _trained(state="8bit", rng=None, algorithm="adamw"):
-    rng = rng or np.random.default_rng(0)
+def _trained(rng, state="8bit", algorithm="adamw"):
     opt = lowbit.Optimizer(algorithm, lr=1e-2, state=state, min_quantized_numel=1)
     params = [rng.standard_normal(n).astype(np.float32) for n in (300, 17)]
     grads = [rng.standard_normal(p.size).astype(np.float32) for p in params]

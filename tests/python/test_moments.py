@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import lowbit
+import seeding
 from float64_reference import update
 from lowbit._plan import plan_param_state
 
@@ -140,7 +141,7 @@ torch = pytest.importorskip("torch")
 
 
 def _model():
-    torch.manual_seed(3)
+    torch.manual_seed(seeding.derive("test_moments._model"))  # also draws _torch_state's batch
     return torch.nn.Sequential(torch.nn.Linear(96, 80), torch.nn.Tanh(), torch.nn.Linear(80, 4))
 
 
