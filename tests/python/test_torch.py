@@ -3,11 +3,13 @@
 fp32 state must follow torch.optim.AdamW / Adam / SGD to float tolerance
 (both compute in fp32; torch's CPU single-tensor path and lowbit's loops round
 differently only in the last bits: 1e-5 over 50 steps of lr 1e-2 on weights
-of magnitude ~0.1-1 leaves a 10x margin). The 8-bit state must train a small
-model to within 2% of torch.optim.AdamW's loss.
+of magnitude ~0.1-1 leaves a 10x margin). The low-precision states must train
+a small model to a loss near torch.optim.AdamW's: within 2% for 8-bit and
+bf16, within measured bounds for fp8 and 4-bit (RELATIVE_LOSS_BOUNDS).
 """
 
 import copy
+import functools
 import io
 
 import numpy as np
@@ -110,35 +112,35 @@ def test_lion_matches_a_float64_reference():
 
 
 def _teacher_task():
-    """Regression on a fixed random teacher network with noisy targets; each
-    step draws a fresh batch (seeded: every run sees the same batches), and
-    the loss is the MSE on 4096 held-out noisy samples (floor ~0.09), so the
-    optimizers are compared on a loss no model can drive to zero.
-
-    Pinned (the seeds below ignore LOWBIT_TEST_SEED, see seeding.pinned): the
-    2% bound is calibrated on this task; with other teachers, batches and
-    initialisations the 4-bit state lands outside it on some runs (unpinned,
-    LOWBIT_TEST_SEED=1124933424 fails)."""
-    g = torch.Generator().manual_seed(123)
+    """Regression on a random teacher network with noisy targets (teacher and
+    held-out set from the run's seed): 4096 held-out noisy samples, on which
+    no model can go below the teacher's own loss (the noise floor, ~0.09), so
+    the optimizers are compared on a loss that cannot be driven to zero.
+    Returns (f, xt, yt, floor)."""
+    g = torch.Generator().manual_seed(seeding.derive("teacher"))
     w1, w2 = torch.randn(16, 32, generator=g) / 4, torch.randn(32, 1, generator=g) / 5.6
 
     def f(x):
         return torch.tanh(x @ w1) @ w2
 
-    g = torch.Generator().manual_seed(7)
     xt = torch.randn(4096, 16, generator=g)
     yt = f(xt) + 0.3 * torch.randn(4096, 1, generator=g)
-    return f, xt, yt
+    return f, xt, yt, torch.nn.functional.mse_loss(f(xt), yt).item()
 
 
 def _train(opt_factory, steps=300):
-    f, xt, yt = _teacher_task()
-    torch.manual_seed(0)  # nn.Linear's initialisation; pinned, see _teacher_task
+    """300 steps on fresh batches (the same for every optimizer of a run) from
+    the same initialisation; returns the held-out loss before and after, and
+    the optimizer."""
+    f, xt, yt, _ = _teacher_task()
+    torch.manual_seed(seeding.derive("teacher_init"))  # nn.Linear's initialisation
     # the 128x128 matrix (16384 elements) gets the quantized state
     model = torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128),
                                 torch.nn.Tanh(), torch.nn.Linear(128, 1))
+    with torch.no_grad():
+        initial = torch.nn.functional.mse_loss(model(xt), yt).item()
     opt = opt_factory(model.parameters())
-    g = torch.Generator().manual_seed(1)  # pinned, see _teacher_task
+    g = torch.Generator().manual_seed(seeding.derive("teacher_batches"))
     for _ in range(steps):
         x = torch.randn(256, 16, generator=g)
         y = f(x) + 0.3 * torch.randn(256, 1, generator=g)
@@ -146,17 +148,55 @@ def _train(opt_factory, steps=300):
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     with torch.no_grad():
-        return torch.nn.functional.mse_loss(model(xt), yt).item(), opt
+        return initial, torch.nn.functional.mse_loss(model(xt), yt).item(), opt
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_adamw_losses(seed):
+    """(initial, final) held-out loss of torch.optim.AdamW on the run's task
+    (`seed`: the run's seed, the cache key)."""
+    initial, final, _ = _train(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2))
+    return initial, final
+
+
+# How far the final held-out loss of lowbit's AdamW may be from torch's, as
+# (ours - torch) / torch, per state format. Both runs see the same task,
+# initialisation and batches and part only through the rounding of the state;
+# where training then ends is a random variable of the task, not a float error
+# with a derived bound, so the bounds are measured: over the 2000 tasks of
+# seeds 0..1999 (LOWBIT_TEST_SEED=N for each), the relative difference was
+#              mean     sd      min      max    1e-4 tail points (lo, hi)
+#     8bit   -0.15%   0.31%   -1.59%   +1.23%      -1.95%   +1.40%
+#     bf16   +0.02%   0.02%   -0.07%   +0.17%      -0.09%   +0.17%
+#     fp8    -0.38%   0.62%   -3.54%   +1.97%      -3.68%   +2.48%
+#     4bit   -0.61%   1.01%   -5.48%   +2.52%      -6.44%   +3.61%
+# The 2% this test had held for 4-bit and fp8 only on the one task it was
+# pinned to: 179 of these 2000 tasks put 4-bit outside it (mostly below:
+# 4-bit tends to end lower than torch), 22 fp8. The margin beyond the
+# measured extremes: each tail beyond its 95% quantile fits an exponential
+# (the mean excess as its scale), and the "1e-4 tail point" is where that fit
+# puts a probability of 1e-4 per run. Each bound is that point rounded
+# outwards to 0.5%, and never inside the 2% the test always had (8-bit and
+# bf16 keep it). By the same fits, about one run in 3000 fails by chance in
+# one of the four formats.
+RELATIVE_LOSS_BOUNDS = {"8bit": (-0.02, 0.02), "bf16": (-0.02, 0.02), "fp8": (-0.04, 0.025), "4bit": (-0.065, 0.04)}
+# torch's AdamW must have removed most of the held-out loss above the noise
+# floor, or the comparison is between two untrained models: over the same
+# 2000 tasks the remaining fraction (final - floor) / (initial - floor) had
+# median 0.053 and maximum 0.183; 0.25 is its tail fit's point at 1e-5.
+LEARNED_MAX = 0.25
 
 
 @pytest.mark.parametrize("state", ["8bit", "bf16", "fp8", "4bit"])
-def test_low_precision_state_trains_within_2_percent_of_torch_adamw(state):
-    base, _ = _train(lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=1e-2))
-    ours, opt = _train(lambda p: lt.AdamW(p, lr=1e-3, weight_decay=1e-2, state=state))
+def test_low_precision_state_trains_as_well_as_torch_adamw(state):
+    initial, base = _torch_adamw_losses(seeding.seed())
+    _, ours, opt = _train(lambda p: lt.AdamW(p, lr=1e-3, weight_decay=1e-2, state=state))
     infos = [opt.param_info(p) for p in opt.param_groups[0]["params"]]
     assert sum(i.state_format == state for i in infos) >= 1
-    assert base < 0.13  # learned: the untrained model's loss is ~0.2, the noise floor 0.09
-    assert abs(ours - base) / base < 0.02, f"{state}: {ours} vs torch {base}"
+    floor = _teacher_task()[3]
+    assert base - floor < LEARNED_MAX * (initial - floor), (initial, base, floor)  # torch's run learned
+    lo, hi = RELATIVE_LOSS_BOUNDS[state]
+    assert lo <= (ours - base) / base <= hi, f"{state}: {ours} vs torch {base} ({100 * (ours - base) / base:+.2f}%)"
     if state != "bf16":
         full = sum(8 * p.numel() for p in opt.param_groups[0]["params"])
         assert opt.state_bytes() < 0.5 * full
