@@ -18,10 +18,9 @@ that need more than one independent stream, or a seed for another library
 (torch), use rng(*salt) and derive(*salt): the same seed mixed with a
 constant salt (ints, or strings hashed with crc32) that names the stream.
 
-A few tests are pinned: their bounds were calibrated on one input and fail
-for some others (found with LOWBIT_TEST_SEED=random), so they take
-pinned(n), the generator they always had, until their bounds are reworked.
-Each use says why.
+No test is pinned to a fixed input: a bound that holds only on the input it
+was calibrated on is a defect of the test (LOWBIT_TEST_SEED=random finds
+them), to be replaced by a bound that holds for every input.
 
 Nothing here imports pytest or lowbit.
 """
@@ -110,13 +109,6 @@ def rng(*salt, base=None):
     if not salt:
         return np.random.default_rng(s)
     return np.random.default_rng(np.random.SeedSequence([s, *_salt(salt)]))
-
-
-def pinned(n):
-    """np.random.default_rng(n) whatever LOWBIT_TEST_SEED says: for a test
-    whose bound holds on its calibrated input only (see the module
-    docstring); the caller says why."""
-    return np.random.default_rng(n)
 
 
 def derive(*salt, base=None):
