@@ -1,8 +1,40 @@
+// Host kernels of the 1-bit allreduce: portable C++ and AVX-512 versions of
+// the same per-element arithmetic (every fp32 and fp64 operation identical
+// and in the same order, see host_kernels.hpp and sumsq.hpp), the AVX-512 one
+// chosen at run time, and the drivers that cut the work over OpenMP threads.
+//
+// The passes (a "source" gives the value v of element i the pass works on:
+// x = t + e or t + 0 for the worker, y = mean_j(+-scale_j) + z for the server,
+// or a stored x / y):
+//   sum of squares  v*v widened to double in the lanes, rounds and segments
+//                   of sumsq.hpp; segments run in parallel, their sums are
+//                   added in segment order afterwards (same bits for any
+//                   number of threads); v optionally stored;
+//   pack            bit = v >= 0, error = v - (bit ? scale : -scale), the bits
+//                   of 64 elements from four 16-lane compare masks;
+//   decode          out = bit ? scale : -scale.
 #include "host_kernels.hpp"
 
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// GCC 12 flags the intrinsics' own "undefined" self-initialisations under
+// target attributes (-Wuninitialized, GCC PR 105593): not ours, hidden here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#define LOWBIT_COMM_AVX512 1
+#define LOWBIT_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#else
+#define LOWBIT_COMM_AVX512 0
+#endif
 
 #include "sumsq.hpp"
 
@@ -25,90 +57,6 @@ float get_scale(const uint8_t* msg) {
   return f;
 }
 
-namespace {
-
-using sumsq::kLanes;
-using sumsq::kRounds;
-using sumsq::kSegment;
-using sumsq::kTree;
-
-// The sum of squares in the order of sumsq.hpp, segment by segment; a
-// segment is computed as the device's block computes it: "thread" c
-// accumulates lanes 8c .. 8c+7 over the rounds (in registers) and folds
-// them, then tree256 over the threads.
-//   lanes(base, m, a): adds the squares of the m <= 8 elements from `base`
-//   to a[0 .. m) (and does the element-wise work that goes with them).
-class SumOfSquares {
- public:
-  template <class Lanes>
-  void add_segment(int64_t s0, int64_t s1, Lanes&& lanes) {
-    double t[kTree];
-    if (s1 - s0 == kSegment) {
-      for (int c = 0; c < kTree; ++c) {
-        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int r = 0; r < kRounds; ++r) lanes(s0 + int64_t(r) * kLanes + 8 * c, 8, a);
-        t[c] = sumsq::fold8(a);
-      }
-    } else {
-      for (int c = 0; c < kTree; ++c) {
-        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int r = 0; r < kRounds; ++r) {
-          const int64_t base = s0 + int64_t(r) * kLanes + 8 * c;
-          if (base >= s1) break;
-          lanes(base, s1 - base < 8 ? int(s1 - base) : 8, a);
-        }
-        t[c] = sumsq::fold8(a);
-      }
-    }
-    acc_[segment_++ % kTree] += sumsq::tree256(t);
-  }
-  double total() {
-    double t[kTree];
-    for (int i = 0; i < kTree; ++i) t[i] = acc_[i];
-    return sumsq::tree256(t);
-  }
-
- private:
-  double acc_[kTree] = {};
-  int64_t segment_ = 0;
-};
-
-}  // namespace
-
-double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
-  SumOfSquares sum;
-  for (int64_t s0 = 0; s0 < n; s0 += kSegment) {
-    const int64_t s1 = n - s0 < kSegment ? n : s0 + kSegment;
-    if (e) {
-      sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
-        if (m == 8) {
-          for (int k = 0; k < 8; ++k) {
-            const float x = t[base + k] + e[base + k];
-            x_out[base + k] = x;
-            a[k] += double(x) * double(x);
-          }
-        } else {
-          for (int k = 0; k < m; ++k) {
-            const float x = t[base + k] + e[base + k];
-            x_out[base + k] = x;
-            a[k] += double(x) * double(x);
-          }
-        }
-      });
-    } else {
-      // No error yet: x = t + 0 (as the device, which adds its zeroed error).
-      sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
-        for (int k = 0; k < m; ++k) {
-          const float x = t[base + k] + 0.0f;
-          x_out[base + k] = x;
-          a[k] += double(x) * double(x);
-        }
-      });
-    }
-  }
-  return sum.total();
-}
-
 float scale_from_sumsq(double sumsq, int64_t count) {
   if (!std::isfinite(sumsq)) return NAN;
   if (count <= 0) return 0.0f;
@@ -117,119 +65,465 @@ float scale_from_sumsq(double sumsq, int64_t count) {
 
 namespace {
 
-// kSign[byte][k] = +1 if bit k of byte is set, else -1: a branch-free,
-// vectorisable decode (scale * +-1 is exact, so this equals signed_scale()).
-struct SignTable {
-  alignas(64) float v[256][8];
-  SignTable() {
-    for (int b = 0; b < 256; ++b)
-      for (int k = 0; k < 8; ++k) v[b][k] = ((b >> k) & 1) ? 1.0f : -1.0f;
+using sumsq::kLanes;
+using sumsq::kRounds;
+using sumsq::kSegment;
+using sumsq::kTree;
+
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Sign bits of elements i .. i+cnt-1 (cnt <= 16) from the bytes at p (bit k
+// of byte b = element 8b + k); reads only the bytes those elements use.
+inline unsigned load_bits16(const uint8_t* p, int cnt) {
+  return cnt > 8 ? unsigned(p[0]) | (unsigned(p[1]) << 8) : unsigned(p[0]);
+}
+
+// ---- sources: element i of a pass, in scalar form (at) and, for AVX-512,
+// 16 elements from i (load) or the first v of them, the rest zero (load_n).
+
+struct SrcX {  // stored values
+  const float* x;
+  float at(int64_t i) const { return x[i]; }
+#if LOWBIT_COMM_AVX512
+  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_loadu_ps(x + i); }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const { return _mm512_maskz_loadu_ps(m, x + i); }
+#endif
+};
+
+struct SrcTE {  // x = t + e
+  const float* t;
+  const float* e;
+  float at(int64_t i) const { return t[i] + e[i]; }
+#if LOWBIT_COMM_AVX512
+  LOWBIT_AVX512_FN __m512 load(int64_t i) const {
+    return _mm512_add_ps(_mm512_loadu_ps(t + i), _mm512_loadu_ps(e + i));
+  }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
+    return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_maskz_loadu_ps(m, e + i));
+  }
+#endif
+};
+
+struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed error)
+  const float* t;
+  float at(int64_t i) const { return t[i] + 0.0f; }
+#if LOWBIT_COMM_AVX512
+  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_add_ps(_mm512_loadu_ps(t + i), _mm512_setzero_ps()); }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
+    return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_setzero_ps());
+  }
+#endif
+};
+
+// y = (sum over ranks j in rank order of +-scale_j) / W + z, element i of
+// this rank's chunk (message j, from rank j, holds this rank's chunk: its
+// sign bits at recv + j * msg + 4).
+struct SrcServer {
+  const uint8_t* bits;  // recv + 4
+  int64_t msg;
+  int32_t world;
+  const float* pos;  // scale_j
+  const float* neg;  // -scale_j
+  float fw;
+  const float* z;
+  float at(int64_t i) const {
+    float acc = 0.0f;
+    for (int32_t j = 0; j < world; ++j) acc += ((bits[j * msg + i / 8] >> (i & 7)) & 1u) ? pos[j] : neg[j];
+    return acc / fw + z[i];
+  }
+#if LOWBIT_COMM_AVX512
+  LOWBIT_AVX512_FN __m512 sum(int64_t i, int cnt) const {
+    __m512 acc = _mm512_setzero_ps();
+    const uint8_t* p = bits + i / 8;
+    for (int32_t j = 0; j < world; ++j, p += msg) {
+      unsigned m;
+      if (cnt == 16) {
+        uint16_t u;
+        std::memcpy(&u, p, 2);
+        m = u;
+      } else {
+        m = load_bits16(p, cnt);
+      }
+      acc = _mm512_add_ps(acc, _mm512_mask_blend_ps(__mmask16(m), _mm512_set1_ps(neg[j]), _mm512_set1_ps(pos[j])));
+    }
+    return _mm512_div_ps(acc, _mm512_set1_ps(fw));
+  }
+  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_add_ps(sum(i, 16), _mm512_loadu_ps(z + i)); }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int v) const {
+    return _mm512_add_ps(sum(i, v), _mm512_maskz_loadu_ps(m, z + i));
+  }
+#endif
+};
+
+// ---- portable kernels (also the partial last segment of every ISA)
+
+// Sum of squares of the `len` <= kSegment elements from s0 (one segment of
+// sumsq.hpp), storing each value to out[i] when out is given.
+template <class Src>
+double segment_scalar(const Src& src, int64_t s0, int64_t len, float* out) {
+  double t[kTree];
+  for (int c = 0; c < kTree; ++c) {
+    double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int r = 0; r < kRounds; ++r) {
+      const int64_t base = int64_t(r) * kLanes + 8 * c;
+      if (base >= len) break;
+      const int m = len - base < 8 ? int(len - base) : 8;
+      for (int k = 0; k < m; ++k) {
+        const int64_t i = s0 + base + k;
+        const float v = src.at(i);
+        if (out) out[i] = v;
+        a[k] += double(v) * double(v);
+      }
+    }
+    t[c] = sumsq::fold8(a);
+  }
+  return sumsq::tree256(t);
+}
+
+struct Portable {
+  template <class Src, bool Store>
+  static double segment(const Src& src, int64_t s0, float* out) {
+    return segment_scalar(src, s0, kSegment, Store ? out : nullptr);
+  }
+
+  // Elements [i0, i1) (i0, i1 multiples of 8; elements >= valid are padding:
+  // bit 0, nothing stored): bits into bits[0 .. (i1 - i0) / 8), new errors
+  // into err[i]. err may be the source's own buffer (element-wise in place).
+  template <class Src>
+  static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid, uint8_t* bits) {
+    const float pos = scale, neg = -scale;
+    for (int64_t base = i0; base < i1; base += 8) {
+      const int m = base + 8 <= valid ? 8 : (base < valid ? int(valid - base) : 0);
+      unsigned byte = 0;
+      for (int k = 0; k < m; ++k) {
+        const float v = src.at(base + k);
+        const bool bit = sign_bit(v);
+        err[base + k] = v - (bit ? pos : neg);
+        byte |= unsigned(bit) << k;
+      }
+      *bits++ = uint8_t(byte);
+    }
+  }
+
+  // out[i0 .. i1) from the bits at bits[0 ..] (i0 a multiple of 8).
+  static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1) {
+    const float pos = scale, neg = -scale;
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+      const unsigned byte = *bits++;
+      for (int k = 0; k < 8; ++k) out[i + k] = ((byte >> k) & 1u) ? pos : neg;
+    }
+    for (int k = 0; i < i1; ++i, ++k) out[i] = ((bits[0] >> k) & 1u) ? pos : neg;
   }
 };
-const SignTable kSign;
 
-// Signs of 8 values (bit k = sign_bit(x[k])).
-inline unsigned pack8(const float* x) {
-  unsigned byte = 0;
-  for (int k = 0; k < 8; ++k) byte |= unsigned(x[k] >= 0.0f) << k;
-  return byte;
+// ---- AVX-512 kernels
+
+#if LOWBIT_COMM_AVX512
+// sumsq::fold8 of the 8 lanes of a: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
+LOWBIT_AVX512_FN inline double fold8(__m512d a) {
+  const __m512d p = _mm512_add_pd(a, _mm512_permute_pd(a, 0x55));        // p[2k] = a[2k] + a[2k+1]
+  const __m512d q = _mm512_add_pd(p, _mm512_shuffle_f64x2(p, p, 0xB1));  // q[0] = p0 + p2, q[4] = p4 + p6
+  return _mm_cvtsd_f64(_mm512_castpd512_pd128(q)) + _mm_cvtsd_f64(_mm512_extractf64x2_pd(q, 2));
+}
+
+struct Avx512 {
+  // One full segment: "thread" c's lanes 8c .. 8c+7 are lanes 0..7 or 8..15
+  // of the 16-lane group g = c / 2; lane sums over the rounds in order (the
+  // first round's square is the sum itself: +0 + v*v == v*v for v*v >= +0 or NaN).
+  template <class Src, bool Store>
+  LOWBIT_AVX512_FN static double segment(const Src& src, int64_t s0, float* out) {
+    alignas(64) double t[kTree];
+    for (int g = 0; g < kLanes / 16; ++g) {
+      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+      for (int r = 0; r < kRounds; ++r) {
+        const int64_t i = s0 + int64_t(r) * kLanes + 16 * g;
+        const __m512 v = src.load(i);
+        if (Store) _mm512_storeu_ps(out + i, v);
+        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        if (r == 0) {
+          a0 = _mm512_mul_pd(lo, lo);
+          a1 = _mm512_mul_pd(hi, hi);
+        } else {
+          a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
+          a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
+        }
+      }
+      t[2 * g] = fold8(a0);
+      t[2 * g + 1] = fold8(a1);
+    }
+    return sumsq::tree256(t);
+  }
+
+  template <class Src>
+  LOWBIT_AVX512_FN static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
+                                    uint8_t* bits) {
+    const __m512 zero = _mm512_setzero_ps(), pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
+    int64_t i = i0;
+    const int64_t full = min64(i1, valid);
+    for (; i + 64 <= full; i += 64, bits += 8) {
+      const __m512 v0 = src.load(i), v1 = src.load(i + 16), v2 = src.load(i + 32), v3 = src.load(i + 48);
+      const __mmask16 k0 = _mm512_cmp_ps_mask(v0, zero, _CMP_GE_OQ), k1 = _mm512_cmp_ps_mask(v1, zero, _CMP_GE_OQ),
+                      k2 = _mm512_cmp_ps_mask(v2, zero, _CMP_GE_OQ), k3 = _mm512_cmp_ps_mask(v3, zero, _CMP_GE_OQ);
+      _mm512_storeu_ps(err + i, _mm512_sub_ps(v0, _mm512_mask_blend_ps(k0, neg, pos)));
+      _mm512_storeu_ps(err + i + 16, _mm512_sub_ps(v1, _mm512_mask_blend_ps(k1, neg, pos)));
+      _mm512_storeu_ps(err + i + 32, _mm512_sub_ps(v2, _mm512_mask_blend_ps(k2, neg, pos)));
+      _mm512_storeu_ps(err + i + 48, _mm512_sub_ps(v3, _mm512_mask_blend_ps(k3, neg, pos)));
+      const uint64_t m = uint64_t(k0) | (uint64_t(k1) << 16) | (uint64_t(k2) << 32) | (uint64_t(k3) << 48);
+      std::memcpy(bits, &m, 8);
+    }
+    for (; i < i1; i += 16) {
+      const int cnt = int(min64(16, i1 - i));  // 8 or 16
+      const int64_t left = valid - i;
+      const int v = left <= 0 ? 0 : (left >= cnt ? cnt : int(left));
+      unsigned k = 0;
+      if (v > 0) {
+        const __mmask16 vm = __mmask16((1u << v) - 1u);
+        const __m512 x = src.load_n(vm, i, v);
+        const __mmask16 km = _mm512_mask_cmp_ps_mask(vm, x, zero, _CMP_GE_OQ);
+        _mm512_mask_storeu_ps(err + i, vm, _mm512_sub_ps(x, _mm512_mask_blend_ps(km, neg, pos)));
+        k = km;
+      }
+      *bits++ = uint8_t(k);
+      if (cnt > 8) *bits++ = uint8_t(k >> 8);
+    }
+  }
+
+  LOWBIT_AVX512_FN static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1) {
+    const __m512 pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
+    int64_t i = i0;
+    for (; i + 64 <= i1; i += 64, bits += 8) {
+      uint64_t m;
+      std::memcpy(&m, bits, 8);
+      _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(__mmask16(m), neg, pos));
+      _mm512_storeu_ps(out + i + 16, _mm512_mask_blend_ps(__mmask16(m >> 16), neg, pos));
+      _mm512_storeu_ps(out + i + 32, _mm512_mask_blend_ps(__mmask16(m >> 32), neg, pos));
+      _mm512_storeu_ps(out + i + 48, _mm512_mask_blend_ps(__mmask16(m >> 48), neg, pos));
+    }
+    for (; i < i1; i += 16, bits += 2) {
+      const int cnt = int(min64(16, i1 - i));
+      const __mmask16 vm = __mmask16((1u << cnt) - 1u);
+      _mm512_mask_storeu_ps(out + i, vm, _mm512_mask_blend_ps(__mmask16(load_bits16(bits, cnt)), neg, pos));
+    }
+  }
+};
+#endif
+
+// ---- instruction set
+
+bool cpu_has_avx512() {
+#if LOWBIT_COMM_AVX512
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+HostIsa& current_isa() {
+  static HostIsa isa = cpu_has_avx512() ? HostIsa::Avx512 : HostIsa::Portable;
+  return isa;
+}
+
+// Runs f(Isa{}) with the kernels of the current instruction set.
+template <class F>
+auto with_isa(F&& f) {
+#if LOWBIT_COMM_AVX512
+  if (current_isa() == HostIsa::Avx512) return f(Avx512{});
+#endif
+  return f(Portable{});
+}
+
+// ---- drivers
+
+// Threads for a pass over `elements` elements (1 under kParallelMin, or when
+// called from inside a parallel region).
+int threads_for(int64_t elements) {
+#ifdef _OPENMP
+  if (elements < kParallelMin || omp_in_parallel()) return 1;
+  const int64_t most = elements / (kParallelMin / 2);
+  const int64_t nt = omp_get_max_threads();
+  return int(nt < most ? nt : most);
+#else
+  (void)elements;
+  return 1;
+#endif
+}
+
+// f(id, nt) on nt threads (on this thread when nt == 1).
+template <class F>
+void parallel(int nt, F&& f) {
+#ifdef _OPENMP
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    f(omp_get_thread_num(), omp_get_num_threads());
+    return;
+  }
+#endif
+  (void)nt;
+  f(0, 1);
+}
+
+// Sum of squares (sumsq.hpp) of elements [0, count) of src, storing them to
+// out[i] if Store. Segments are summed in parallel in batches, each batch's
+// sums then added to the accumulators in segment order.
+template <class Isa, bool Store, class Src>
+double sumsq_pass(const Src& src, int64_t count, float* out) {
+  constexpr int64_t kBatch = 2048;  // segments (16 M elements) per parallel pass
+  double acc[kTree] = {};
+  const int64_t nseg = sumsq::segments(count);
+  const int64_t full = count / kSegment;  // full segments; a partial one after them
+  double seg[kBatch];
+  for (int64_t b0 = 0; b0 < nseg; b0 += kBatch) {
+    const int64_t b1 = min64(nseg, b0 + kBatch);
+    const int nt = threads_for((b1 - b0) * kSegment);
+    parallel(nt, [&](int id, int nth) {
+      const int64_t lo = b0 + (b1 - b0) * id / nth, hi = b0 + (b1 - b0) * (id + 1) / nth;
+      for (int64_t s = lo; s < hi; ++s)
+        seg[s - b0] = s < full ? Isa::template segment<Src, Store>(src, s * kSegment, out)
+                               : segment_scalar(src, s * kSegment, count - s * kSegment, Store ? out : nullptr);
+    });
+    for (int64_t s = b0; s < b1; ++s) acc[s % kTree] += seg[s - b0];
+  }
+  return sumsq::tree256(acc);
+}
+
+// Packs `chunks` chunks of `chunk` elements (element r * chunk + k of src is
+// element k of chunk r; elements >= valid are padding) into the messages at
+// msgs + r * msg (sign bits after the 4-byte scale, which is not written),
+// the new errors into err.
+template <class Isa, class Src>
+void pack_pass(const Src& src, float* err, float scale, int64_t chunk, int64_t chunks, int64_t valid, uint8_t* msgs,
+               int64_t msg) {
+  const int64_t cb = chunk / 8, total = chunks * cb;
+  parallel(threads_for(chunks * chunk), [&](int id, int nt) {
+    // Byte ranges of whole 64-element blocks per thread.
+    int64_t b0 = (total * id / nt) & ~int64_t(7);
+    const int64_t b1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
+    while (b0 < b1) {
+      const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
+      Isa::pack(src, err, scale, r * chunk + rb * 8, r * chunk + re * 8, valid, msgs + r * msg + 4 + rb);
+      b0 += re - rb;
+    }
+  });
+}
+
+template <class Isa>
+void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
+  const int64_t cb = l.chunk_bytes, total = l.world * cb;
+  parallel(threads_for(l.n), [&](int id, int nt) {
+    int64_t b0 = (total * id / nt) & ~int64_t(7);
+    const int64_t b1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
+    while (b0 < b1) {
+      const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
+      const uint8_t* m = grecv + r * l.msg;
+      const int64_t i0 = r * l.chunk + rb * 8, i1 = min64(r * l.chunk + re * 8, l.n);
+      if (i0 < i1) Isa::decode(m + 4 + rb, get_scale(m), out, i0, i1);
+      b0 += re - rb;
+    }
+  });
+}
+
+// The server's source over this rank's chunk, with the W scales and their
+// negations in `sc` (2W floats); finite is false if a scale is not.
+SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, std::vector<float>& sc, bool* finite) {
+  const int32_t W = l.world;
+  sc.resize(size_t(2 * W));
+  *finite = true;
+  for (int32_t j = 0; j < W; ++j) {
+    const float s = get_scale(recv + int64_t(j) * l.msg);
+    sc[size_t(j)] = s;
+    sc[size_t(W + j)] = -s;
+    if (!std::isfinite(s)) *finite = false;
+  }
+  return SrcServer{recv + 4, l.msg, W, sc.data(), sc.data() + W, float(W), z};
+}
+
+void put_scales(uint8_t* msgs, int64_t count, int64_t msg, float scale) {
+  for (int64_t r = 0; r < count; ++r) put_scale(msgs + r * msg, scale);
 }
 
 }  // namespace
 
+HostIsa host_isa() { return current_isa(); }
+
+bool host_set_isa(HostIsa isa) {
+  if (isa == HostIsa::Avx512 && !cpu_has_avx512()) return false;
+  current_isa() = isa;
+  return true;
+}
+
+const char* host_isa_name(HostIsa isa) { return isa == HostIsa::Avx512 ? "avx512" : "portable"; }
+
+double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
+  return with_isa([&](auto isa) {
+    using Isa = decltype(isa);
+    return e ? sumsq_pass<Isa, true>(SrcTE{t, e}, n, x_out) : sumsq_pass<Isa, true>(SrcT0{t}, n, x_out);
+  });
+}
+
+double host_worker_sumsq(const float* t, const float* e, int64_t n) {
+  return with_isa([&](auto isa) {
+    using Isa = decltype(isa);
+    return e ? sumsq_pass<Isa, false>(SrcTE{t, e}, n, nullptr) : sumsq_pass<Isa, false>(SrcT0{t}, n, nullptr);
+  });
+}
+
 void host_worker_pack(float* x, float scale, const Layout& l, uint8_t* send) {
-  const int64_t n = l.n;
-  for (int32_t r = 0; r < l.world; ++r) {
-    uint8_t* dst = send + int64_t(r) * l.msg;
-    put_scale(dst, scale);
-    dst += 4;
-    const int64_t begin = int64_t(r) * l.chunk;
-    for (int64_t b = 0; b < l.chunk_bytes; ++b) {
-      const int64_t base = begin + b * 8;
-      if (base + 8 <= n) {
-        float* v = x + base;
-        const unsigned byte = pack8(v);
-        const float* sg = kSign.v[byte];
-        for (int k = 0; k < 8; ++k) v[k] = v[k] - sg[k] * scale;
-        dst[b] = uint8_t(byte);
-      } else {
-        unsigned byte = 0;
-        for (int k = 0; k < 8 && base + k < n; ++k) {
-          const float v = x[base + k];
-          const bool bit = sign_bit(v);
-          x[base + k] = v - signed_scale(bit, scale);
-          byte |= unsigned(bit) << k;
-        }
-        dst[b] = uint8_t(byte);
-      }
-    }
-  }
+  put_scales(send, l.world, l.msg, scale);
+  with_isa([&](auto isa) {
+    pack_pass<decltype(isa)>(SrcX{x}, x, scale, l.chunk, l.world, l.n, send, l.msg);
+  });
+}
+
+void host_worker_pack_from(const float* t, const float* e, float scale, const Layout& l, float* err_out,
+                           uint8_t* send) {
+  put_scales(send, l.world, l.msg, scale);
+  with_isa([&](auto isa) {
+    using Isa = decltype(isa);
+    if (e)
+      pack_pass<Isa>(SrcTE{t, e}, err_out, scale, l.chunk, l.world, l.n, send, l.msg);
+    else
+      pack_pass<Isa>(SrcT0{t}, err_out, scale, l.chunk, l.world, l.n, send, l.msg);
+  });
 }
 
 double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const Layout& l) {
-  const int64_t c = l.server_numel();
-  const int32_t W = l.world;
-  std::vector<float> sc(static_cast<size_t>(W));
+  std::vector<float> sc;
   bool finite = true;
-  for (int32_t j = 0; j < W; ++j) {
-    sc[size_t(j)] = get_scale(recv + int64_t(j) * l.msg);
-    if (!std::isfinite(sc[size_t(j)])) finite = false;
-  }
-  const float fw = float(W);
-  SumOfSquares sum;
-  for (int64_t s0 = 0; s0 < c; s0 += kSegment) {
-    const int64_t s1 = c - s0 < kSegment ? c : s0 + kSegment;
-    // The 8 elements from `base` come from one byte of every message.
-    sum.add_segment(s0, s1, [&](int64_t base, int m, double* a) {
-      const int64_t b = base / 8;
-      // Sum over ranks in rank order, as the CUDA kernel does.
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int32_t j = 0; j < W; ++j) {
-        const float* sg = kSign.v[recv[int64_t(j) * l.msg + 4 + b]];
-        const float s = sc[size_t(j)];
-        for (int k = 0; k < 8; ++k) acc[k] += sg[k] * s;
-      }
-      if (m == 8) {
-        for (int k = 0; k < 8; ++k) {
-          const float y = acc[k] / fw + z[base + k];
-          y_out[base + k] = y;
-          a[k] += double(y) * double(y);
-        }
-      } else {
-        for (int k = 0; k < m; ++k) {
-          const float y = acc[k] / fw + z[base + k];
-          y_out[base + k] = y;
-          a[k] += double(y) * double(y);
-        }
-      }
-    });
-  }
-  if (!finite) return NAN;
-  return sum.total();
+  const SrcServer src = server_source(recv, z, l, sc, &finite);
+  const double sum =
+      with_isa([&](auto isa) { return sumsq_pass<decltype(isa), true>(src, l.server_numel(), y_out); });
+  return finite ? sum : NAN;
+}
+
+double host_server_sumsq(const uint8_t* recv, const float* z, const Layout& l) {
+  std::vector<float> sc;
+  bool finite = true;
+  const SrcServer src = server_source(recv, z, l, sc, &finite);
+  const double sum =
+      with_isa([&](auto isa) { return sumsq_pass<decltype(isa), false>(src, l.server_numel(), nullptr); });
+  return finite ? sum : NAN;
 }
 
 void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {
-  const int64_t c = l.server_numel();
   put_scale(gsend, scale);
-  for (int64_t b = 0; b < l.chunk_bytes; ++b) {
-    const int64_t base = b * 8;
-    if (base + 8 <= c) {
-      float* v = y + base;
-      const unsigned byte = pack8(v);
-      const float* sg = kSign.v[byte];
-      for (int k = 0; k < 8; ++k) v[k] = v[k] - sg[k] * scale;
-      gsend[4 + b] = uint8_t(byte);
-    } else {
-      unsigned byte = 0;
-      for (int k = 0; k < 8 && base + k < c; ++k) {
-        const float v = y[base + k];
-        const bool bit = sign_bit(v);
-        y[base + k] = v - signed_scale(bit, scale);
-        byte |= unsigned(bit) << k;
-      }
-      gsend[4 + b] = uint8_t(byte);
-    }
-  }
+  with_isa([&](auto isa) {
+    pack_pass<decltype(isa)>(SrcX{y}, y, scale, l.chunk, 1, l.server_numel(), gsend, l.msg);
+  });
+}
+
+void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
+                           uint8_t* gsend) {
+  std::vector<float> sc;
+  bool finite = true;
+  const SrcServer src = server_source(recv, z, l, sc, &finite);
+  put_scale(gsend, scale);
+  with_isa([&](auto isa) {
+    pack_pass<decltype(isa)>(src, err_out, scale, l.chunk, 1, l.server_numel(), gsend, l.msg);
+  });
 }
 
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l) {
@@ -239,18 +533,7 @@ bool host_gathered_finite(const uint8_t* grecv, const Layout& l) {
 }
 
 void host_decode(const uint8_t* grecv, const Layout& l, float* out) {
-  for (int32_t r = 0; r < l.world; ++r) {
-    const uint8_t* m = grecv + int64_t(r) * l.msg;
-    const float s = get_scale(m);
-    const int64_t c = l.real_in_chunk(r);
-    float* o = out + int64_t(r) * l.chunk;
-    int64_t i = 0;
-    for (; i + 8 <= c; i += 8) {
-      const float* sg = kSign.v[m[4 + i / 8]];
-      for (int k = 0; k < 8; ++k) o[i + k] = sg[k] * s;
-    }
-    for (; i < c; ++i) o[i] = signed_scale((m[4 + i / 8] >> (i & 7)) & 1u, s);
-  }
+  with_isa([&](auto isa) { decode_pass<decltype(isa)>(grecv, l, out); });
 }
 
 }  // namespace onebit

@@ -1,6 +1,12 @@
 // CPU implementation of the per-element work of the 1-bit compressed
 // allreduce (the CUDA twin is in cuda_kernels.cu). All norms are accumulated
 // in double; every value that travels or is stored is fp32.
+//
+// Every function gives the same bits whatever the instruction set it runs
+// with (AVX-512 where the CPU has it, else portable C++: host_isa()) and the
+// number of OpenMP threads (buffers of at least kParallelMin elements are cut
+// over omp_get_max_threads() threads; the sums of squares keep the order of
+// sumsq.hpp).
 #pragma once
 #include <cstdint>
 
@@ -17,6 +23,9 @@ float get_scale(const uint8_t* msg);
 // x^2 (non-finite iff some x is).
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n);
 
+// The same sum of squares as host_worker_sum, without writing x.
+double host_worker_sumsq(const float* t, const float* e, int64_t n);
+
 // Scale from a sum of squares over `count` elements: sqrt(sumsq / count)
 // rounded to fp32; 0 when count == 0; NaN when sumsq is not finite.
 float scale_from_sumsq(double sumsq, int64_t count);
@@ -26,20 +35,48 @@ float scale_from_sumsq(double sumsq, int64_t count);
 // the scale at the head of each.
 void host_worker_pack(float* x, float scale, const Layout& l, uint8_t* send);
 
+// host_worker_sum + host_worker_pack in one pass over t and e, x not stored:
+// the new worker error (x - scale * sign(x), x = t + e, e == nullptr: zero
+// error) into err_out (n floats, distinct from t and e) and the messages into
+// `send`. Gives host_worker_sum's then host_worker_pack's bits.
+void host_worker_pack_from(const float* t, const float* e, float scale, const Layout& l, float* err_out,
+                           uint8_t* send);
+
 // Server average over the W received messages (recv, W * msg bytes) for this
 // rank's chunk: y = mean_j(scale_j * sign_j) + z, into y_out (server_numel
 // floats). Returns sum of y^2, or NaN if a received scale is not finite.
 double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const Layout& l);
 
+// The same sum of squares as host_server_sum, without writing y.
+double host_server_sumsq(const uint8_t* recv, const float* z, const Layout& l);
+
 // Packs the signs of y (overwritten with the new server error) into one
 // message `gsend` (msg bytes) with `scale` at its head.
 void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend);
+
+// host_server_sum + host_server_pack in one pass over recv and z, y not
+// stored: the new server error into err_out (server_numel floats, distinct
+// from z) and the message into `gsend`.
+void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
+                           uint8_t* gsend);
 
 // True if every gathered scale (grecv, W * msg bytes) is finite.
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 
 // Decodes the gathered chunks into out (n floats).
 void host_decode(const uint8_t* grecv, const Layout& l, float* out);
+
+// The instruction set of the kernels above: chosen once from the CPU
+// (AVX-512 F/BW/DQ/VL where supported, else portable). host_set_isa (tests,
+// benchmarks) selects one; it returns false, changing nothing, if the CPU
+// lacks it. Not thread-safe against running kernels.
+enum class HostIsa { Portable = 0, Avx512 = 1 };
+HostIsa host_isa();
+bool host_set_isa(HostIsa isa);
+const char* host_isa_name(HostIsa isa);
+
+// Buffers under this many elements run on the calling thread only.
+constexpr int64_t kParallelMin = int64_t(1) << 16;
 
 }  // namespace onebit
 }  // namespace lowbit

@@ -1,0 +1,281 @@
+// Host pack / unpack throughput of the 1-bit compressed allreduce (the CPU
+// path's compression work, without any communication), against the copy
+// bandwidth measured in the same run. Not a test: prints a table.
+//
+//   bench_comm_pack [numel] [threads] [world...]
+//     numel    elements of the tensor (default 16M = 16777216)
+//     threads  OpenMP threads for the kernels and the copy reference
+//              (0 = all, the default; the table is printed for 1 thread and,
+//              when more are available, for all of them)
+//     world    the ranks the layout is cut for (default 2 4); the kernels run
+//              on one process as rank 0 would
+//
+// The stages, as Communicator::compressed_allreduce runs them on the host,
+// and the bytes each must move (counted the way STREAM counts: each byte the
+// stage must read once plus each byte it must write once; n elements, chunk
+// c = n / W, W ranks):
+//   worker pack    x = t + e, scale = sqrt(sum x^2 / n), signs of x, new
+//                  error x - scale * sign(x): reads t and e (8 B/el), writes
+//                  the error (4) and the sign bits (1/8)   -> 12.125 B/el of n
+//   server pack    y = mean_j(scale_j * sign_j) + z over this rank's chunk,
+//                  scale, signs, new error: reads W sign bits (W/8) and z (4),
+//                  writes the error (4) and the sign bits (1/8)
+//                                                  -> W/8 + 8.125 B/el of c
+//   unpack         the gathered signs into the output: reads 1/8, writes 4
+//                                                  -> 4.125 B/el of n
+//   all            the three, per element of n
+// ns/el is per element of n (per element of c for the server stage) and the
+// fraction is (bytes / time) / copy bandwidth.
+//
+// Copy reference (same run, same thread count, each thread on its own
+// contiguous slice, pages first touched by those threads): b[i] = a[i] over
+// doubles (16 B/el counted: read + write, no write-allocate), a STREAM triad
+// a[i] = b[i] + s c[i] (24 B/el) and a memcpy of each slice, arrays of
+// max(4 x LLC, 128 MiB); the best of 10 passes of each, and the reference is
+// the fastest of the three. Stage times are the median of 9 calls after one
+// untimed call.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "comm/host_kernels.hpp"
+
+namespace ob = lowbit::onebit;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Last-level cache size in bytes (sysfs, else 32 MiB).
+size_t llc_bytes() {
+  size_t largest = 0;
+  for (int idx = 0; idx < 8; ++idx) {
+    char path[96];
+    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+    FILE* f = std::fopen(path, "r");
+    if (!f) continue;
+    unsigned long kb = 0;
+    char unit = 'K';
+    const int got = std::fscanf(f, "%lu%c", &kb, &unit);
+    std::fclose(f);
+    const size_t b = got >= 1 ? size_t(kb) * (unit == 'M' ? 1024 * 1024 : 1024) : 0;
+    largest = std::max(largest, b);
+  }
+  return largest ? largest : size_t(32) << 20;
+}
+
+// Keep the copy and triad loops loops of loads and stores (not memcpy calls).
+#if defined(__clang__)
+#define NO_MEMCPY_IDIOM __attribute__((no_builtin("memcpy")))
+#else
+#define NO_MEMCPY_IDIOM __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+
+NO_MEMCPY_IDIOM void copy_kernel(double* __restrict b, const double* __restrict a, int64_t n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) b[i] = a[i];
+}
+
+NO_MEMCPY_IDIOM void triad_kernel(double* __restrict a, const double* __restrict b, const double* __restrict c,
+                                  double s, int64_t n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+void memcpy_kernel(char* b, const char* a, size_t bytes, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t nt = size_t(omp_get_num_threads()), id = size_t(omp_get_thread_num());
+    const size_t lo = bytes / 8 * id / nt * 8, hi = id + 1 == nt ? bytes : bytes / 8 * (id + 1) / nt * 8;
+    std::memcpy(b + lo, a + lo, hi - lo);
+  }
+}
+
+struct CopyRef {
+  double copy, triad, memcpy_, ref;  // bytes per second
+};
+
+CopyRef copy_reference(int threads) {
+  size_t bytes = std::max(4 * llc_bytes(), size_t(128) << 20);
+  const int64_t n = int64_t(bytes / sizeof(double));
+  bytes = size_t(n) * sizeof(double);
+  double* a = static_cast<double*>(std::malloc(bytes));
+  double* b = static_cast<double*>(std::malloc(bytes));
+  double* c = static_cast<double*>(std::malloc(bytes));
+  if (!a || !b || !c) {
+    std::fprintf(stderr, "copy reference: out of memory\n");
+    std::exit(1);
+  }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) a[i] = 1.0, b[i] = 2.0, c[i] = 0.5;
+  constexpr int kReps = 10;
+  double tc = 1e30, tt = 1e30, tm = 1e30;
+  copy_kernel(b, a, n, threads);
+  triad_kernel(a, b, c, 3.0, n, threads);
+  memcpy_kernel(reinterpret_cast<char*>(b), reinterpret_cast<const char*>(a), bytes, threads);
+  for (int k = 0; k < kReps; ++k) {
+    const double t0 = now();
+    copy_kernel(b, a, n, threads);
+    const double t1 = now();
+    triad_kernel(a, b, c, 3.0, n, threads);
+    const double t2 = now();
+    memcpy_kernel(reinterpret_cast<char*>(c), reinterpret_cast<const char*>(b), bytes, threads);
+    const double t3 = now();
+    tc = std::min(tc, t1 - t0), tt = std::min(tt, t2 - t1), tm = std::min(tm, t3 - t2);
+  }
+  volatile double sink = a[n / 3] + b[n / 2] + c[n - 1];
+  (void)sink;
+  std::free(a), std::free(b), std::free(c);
+  CopyRef r;
+  r.copy = 2.0 * double(bytes) / tc;
+  r.triad = 3.0 * double(bytes) / tt;
+  r.memcpy_ = 2.0 * double(bytes) / tm;
+  r.ref = std::max(r.copy, std::max(r.triad, r.memcpy_));
+  return r;
+}
+
+template <class F>
+double median_time(F&& f) {
+  f();
+  double t[9];
+  for (double& v : t) {
+    const double t0 = now();
+    f();
+    v = now() - t0;
+  }
+  std::sort(t, t + 9);
+  return t[4];
+}
+
+// Buffers first touched by the threads that will work on them (static slices).
+std::vector<float> floats(int64_t n, uint64_t seed, double sd, int threads) {
+  std::vector<float> v(size_t(n > 0 ? n : 1));
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t s = (uint64_t(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    s ^= s >> 31, s *= 0xBF58476D1CE4E5B9ull, s ^= s >> 29;
+    v[size_t(i)] = float(sd * (double(s >> 11) / 9007199254740992.0 - 0.5));
+  }
+  return v;
+}
+
+std::vector<uint8_t> messages(const ob::Layout& L, uint64_t seed) {
+  std::vector<uint8_t> m(size_t(L.world * L.msg));
+  uint64_t s = seed | 1;
+  for (auto& b : m) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    b = uint8_t(s >> 24);
+  }
+  for (int32_t j = 0; j < L.world; ++j) ob::put_scale(m.data() + int64_t(j) * L.msg, 0.01f * float(j + 1));
+  return m;
+}
+
+struct Stage {
+  const char* name;
+  double bytes_per_el;  // per element of `per`
+  int64_t per;          // elements the ns/el are counted over
+  double seconds;
+};
+
+void print(const Stage& s, double ref) {
+  const double gbs = s.bytes_per_el * double(s.per) / s.seconds;
+  std::printf("  %-12s %8.3f %9.3f %9.2f %9.1f %7.1f%%\n", s.name, s.bytes_per_el, s.seconds * 1e9 / double(s.per),
+              s.seconds * 1e3, gbs / 1e9, 100.0 * gbs / ref);
+}
+
+void run(int64_t n, int32_t world, int threads, double ref) {
+  const ob::Layout L = ob::Layout::make(n, world, 0);
+  const int64_t c = L.server_numel();
+  std::vector<float> t = floats(n, 1, 2.0, threads), e = floats(n, 2, 0.2, threads), x = floats(n, 3, 0, threads);
+  std::vector<float> z = floats(c, 4, 0.1, threads), y = floats(c, 5, 0, threads), out = floats(n, 6, 0, threads);
+  std::vector<uint8_t> send(size_t(L.world * L.msg)), gsend(size_t(L.msg));
+  const std::vector<uint8_t> recv = messages(L, 7), grecv = messages(L, 8);
+
+  // The worker and server stages as the allreduce runs them: one pass for
+  // the sum of squares, one that recomputes x (y) and packs.
+  Stage w{"worker pack", 12.125, n, 0};
+  w.seconds = median_time([&] {
+    const double s2 = ob::host_worker_sumsq(t.data(), e.data(), n);
+    ob::host_worker_pack_from(t.data(), e.data(), ob::scale_from_sumsq(s2, n), L, x.data(), send.data());
+  });
+  Stage s{"server pack", double(world) / 8.0 + 8.125, c, 0};
+  s.seconds = median_time([&] {
+    const double s2 = ob::host_server_sumsq(recv.data(), z.data(), L);
+    ob::host_server_pack_from(recv.data(), z.data(), ob::scale_from_sumsq(s2, c), L, y.data(), gsend.data());
+  });
+  Stage u{"unpack", 4.125, n, 0};
+  u.seconds = median_time([&] { ob::host_decode(grecv.data(), L, out.data()); });
+  const double all_bytes = (w.bytes_per_el * double(n) + s.bytes_per_el * double(c) + u.bytes_per_el * double(n));
+  Stage a{"all", all_bytes / double(n), n, w.seconds + s.seconds + u.seconds};
+  // The two-pass form that stores x (y) in the first pass and packs it in
+  // place (host_worker_sum + host_worker_pack, as the tests call them).
+  Stage w2{"worker (x)", 12.125, n, 0};
+  w2.seconds = median_time([&] {
+    const double s2 = ob::host_worker_sum(t.data(), e.data(), x.data(), n);
+    ob::host_worker_pack(x.data(), ob::scale_from_sumsq(s2, n), L, send.data());
+  });
+  Stage s2{"server (y)", s.bytes_per_el, c, 0};
+  s2.seconds = median_time([&] {
+    const double q = ob::host_server_sum(recv.data(), z.data(), y.data(), L);
+    ob::host_server_pack(y.data(), ob::scale_from_sumsq(q, c), L, gsend.data());
+  });
+  Stage ws{"worker sumsq", 8, n, 0};
+  ws.seconds = median_time([&] { (void)ob::host_worker_sumsq(t.data(), e.data(), n); });
+
+  std::printf(" world %d (chunk %lld), %d thread%s:\n", world, (long long)c, threads, threads == 1 ? "" : "s");
+  std::printf("  %-12s %8s %9s %9s %9s %8s\n", "stage", "B/el", "ns/el", "ms", "GB/s", "of copy");
+  print(w, ref);
+  print(s, ref);
+  print(u, ref);
+  print(a, ref);
+  print(w2, ref);
+  print(s2, ref);
+  print(ws, ref);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : (int64_t(16) << 20);
+  const int threads_arg = argc > 2 ? std::atoi(argv[2]) : 0;
+  if (n <= 0 || threads_arg < 0) {
+    std::fprintf(stderr, "usage: %s [numel > 0] [threads >= 0] [world...]\n", argv[0]);
+    return 2;
+  }
+  std::vector<int32_t> worlds;
+  for (int i = 3; i < argc; ++i) worlds.push_back(int32_t(std::atoi(argv[i])));
+  if (worlds.empty()) worlds = {2, 4};
+  const int all = omp_get_max_threads();
+  std::vector<int> counts;
+  if (threads_arg > 0) {
+    counts.push_back(threads_arg);
+  } else {
+    counts.push_back(1);
+    if (all > 1) counts.push_back(all);
+  }
+  const char* isa = std::getenv("LOWBIT_BENCH_ISA");  // portable | avx512 (default: what the CPU has)
+  if (isa && !ob::host_set_isa(std::strcmp(isa, "portable") == 0 ? ob::HostIsa::Portable : ob::HostIsa::Avx512)) {
+    std::fprintf(stderr, "LOWBIT_BENCH_ISA=%s: not available on this CPU\n", isa);
+    return 2;
+  }
+  std::printf("1-bit allreduce host pack/unpack, %lld elements, %s kernels\n", (long long)n,
+              ob::host_isa_name(ob::host_isa()));
+  for (int th : counts) {
+    omp_set_num_threads(th);
+    const CopyRef r = copy_reference(th);
+    std::printf("\ncopy reference, %d thread%s: copy %.1f GB/s, triad %.1f GB/s, memcpy %.1f GB/s -> %.1f GB/s\n", th,
+                th == 1 ? "" : "s", r.copy / 1e9, r.triad / 1e9, r.memcpy_ / 1e9, r.ref / 1e9);
+    for (int32_t W : worlds) run(n, W, th, r.ref);
+  }
+  return 0;
+}
