@@ -1,7 +1,10 @@
 #include "codec.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+
+#include "codec_avx512.hpp"
 
 #include "float16.hpp"
 #include "quant.hpp"
@@ -74,10 +77,20 @@ void encode_fp8(bool second, const float* x, int n, uint8_t* codes, float* scale
     for (int i = 0; i < n; ++i) codes[i] = floor_positive_e4m3(codes[i], x[i]);
 }
 
+std::atomic<bool> portable_only{false};
+
+// Whole tiles of the quantized formats go to the AVX-512 codec where the CPU has it.
+inline bool simd_tile(int n) {
+  return n == kTile && avx512_codec_supported() && !portable_only.load(std::memory_order_relaxed);
+}
+
 }  // namespace
+
+void use_portable_codec(bool on) { portable_only.store(on); }
 
 LOWBIT_VECTOR_CLONES
 void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
+  if (simd_tile(n) && avx512_decode_tile(mv, base, out)) return;
   switch (mv.format) {
     case LOWBIT_STATE_FP32: std::memcpy(out, static_cast<const float*>(mv.data) + base, sizeof(float) * n); return;
     case LOWBIT_STATE_BF16: {
@@ -118,6 +131,7 @@ void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
 
 LOWBIT_VECTOR_CLONES
 void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in) {
+  if (simd_tile(n) && avx512_encode_tile(mv, base, in)) return;
   switch (mv.format) {
     case LOWBIT_STATE_FP32: std::memcpy(static_cast<float*>(mv.data) + base, in, sizeof(float) * n); return;
     case LOWBIT_STATE_BF16: {

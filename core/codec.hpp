@@ -22,4 +22,8 @@ void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, co
 void decode_moment(const MomentView& mv, int64_t numel, float* out);
 void encode_moment(const MomentView& mv, int64_t numel, const float* in);
 
+// Tests: the portable codec everywhere, even where the AVX-512 one
+// (codec_avx512.hpp) would run; both give the same bits.
+void use_portable_codec(bool on);
+
 }  // namespace lowbit

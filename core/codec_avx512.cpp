@@ -1,0 +1,319 @@
+#include "codec_avx512.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "quant.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(LOWBIT_NO_CLONES)
+#include <immintrin.h>
+#define LOWBIT_AVX512_CODEC 1
+#endif
+
+namespace lowbit {
+
+#ifndef LOWBIT_AVX512_CODEC
+
+bool avx512_codec_supported() { return false; }
+bool avx512_decode_tile(const MomentView&, int64_t, float*) { return false; }
+bool avx512_encode_tile(const MomentView&, int64_t, const float*) { return false; }
+
+#else
+
+namespace {
+
+// A 256-entry float table as four byte planes (plane k: byte k of every
+// entry): 64 lookups are then 2 byte permutes and a blend per plane, and the
+// planes interleave back into floats. `order` permutes 64 codes so that the
+// interleave (which works within 128-bit lanes) lands them in input order.
+struct alignas(64) BytePlanes {
+  uint8_t plane[4][256];
+  uint8_t order[64];
+};
+
+// The 255 midpoints of an 8-bit map laid out per level of a binary search:
+// level s (s = 64, 32, ..., 1) compares with mid[pos + s - 1], pos a multiple
+// of 2s, so its table holds mid[j * 2s + s - 1] at j = pos / 2s.
+struct alignas(64) Search8 {
+  float t64[16], t32[16], t16[16], t8[16], t4[32], t2[64], t1[128];
+  float m127;
+};
+
+struct alignas(64) Search4 {
+  float mid[16];
+  float values[16];
+};
+
+struct Tables {
+  BytePlanes values8[2];  // SignedDynamic8, UnsignedDynamic8
+  Search8 search8[2];
+  Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
+  BytePlanes e4m3;
+  int zero_code[4];
+};
+
+void fill_planes(const float* table, BytePlanes& bp) {
+  for (int i = 0; i < 256; ++i) {
+    uint32_t u = float_bits(table[i]);
+    for (int k = 0; k < 4; ++k) bp.plane[k][i] = uint8_t(u >> (8 * k));
+  }
+  // Output vector r (r = 0..3) of a 64-code group holds, in 128-bit lane l,
+  // dwords made by unpack{lo,hi}_epi8 then unpack{lo,hi}_epi16 of source
+  // bytes 16l + 8(r / 2) + 4(r % 2) + j, j = 0..3.
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < 16; ++j)
+      bp.order[16 * (j / 4) + 8 * (r / 2) + 4 * (r % 2) + j % 4] = uint8_t(16 * r + j);
+}
+
+const Tables& tables() {
+  static const Tables t = [] {
+    Tables x{};
+    const MapId ids[4] = {MapId::SignedDynamic8, MapId::UnsignedDynamic8, MapId::SignedDynamic4, MapId::UnsignedLinear4};
+    for (int m = 0; m < 2; ++m) {
+      const QMap& q = qmap(ids[m]);
+      fill_planes(q.values, x.values8[m]);
+      Search8& s = x.search8[m];
+      float* levels[7] = {s.t64, s.t32, s.t16, s.t8, s.t4, s.t2, s.t1};
+      for (int lv = 0; lv < 7; ++lv) {
+        const int step = 64 >> lv, count = 128 / step;
+        for (int j = 0; j < count; ++j) levels[lv][j] = q.midpoints[j * 2 * step + step - 1];
+        for (int j = count; j < 16; ++j) levels[lv][j] = INFINITY;  // never indexed
+      }
+      s.m127 = q.midpoints[127];
+    }
+    for (int m = 0; m < 2; ++m) {
+      const QMap& q = qmap(ids[2 + m]);
+      for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
+    }
+    float e4m3[256];
+    for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
+    fill_planes(e4m3, x.e4m3);
+    for (int m = 0; m < 4; ++m) {
+      const QMap& q = qmap(ids[m]);
+      x.zero_code[m] = -1;
+      for (int i = 0; i < q.n; ++i)
+        if (q.values[i] == 0.f) x.zero_code[m] = i;
+    }
+    return x;
+  }();
+  return t;
+}
+
+// Which of the four maps (the order of MapId).
+int map_index(const QMap* map) { return int(map - &qmap(MapId::SignedDynamic8)); }
+
+bool cpu_has_avx512_codec() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vbmi");
+}
+
+}  // namespace
+
+bool avx512_codec_supported() {
+  static const bool on = [] {
+    const char* env = std::getenv("LOWBIT_CPU_KERNELS");
+    if (env && std::strcmp(env, "generic") == 0) return false;
+    return cpu_has_avx512_codec();
+  }();
+  return on;
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
+// GCC 12 warns inside its own intrinsics headers (_mm512_undefined_*).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
+
+// 256 codes -> table[code] * scale, 64 at a time.
+void decode_planes(const BytePlanes& bp, const uint8_t* codes, float scale, float* out) {
+  __m512i p[4][4];
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 4; ++j) p[k][j] = _mm512_load_si512(bp.plane[k] + 64 * j);
+  const __m512i order = _mm512_load_si512(bp.order);
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int i = 0; i < kTile; i += 64) {
+    const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
+    const __mmask64 high = _mm512_movepi8_mask(idx);  // code >= 128: the second half of the table
+    __m512i b[4];
+    for (int k = 0; k < 4; ++k)
+      b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p[k][0], idx, p[k][1]),
+                                    _mm512_permutex2var_epi8(p[k][2], idx, p[k][3]));
+    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), s));
+    _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), s));
+    _mm512_storeu_ps(out + i + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), s));
+    _mm512_storeu_ps(out + i + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), s));
+  }
+}
+
+// max |x| over n (a multiple of 16) elements, on the bits (as block_absmax).
+float absmax_bits(const float* x, int n) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i a = _mm512_setzero_si512();
+  for (int i = 0; i < n; i += 16) a = _mm512_max_epu32(a, _mm512_and_si512(_mm512_loadu_si512(x + i), magnitude));
+  return bits_float(_mm512_reduce_max_epu32(a));
+}
+
+// normalize(): x / absmax, or 0 for every element when absmax is not > 0.
+inline __m512 normalized(const float* x, float absmax) {
+  return absmax > 0.f ? _mm512_div_ps(_mm512_loadu_ps(x), _mm512_set1_ps(absmax)) : _mm512_setzero_ps();
+}
+
+// floor_positive(): a positive second moment never takes the code of 0.
+inline __m512i floor_positive16(__m512i c, __m512 x, int zero_code) {
+  if (zero_code < 0) return c;
+  const __mmask16 bump = _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(zero_code)) &
+                         _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_mask_add_epi32(c, bump, c, _mm512_set1_epi32(1));
+}
+
+struct Search8Regs {
+  __m512 t64, t32, t16, t8, t4[2], t2[4], t1[8], m127;
+  explicit Search8Regs(const Search8& s) {
+    t64 = _mm512_load_ps(s.t64), t32 = _mm512_load_ps(s.t32), t16 = _mm512_load_ps(s.t16), t8 = _mm512_load_ps(s.t8);
+    for (int k = 0; k < 2; ++k) t4[k] = _mm512_load_ps(s.t4 + 16 * k);
+    for (int k = 0; k < 4; ++k) t2[k] = _mm512_load_ps(s.t2 + 16 * k);
+    for (int k = 0; k < 8; ++k) t1[k] = _mm512_load_ps(s.t1 + 16 * k);
+    m127 = _mm512_set1_ps(s.m127);
+  }
+};
+
+// nearest_code() on kLanes x 16 lanes: the binary search, each level's
+// candidates picked by permutes. x > mid is an ordered compare, so NaN lanes
+// get 0. The levels of one vector form a chain of dependent permutes and
+// compares; kLanes independent vectors in lockstep keep the units busy.
+constexpr int kLanes = 8;
+
+inline __m512 level1_candidates(const Search8Regs& r, __m512i idx) {
+  const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+  const __mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
+  const __m512 a = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[0], idx, r.t1[1]),
+                                        _mm512_permutex2var_ps(r.t1[2], idx, r.t1[3]));
+  const __m512 b = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t1[4], idx, r.t1[5]),
+                                        _mm512_permutex2var_ps(r.t1[6], idx, r.t1[7]));
+  return _mm512_mask_blend_ps(b6, a, b);
+}
+
+inline __m512 level2_candidates(const Search8Regs& r, __m512i idx) {
+  const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+  return _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(r.t2[0], idx, r.t2[1]),
+                              _mm512_permutex2var_ps(r.t2[2], idx, r.t2[3]));
+}
+
+inline void search8(const Search8Regs& r, const __m512 (&x)[kLanes], __m512i (&pos)[kLanes]) {
+  for (int k = 0; k < kLanes; ++k)
+    pos[k] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x[k], r.m127, _CMP_GT_OQ), _mm512_set1_epi32(128));
+  auto advance = [&](int k, int step, __m512 candidate) {
+    pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(x[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
+  };
+  for (int k = 0; k < kLanes; ++k) advance(k, 64, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 7), r.t64));
+  for (int k = 0; k < kLanes; ++k) advance(k, 32, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 6), r.t32));
+  for (int k = 0; k < kLanes; ++k) advance(k, 16, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 5), r.t16));
+  for (int k = 0; k < kLanes; ++k) advance(k, 8, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 4), r.t8));
+  for (int k = 0; k < kLanes; ++k) advance(k, 4, _mm512_permutex2var_ps(r.t4[0], _mm512_srli_epi32(pos[k], 3), r.t4[1]));
+  for (int k = 0; k < kLanes; ++k) advance(k, 2, level2_candidates(r, _mm512_srli_epi32(pos[k], 2)));
+  for (int k = 0; k < kLanes; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
+}
+
+void encode8(const Search8& search, int zero_code, bool second, const float* x, uint8_t* codes, float* scale) {
+  const float absmax = absmax_bits(x, kBlock8);
+  *scale = absmax;
+  const Search8Regs r(search);
+  for (int i = 0; i < kBlock8; i += 16 * kLanes) {
+    __m512 xn[kLanes];
+    __m512i c[kLanes];
+    for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + i + 16 * k, absmax);
+    search8(r, xn, c);
+    for (int k = 0; k < kLanes; ++k) {
+      if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i + 16 * k), _mm512_cvtepi32_epi8(c[k]));
+    }
+  }
+}
+
+// 16 elements of a 4-bit tile (8 packed bytes, even element in the low
+// nibble) as dword indices.
+inline __m512i nibbles(const uint8_t* packed) {
+  const __m512i q = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed)));
+  const __m512i mask = _mm512_set1_epi64(0xF);
+  return _mm512_or_si512(_mm512_and_si512(q, mask), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(q, 4), mask), 32));
+}
+
+void decode4(const Search4& map, const uint8_t* packed, const float* scales, float* out) {
+  const __m512 values = _mm512_load_ps(map.values);
+  for (int b = 0; b < kTile / kBlock4; ++b) {
+    const __m512 s = _mm512_set1_ps(scales[b]);
+    for (int i = 0; i < kBlock4; i += 16)
+      _mm512_storeu_ps(out + kBlock4 * b + i,
+                       _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(packed + (kBlock4 * b + i) / 2), values), s));
+  }
+}
+
+void encode4(const Search4& map, int zero_code, bool second, const float* x, uint8_t* packed, float* scale) {
+  const float absmax = absmax_bits(x, kBlock4);
+  *scale = absmax;
+  const __m512 mid = _mm512_load_ps(map.mid);
+  const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
+  static_assert(kBlock4 == 16 * kLanes, "one 4-bit block is one lockstep group");
+  __m512 xn[kLanes];
+  __m512i pos[kLanes];
+  for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + 16 * k, absmax), pos[k] = _mm512_setzero_si512();
+  for (int step = 8; step >= 1; step >>= 1)
+    for (int k = 0; k < kLanes; ++k) {
+      const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
+      pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
+    }
+  for (int k = 0; k < kLanes; ++k) {
+    if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
+    // qword lane j = code[2j] | code[2j + 1] << 32 -> byte code[2j] | code[2j + 1] << 4
+    const __m512i pairs = _mm512_or_si512(_mm512_and_si512(pos[k], low_nibble), _mm512_and_si512(_mm512_srli_epi64(pos[k], 28), high_nibble));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
+  }
+}
+
+}  // namespace
+
+bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out) {
+  const Tables& t = tables();
+  switch (mv.format) {
+    case LOWBIT_STATE_8BIT:
+      decode_planes(t.values8[map_index(mv.map)], static_cast<const uint8_t*>(mv.data) + base, mv.scales[base / kBlock8], out);
+      return true;
+    case LOWBIT_STATE_FP8:
+      decode_planes(t.e4m3, static_cast<const uint8_t*>(mv.data) + base, mv.scales[base / kBlock8], out);
+      return true;
+    case LOWBIT_STATE_4BIT:
+      decode4(t.map4[map_index(mv.map) - 2], static_cast<const uint8_t*>(mv.data) + base / 2, mv.scales + base / kBlock4, out);
+      return true;
+    default: return false;
+  }
+}
+
+bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in) {
+  const Tables& t = tables();
+  const int m = mv.map ? map_index(mv.map) : -1;
+  switch (mv.format) {
+    case LOWBIT_STATE_8BIT:
+      encode8(t.search8[m], t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
+      return true;
+    case LOWBIT_STATE_4BIT:
+      for (int b = 0; b < kTile; b += kBlock4)
+        encode4(t.map4[m - 2], t.zero_code[m], mv.second, in + b, static_cast<uint8_t*>(mv.data) + (base + b) / 2,
+                mv.scales + (base + b) / kBlock4);
+      return true;
+    default: return false;
+  }
+}
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#endif
+
+}  // namespace lowbit

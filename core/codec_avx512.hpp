@@ -1,0 +1,22 @@
+// AVX-512 forms of the moment codec for whole 256-element tiles (codec.cpp
+// dispatches to them; partial tiles take the portable path). They give the
+// portable path's bits: the same code search (the count of midpoints below
+// x / absmax), the same IEEE divisions and products, no gathers (slow on the
+// CPUs that have AVX-512): table lookups are register permutes.
+#pragma once
+#include <cstdint>
+
+#include "state.hpp"
+
+namespace lowbit {
+
+// Whether this CPU has what the AVX-512 codec needs (AVX512F/BW/VL/DQ and
+// VBMI). LOWBIT_CPU_KERNELS=generic in the environment turns it off.
+bool avx512_codec_supported();
+
+// One 256-element tile starting at `base` (a multiple of 256). False when the
+// format has no AVX-512 form (FP32, BF16): the caller takes the portable path.
+bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out);
+bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in);
+
+}  // namespace lowbit

@@ -1,0 +1,186 @@
+// The AVX-512 moment codec (core/codec_avx512.cpp) against the portable one
+// (core/codec.cpp): the same codes, scales and decoded floats, bit for bit,
+// for every quantized format and both moments, on random tiles spread over
+// many decades and on the edge cases (zeros, signed zeros, denormals,
+// infinities, NaN, all-zero tiles, values on and next to every midpoint).
+// Skipped where the CPU lacks AVX-512 (the portable path is then the only one).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+extern "C" {
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+}
+
+#include "core/codec.hpp"
+#include "core/codec_avx512.hpp"
+#include "core/float16.hpp"
+#include "core/quant.hpp"
+#include "core/state.hpp"
+#include "../common/test_seed.h"
+
+using namespace lowbit;
+
+namespace {
+
+std::mt19937_64 rng;  // seeded in main()
+
+constexpr int kTiles = 64;
+constexpr int64_t kNumel = int64_t(kTiles) * kTile;
+
+struct Moment {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  MomentView view;
+  Moment(lowbit_state_format_t f, int moment)
+      : data(size_t(moment_data_bytes(f, kNumel)), 0xA5), scales(size_t(num_blocks(f, kNumel)), -1.f) {
+    view = moment_view(f, moment, data.data(), scales.data());
+  }
+};
+
+float random_value(std::uniform_real_distribution<float>& u) {
+  const float mag = std::pow(10.f, u(rng) * 12.f - 9.f);  // 1e-9 .. 1e3
+  return (rng() & 1 ? -mag : mag) * u(rng);
+}
+
+// One tile of input: a pattern chosen by `kind`.
+void fill_tile(int kind, const QMap* map, float* x) {
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const float scale = std::pow(10.f, u(rng) * 60.f - 30.f);
+  for (int i = 0; i < kTile; ++i) x[i] = normal(rng) * scale;
+  switch (kind % 8) {
+    case 0: break;
+    case 1:
+      for (int i = 0; i < kTile; ++i) x[i] = random_value(u);
+      break;
+    case 2:
+      for (int i = 0; i < kTile; ++i) x[i] = (i & 1) ? 0.f : -0.f;
+      break;
+    case 3:  // x / absmax lands on, and next to, the map's midpoints
+      if (map) {
+        x[0] = 1.f;
+        for (int i = 1; i < kTile; ++i) {
+          const float mid = map->midpoints[size_t(rng() % size_t(map->n - 1))];
+          const uint32_t b = float_bits(mid);
+          x[i] = bits_float(b + uint32_t(int(rng() % 3) - 1));
+        }
+      }
+      break;
+    case 4:  // denormals and the smallest normals
+      for (int i = 0; i < kTile; ++i) x[i] = bits_float(uint32_t(rng() % 0x01000000u) | (rng() & 1 ? 0x80000000u : 0u));
+      break;
+    case 5:  // infinities
+      x[rng() % kTile] = INFINITY;
+      x[rng() % kTile] = -INFINITY;
+      break;
+    case 6:  // a NaN poisons its block
+      x[rng() % kTile] = NAN;
+      break;
+    case 7:  // positive only (a second moment) with exact zeros
+      for (int i = 0; i < kTile; ++i) x[i] = (i % 5 == 0) ? 0.f : std::fabs(x[i]);
+      break;
+  }
+}
+
+bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, size_t(n) * sizeof(float)) == 0; }
+
+// Bits equal, or both NaN: which operand's payload NaN * NaN keeps (an FP8
+// NaN code times a NaN scale) follows the compiler's operand order, not IEEE.
+bool same_decoded(float a, float b) { return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b)); }
+
+void check_format(lowbit_state_format_t format, int moment) {
+  Moment portable(format, moment), simd(format, moment);
+  std::vector<float> x(static_cast<size_t>(kNumel));
+  for (int round = 0; round < 8; ++round) {
+    for (int t = 0; t < kTiles; ++t) fill_tile(round * kTiles + t, portable.view.map, x.data() + int64_t(t) * kTile);
+    use_portable_codec(true);
+    encode_moment(portable.view, kNumel, x.data());
+    use_portable_codec(false);
+    encode_moment(simd.view, kNumel, x.data());
+    for (size_t i = 0; i < portable.data.size(); ++i)
+      if (portable.data[i] != simd.data[i]) {
+        const int per_byte = format == LOWBIT_STATE_4BIT ? 2 : 1;
+        const int64_t e = int64_t(i) * per_byte;
+        fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, AVX-512 0x%02x), input element %lld = %a",
+                 format_name(format), moment, i, portable.data[i], simd.data[i], (long long)e, double(x[size_t(e)]));
+      }
+    assert_true(same_bits(portable.scales.data(), simd.scales.data(), int64_t(portable.scales.size())));
+
+    std::vector<float> a(static_cast<size_t>(kNumel)), b(static_cast<size_t>(kNumel));
+    use_portable_codec(true);
+    decode_moment(portable.view, kNumel, a.data());
+    use_portable_codec(false);
+    decode_moment(portable.view, kNumel, b.data());
+    for (int64_t i = 0; i < kNumel; ++i)
+      if (!same_decoded(a[size_t(i)], b[size_t(i)]))
+        fail_msg("%s moment %d: decoded element %lld differs (portable %a, AVX-512 %a)", format_name(format), moment,
+                 (long long)i, double(a[size_t(i)]), double(b[size_t(i)]));
+  }
+}
+
+// Every code of every map through the decoder (random scales, NaN scale too).
+void check_every_code(lowbit_state_format_t format, int moment) {
+  Moment m(format, moment);
+  for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = uint8_t(i * 37 + i / 256);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (size_t k = 0; k < m.scales.size(); ++k) m.scales[k] = k == 3 ? NAN : (k == 5 ? 0.f : std::pow(10.f, u(rng) * 20 - 10));
+  std::vector<float> a(static_cast<size_t>(kNumel)), b(static_cast<size_t>(kNumel));
+  use_portable_codec(true);
+  decode_moment(m.view, kNumel, a.data());
+  use_portable_codec(false);
+  decode_moment(m.view, kNumel, b.data());
+  for (int64_t i = 0; i < kNumel; ++i)
+    if (!same_decoded(a[size_t(i)], b[size_t(i)]))
+      fail_msg("%s moment %d: code 0x%02x, scale %a decodes to %08x (portable) and %08x (AVX-512)", format_name(format),
+               moment, m.data[size_t(format == LOWBIT_STATE_4BIT ? i / 2 : i)], double(m.scales[size_t(i / block_size(format))]),
+               float_bits(a[size_t(i)]), float_bits(b[size_t(i)]));
+}
+
+void skip_without_avx512() {
+  if (!avx512_codec_supported()) {
+    std::printf("skipped: this CPU has no AVX-512 codec (or LOWBIT_CPU_KERNELS=generic)\n");
+    skip();
+  }
+}
+
+void test_8bit(void**) {
+  skip_without_avx512();
+  check_format(LOWBIT_STATE_8BIT, 0);
+  check_format(LOWBIT_STATE_8BIT, 1);
+  check_every_code(LOWBIT_STATE_8BIT, 0);
+  check_every_code(LOWBIT_STATE_8BIT, 1);
+}
+
+void test_4bit(void**) {
+  skip_without_avx512();
+  check_format(LOWBIT_STATE_4BIT, 0);
+  check_format(LOWBIT_STATE_4BIT, 1);
+  check_every_code(LOWBIT_STATE_4BIT, 0);
+  check_every_code(LOWBIT_STATE_4BIT, 1);
+}
+
+void test_fp8(void**) {
+  skip_without_avx512();
+  check_format(LOWBIT_STATE_FP8, 0);
+  check_format(LOWBIT_STATE_FP8, 1);
+  check_every_code(LOWBIT_STATE_FP8, 0);
+}
+
+}  // namespace
+
+int main() {
+  rng.seed(lowbit_test_seed("test_codec_simd"));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_8bit),
+      cmocka_unit_test(test_4bit),
+      cmocka_unit_test(test_fp8),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
