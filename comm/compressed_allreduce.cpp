@@ -68,9 +68,10 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     a = I.check_tensor(tensor);
     I.prepare(a, stream);
     if (a.device == LOWBIT_DEVICE_CPU) {
-      // x = tensor + the errors this call will use (bound, pending or zero).
+      // Sum of x^2, x = tensor + the errors this call will use (bound,
+      // pending or zero); x is recomputed by the pack below, not stored.
       const float* e = I.bound ? I.buf.err.as<float>() : (I.has_pending ? I.pending_worker.data() : nullptr);
-      sumsq = onebit::host_worker_sum(a.data, e, I.buf.ws_err.as<float>(), a.n);
+      sumsq = onebit::host_worker_sumsq(a.data, e, a.n);
       nonfinite = !std::isfinite(sumsq);
     }
   } catch (const Error& e) {
@@ -93,12 +94,15 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
   Buffers& B = I.buf;
   const Layout& L = B.layout;
   if (a.device == LOWBIT_DEVICE_CPU) {
+    // activate() has put the errors the sum used into B.err (the pending
+    // ones, or zeros: x = t + 0 either way).
     const float scale = onebit::scale_from_sumsq(sumsq, L.n);
-    onebit::host_worker_pack(B.ws_err.as<float>(), scale, L, B.send.as<uint8_t>());
+    onebit::host_worker_pack_from(a.data, B.err.as<float>(), scale, L, B.ws_err.as<float>(), B.send.as<uint8_t>());
     T.alltoall(B.send.as(), B.recv.as(), L.msg, stream);
-    const double s2 = onebit::host_server_sum(B.recv.as<uint8_t>(), B.serr.as<float>(), B.ws_serr.as<float>(), L);
+    const double s2 = onebit::host_server_sumsq(B.recv.as<uint8_t>(), B.serr.as<float>(), L);
     const float server_scale = onebit::scale_from_sumsq(s2, L.server_numel());
-    onebit::host_server_pack(B.ws_serr.as<float>(), server_scale, L, B.gsend.as<uint8_t>());
+    onebit::host_server_pack_from(B.recv.as<uint8_t>(), B.serr.as<float>(), server_scale, L, B.ws_serr.as<float>(),
+                                  B.gsend.as<uint8_t>());
     T.allgather(B.gsend.as(), B.grecv.as(), L.msg, stream);
     I.stats.compressed_calls += 1;
     I.stats.compressed_elements += a.n;

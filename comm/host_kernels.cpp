@@ -15,7 +15,10 @@
 //   decode          out = bit ? scale : -scale.
 #include "host_kernels.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -79,13 +82,16 @@ inline unsigned load_bits16(const uint8_t* p, int cnt) {
 }
 
 // ---- sources: element i of a pass, in scalar form (at) and, for AVX-512,
-// 16 elements from i (load) or the first v of them, the rest zero (load_n).
+// the 64 elements from i (load4: four vectors) or the first v <= 16 of the 16
+// elements from i, the rest zero (load_n).
 
 struct SrcX {  // stored values
   const float* x;
   float at(int64_t i) const { return x[i]; }
 #if LOWBIT_COMM_AVX512
-  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_loadu_ps(x + i); }
+  LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
+    for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + i + 16 * q);
+  }
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const { return _mm512_maskz_loadu_ps(m, x + i); }
 #endif
 };
@@ -95,8 +101,8 @@ struct SrcTE {  // x = t + e
   const float* e;
   float at(int64_t i) const { return t[i] + e[i]; }
 #if LOWBIT_COMM_AVX512
-  LOWBIT_AVX512_FN __m512 load(int64_t i) const {
-    return _mm512_add_ps(_mm512_loadu_ps(t + i), _mm512_loadu_ps(e + i));
+  LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
+    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_loadu_ps(e + i + 16 * q));
   }
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
     return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_maskz_loadu_ps(m, e + i));
@@ -108,7 +114,9 @@ struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed
   const float* t;
   float at(int64_t i) const { return t[i] + 0.0f; }
 #if LOWBIT_COMM_AVX512
-  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_add_ps(_mm512_loadu_ps(t + i), _mm512_setzero_ps()); }
+  LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
+    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_setzero_ps());
+  }
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
     return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_setzero_ps());
   }
@@ -132,25 +140,27 @@ struct SrcServer {
     return acc / fw + z[i];
   }
 #if LOWBIT_COMM_AVX512
-  LOWBIT_AVX512_FN __m512 sum(int64_t i, int cnt) const {
-    __m512 acc = _mm512_setzero_ps();
-    const uint8_t* p = bits + i / 8;
+  // Elements i .. i+63 (i a multiple of 8): one 8-byte load per message.
+  LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const uint8_t* p = bits + uint64_t(i) / 8;
     for (int32_t j = 0; j < world; ++j, p += msg) {
-      unsigned m;
-      if (cnt == 16) {
-        uint16_t u;
-        std::memcpy(&u, p, 2);
-        m = u;
-      } else {
-        m = load_bits16(p, cnt);
-      }
-      acc = _mm512_add_ps(acc, _mm512_mask_blend_ps(__mmask16(m), _mm512_set1_ps(neg[j]), _mm512_set1_ps(pos[j])));
+      uint64_t m;
+      std::memcpy(&m, p, 8);
+      const __m512 sp = _mm512_set1_ps(pos[j]), sn = _mm512_set1_ps(neg[j]);
+      for (int q = 0; q < 4; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_mask_blend_ps(__mmask16(m >> (16 * q)), sn, sp));
     }
-    return _mm512_div_ps(acc, _mm512_set1_ps(fw));
+    const __m512 w = _mm512_set1_ps(fw);
+    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_div_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
   }
-  LOWBIT_AVX512_FN __m512 load(int64_t i) const { return _mm512_add_ps(sum(i, 16), _mm512_loadu_ps(z + i)); }
+  // The first v <= 16 elements from i, reading only their bytes.
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int v) const {
-    return _mm512_add_ps(sum(i, v), _mm512_maskz_loadu_ps(m, z + i));
+    __m512 acc = _mm512_setzero_ps();
+    const uint8_t* p = bits + uint64_t(i) / 8;
+    for (int32_t j = 0; j < world; ++j, p += msg)
+      acc = _mm512_add_ps(acc, _mm512_mask_blend_ps(__mmask16(load_bits16(p, v)), _mm512_set1_ps(neg[j]),
+                                                    _mm512_set1_ps(pos[j])));
+    return _mm512_add_ps(_mm512_div_ps(acc, _mm512_set1_ps(fw)), _mm512_maskz_loadu_ps(m, z + i));
   }
 #endif
 };
@@ -190,7 +200,8 @@ struct Portable {
   // bit 0, nothing stored): bits into bits[0 .. (i1 - i0) / 8), new errors
   // into err[i]. err may be the source's own buffer (element-wise in place).
   template <class Src>
-  static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid, uint8_t* bits) {
+  static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid, uint8_t* bits,
+                   bool /*stream*/) {
     const float pos = scale, neg = -scale;
     for (int64_t base = i0; base < i1; base += 8) {
       const int m = base + 8 <= valid ? 8 : (base < valid ? int(valid - base) : 0);
@@ -206,7 +217,7 @@ struct Portable {
   }
 
   // out[i0 .. i1) from the bits at bits[0 ..] (i0 a multiple of 8).
-  static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1) {
+  static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1, bool /*stream*/) {
     const float pos = scale, neg = -scale;
     int64_t i = i0;
     for (; i + 8 <= i1; i += 8) {
@@ -228,51 +239,92 @@ LOWBIT_AVX512_FN inline double fold8(__m512d a) {
 }
 
 struct Avx512 {
-  // One full segment: "thread" c's lanes 8c .. 8c+7 are lanes 0..7 or 8..15
-  // of the 16-lane group g = c / 2; lane sums over the rounds in order (the
-  // first round's square is the sum itself: +0 + v*v == v*v for v*v >= +0 or NaN).
+  // One full segment: the lanes 8c .. 8c+7 of "thread" c are the low or high
+  // half of one of the four vectors of the 64-lane group g = c / 8; lane
+  // sums over the rounds in order (the first round's square is the sum
+  // itself: +0 + v*v == v*v for v*v >= +0 or NaN), then fold8 per thread.
   template <class Src, bool Store>
   LOWBIT_AVX512_FN static double segment(const Src& src, int64_t s0, float* out) {
     alignas(64) double t[kTree];
-    for (int g = 0; g < kLanes / 16; ++g) {
-      __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (int g = 0; g < kLanes / 64; ++g) {  // lanes 64g .. 64g+63: "threads" 8g .. 8g+7
+      __m512d a[8];
       for (int r = 0; r < kRounds; ++r) {
-        const int64_t i = s0 + int64_t(r) * kLanes + 16 * g;
-        const __m512 v = src.load(i);
-        if (Store) _mm512_storeu_ps(out + i, v);
-        const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-        const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-        if (r == 0) {
-          a0 = _mm512_mul_pd(lo, lo);
-          a1 = _mm512_mul_pd(hi, hi);
-        } else {
-          a0 = _mm512_add_pd(a0, _mm512_mul_pd(lo, lo));
-          a1 = _mm512_add_pd(a1, _mm512_mul_pd(hi, hi));
+        const int64_t i = s0 + int64_t(r) * kLanes + 64 * g;
+        __m512 v[4];
+        src.load4(i, v);
+        for (int q = 0; q < 4; ++q) {
+          if (Store) _mm512_storeu_ps(out + i + 16 * q, v[q]);
+          const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v[q]));
+          const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v[q], 1));
+          if (r == 0) {
+            a[2 * q] = _mm512_mul_pd(lo, lo);
+            a[2 * q + 1] = _mm512_mul_pd(hi, hi);
+          } else {
+            a[2 * q] = _mm512_add_pd(a[2 * q], _mm512_mul_pd(lo, lo));
+            a[2 * q + 1] = _mm512_add_pd(a[2 * q + 1], _mm512_mul_pd(hi, hi));
+          }
         }
       }
-      t[2 * g] = fold8(a0);
-      t[2 * g + 1] = fold8(a1);
+      for (int k = 0; k < 8; ++k) t[8 * g + k] = fold8(a[k]);
     }
     return sumsq::tree256(t);
   }
 
-  template <class Src>
-  LOWBIT_AVX512_FN static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
-                                    uint8_t* bits) {
+  // Stores of 16 floats at p: plain (kPlain), or streaming (non-temporal,
+  // bypassing the caches) as one 64-byte or two 32-byte stores; p's
+  // alignment fixes which (pack and decode advance by 64 elements, so it
+  // does not change along a run).
+  enum { kPlain = 0, kStream32 = 1, kStream64 = 2 };
+  template <int S>
+  LOWBIT_AVX512_FN static void store16(float* p, __m512 v) {
+    if (S == kStream64) {
+      _mm512_stream_ps(p, v);
+    } else if (S == kStream32) {
+      _mm256_stream_ps(p, _mm512_castps512_ps256(v));
+      _mm256_stream_ps(p + 8, _mm512_extractf32x8_ps(v, 1));
+    } else {
+      _mm512_storeu_ps(p, v);
+    }
+  }
+  static int store_kind(const float* p, bool stream) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    return !stream ? kPlain : (a % 64 == 0 ? kStream64 : (a % 32 == 0 ? kStream32 : kPlain));
+  }
+
+  template <int S, class Src>
+  LOWBIT_AVX512_FN static int64_t pack64(const Src& src, float* err, float scale, int64_t i, int64_t end,
+                                         uint8_t* bits) {
     const __m512 zero = _mm512_setzero_ps(), pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
-    int64_t i = i0;
-    const int64_t full = min64(i1, valid);
-    for (; i + 64 <= full; i += 64, bits += 8) {
-      const __m512 v0 = src.load(i), v1 = src.load(i + 16), v2 = src.load(i + 32), v3 = src.load(i + 48);
+    for (; i + 64 <= end; i += 64, bits += 8) {
+      __m512 v[4];
+      src.load4(i, v);
+      const __m512 v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
       const __mmask16 k0 = _mm512_cmp_ps_mask(v0, zero, _CMP_GE_OQ), k1 = _mm512_cmp_ps_mask(v1, zero, _CMP_GE_OQ),
                       k2 = _mm512_cmp_ps_mask(v2, zero, _CMP_GE_OQ), k3 = _mm512_cmp_ps_mask(v3, zero, _CMP_GE_OQ);
-      _mm512_storeu_ps(err + i, _mm512_sub_ps(v0, _mm512_mask_blend_ps(k0, neg, pos)));
-      _mm512_storeu_ps(err + i + 16, _mm512_sub_ps(v1, _mm512_mask_blend_ps(k1, neg, pos)));
-      _mm512_storeu_ps(err + i + 32, _mm512_sub_ps(v2, _mm512_mask_blend_ps(k2, neg, pos)));
-      _mm512_storeu_ps(err + i + 48, _mm512_sub_ps(v3, _mm512_mask_blend_ps(k3, neg, pos)));
+      store16<S>(err + i, _mm512_sub_ps(v0, _mm512_mask_blend_ps(k0, neg, pos)));
+      store16<S>(err + i + 16, _mm512_sub_ps(v1, _mm512_mask_blend_ps(k1, neg, pos)));
+      store16<S>(err + i + 32, _mm512_sub_ps(v2, _mm512_mask_blend_ps(k2, neg, pos)));
+      store16<S>(err + i + 48, _mm512_sub_ps(v3, _mm512_mask_blend_ps(k3, neg, pos)));
       const uint64_t m = uint64_t(k0) | (uint64_t(k1) << 16) | (uint64_t(k2) << 32) | (uint64_t(k3) << 48);
       std::memcpy(bits, &m, 8);
     }
+    if (S != kPlain) _mm_sfence();
+    return i;
+  }
+
+  // stream: write the errors with non-temporal stores where aligned.
+  template <class Src>
+  LOWBIT_AVX512_FN static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
+                                    uint8_t* bits, bool stream) {
+    const int64_t full = min64(i1, valid);
+    int64_t i;
+    switch (store_kind(err + i0, stream)) {
+      case kStream64: i = pack64<kStream64>(src, err, scale, i0, full, bits); break;
+      case kStream32: i = pack64<kStream32>(src, err, scale, i0, full, bits); break;
+      default: i = pack64<kPlain>(src, err, scale, i0, full, bits); break;
+    }
+    bits += (i - i0) / 8;
+    const __m512 zero = _mm512_setzero_ps(), pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
     for (; i < i1; i += 16) {
       const int cnt = int(min64(16, i1 - i));  // 8 or 16
       const int64_t left = valid - i;
@@ -290,17 +342,31 @@ struct Avx512 {
     }
   }
 
-  LOWBIT_AVX512_FN static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1) {
+  template <int S>
+  LOWBIT_AVX512_FN static int64_t decode64(const uint8_t* bits, float scale, float* out, int64_t i, int64_t end) {
     const __m512 pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
-    int64_t i = i0;
-    for (; i + 64 <= i1; i += 64, bits += 8) {
+    for (; i + 64 <= end; i += 64, bits += 8) {
       uint64_t m;
       std::memcpy(&m, bits, 8);
-      _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(__mmask16(m), neg, pos));
-      _mm512_storeu_ps(out + i + 16, _mm512_mask_blend_ps(__mmask16(m >> 16), neg, pos));
-      _mm512_storeu_ps(out + i + 32, _mm512_mask_blend_ps(__mmask16(m >> 32), neg, pos));
-      _mm512_storeu_ps(out + i + 48, _mm512_mask_blend_ps(__mmask16(m >> 48), neg, pos));
+      store16<S>(out + i, _mm512_mask_blend_ps(__mmask16(m), neg, pos));
+      store16<S>(out + i + 16, _mm512_mask_blend_ps(__mmask16(m >> 16), neg, pos));
+      store16<S>(out + i + 32, _mm512_mask_blend_ps(__mmask16(m >> 32), neg, pos));
+      store16<S>(out + i + 48, _mm512_mask_blend_ps(__mmask16(m >> 48), neg, pos));
     }
+    if (S != kPlain) _mm_sfence();
+    return i;
+  }
+
+  LOWBIT_AVX512_FN static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1,
+                                      bool stream) {
+    int64_t i;
+    switch (store_kind(out + i0, stream)) {
+      case kStream64: i = decode64<kStream64>(bits, scale, out, i0, i1); break;
+      case kStream32: i = decode64<kStream32>(bits, scale, out, i0, i1); break;
+      default: i = decode64<kPlain>(bits, scale, out, i0, i1); break;
+    }
+    bits += (i - i0) / 8;
+    const __m512 pos = _mm512_set1_ps(scale), neg = _mm512_set1_ps(-scale);
     for (; i < i1; i += 16, bits += 2) {
       const int cnt = int(min64(16, i1 - i));
       const __mmask16 vm = __mmask16((1u << cnt) - 1u);
@@ -390,29 +456,80 @@ double sumsq_pass(const Src& src, int64_t count, float* out) {
   return sumsq::tree256(acc);
 }
 
+// Last-level cache size in bytes (sysfs, else sysconf, else 32 MiB).
+int64_t llc_bytes() {
+  static const int64_t bytes = [] {
+    int64_t largest = 0;
+    for (int idx = 0; idx < 8; ++idx) {
+      char path[96];
+      std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
+      FILE* f = std::fopen(path, "r");
+      if (!f) continue;
+      unsigned long kb = 0;
+      char unit = 'K';
+      const int got = std::fscanf(f, "%lu%c", &kb, &unit);
+      std::fclose(f);
+      const int64_t v = got >= 1 ? int64_t(kb) * (unit == 'M' ? 1024 * 1024 : 1024) : 0;
+      largest = v > largest ? v : largest;
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (largest <= 0) largest = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+    return largest > 0 ? largest : int64_t(32) << 20;
+  }();
+  return bytes;
+}
+
+// Streaming (non-temporal) stores for the outputs of a pass over `elements`
+// elements when a call's working set (about 12 bytes per element: input,
+// error, output) is larger than the last-level cache: they would be evicted
+// before their next use anyway, and streaming saves the read for ownership.
+HostStreaming g_streaming = HostStreaming::Auto;
+bool streaming(int64_t elements) {
+  if (g_streaming != HostStreaming::Auto) return g_streaming == HostStreaming::Always;
+  return elements * 12 > llc_bytes();
+}
+
+// The range [b0, b1) cut at multiples of `block` (a multiple of 8) visited
+// from the last piece to the first: f(lo, hi).
+template <class F>
+void backwards(int64_t b0, int64_t b1, int64_t block, F&& f) {
+  if (b0 >= b1) return;
+  for (int64_t p = (b1 - 1) / block * block;; p -= block) {
+    f(p > b0 ? p : b0, min64(b1, p + block));
+    if (p <= b0) break;
+  }
+}
+
 // Packs `chunks` chunks of `chunk` elements (element r * chunk + k of src is
 // element k of chunk r; elements >= valid are padding) into the messages at
 // msgs + r * msg (sign bits after the 4-byte scale, which is not written),
-// the new errors into err.
+// the new errors into err. Each thread walks its range from the end: the
+// pass before (the sum of squares) went forwards and left the end in the
+// caches.
 template <class Isa, class Src>
 void pack_pass(const Src& src, float* err, float scale, int64_t chunk, int64_t chunks, int64_t valid, uint8_t* msgs,
                int64_t msg) {
   const int64_t cb = chunk / 8, total = chunks * cb;
+  const bool stream = streaming(chunks * chunk);
   parallel(threads_for(chunks * chunk), [&](int id, int nt) {
     // Byte ranges of whole 64-element blocks per thread.
-    int64_t b0 = (total * id / nt) & ~int64_t(7);
-    const int64_t b1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
-    while (b0 < b1) {
-      const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
-      Isa::pack(src, err, scale, r * chunk + rb * 8, r * chunk + re * 8, valid, msgs + r * msg + 4 + rb);
-      b0 += re - rb;
-    }
+    const int64_t t0 = (total * id / nt) & ~int64_t(7);
+    const int64_t t1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
+    backwards(t0, t1, 4096, [&](int64_t b0, int64_t b1) {
+      while (b0 < b1) {
+        const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
+        Isa::pack(src, err, scale, r * chunk + rb * 8, r * chunk + re * 8, valid, msgs + r * msg + 4 + rb, stream);
+        b0 += re - rb;
+      }
+    });
   });
 }
 
 template <class Isa>
 void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
   const int64_t cb = l.chunk_bytes, total = l.world * cb;
+  const bool stream = streaming(l.n);
   parallel(threads_for(l.n), [&](int id, int nt) {
     int64_t b0 = (total * id / nt) & ~int64_t(7);
     const int64_t b1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
@@ -420,7 +537,7 @@ void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
       const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
       const uint8_t* m = grecv + r * l.msg;
       const int64_t i0 = r * l.chunk + rb * 8, i1 = min64(r * l.chunk + re * 8, l.n);
-      if (i0 < i1) Isa::decode(m + 4 + rb, get_scale(m), out, i0, i1);
+      if (i0 < i1) Isa::decode(m + 4 + rb, get_scale(m), out, i0, i1, stream);
       b0 += re - rb;
     }
   });
@@ -454,6 +571,8 @@ bool host_set_isa(HostIsa isa) {
   current_isa() = isa;
   return true;
 }
+
+void host_set_streaming(HostStreaming mode) { g_streaming = mode; }
 
 const char* host_isa_name(HostIsa isa) { return isa == HostIsa::Avx512 ? "avx512" : "portable"; }
 

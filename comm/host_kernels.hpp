@@ -75,6 +75,13 @@ HostIsa host_isa();
 bool host_set_isa(HostIsa isa);
 const char* host_isa_name(HostIsa isa);
 
+// Non-temporal stores for the errors and the decoded output: Auto (the
+// default) uses them when a call's working set (about 12 bytes per element)
+// exceeds the last-level cache; tests force them on or off. Same bits either
+// way. Not thread-safe against running kernels.
+enum class HostStreaming { Auto, Never, Always };
+void host_set_streaming(HostStreaming mode);
+
 // Buffers under this many elements run on the calling thread only.
 constexpr int64_t kParallelMin = int64_t(1) << 16;
 

@@ -13,9 +13,9 @@ namespace onebit {
 
 enum class MemKind { None, Host, Device, Pinned, Mapped };
 
-// One owned allocation: host (calloc), device (cudaMalloc), pinned host
-// (cudaMallocHost) or mapped pinned host memory (cudaHostAlloc, with its
-// device alias). Throws lowbit::Error (or std::bad_alloc for host memory)
+// One owned allocation: host (calloc'ed, 64-byte aligned), device
+// (cudaMalloc), pinned host (cudaMallocHost) or mapped pinned host memory
+// (cudaHostAlloc, with its device alias). Throws lowbit::Error (or std::bad_alloc for host memory)
 // when the allocation fails; the CUDA kinds need LOWBIT_HAVE_CUDA.
 class Mem {
  public:
@@ -34,6 +34,7 @@ class Mem {
     std::swap(kind_, o.kind_);
     std::swap(p_, o.p_);
     std::swap(alias_, o.alias_);
+    std::swap(base_, o.base_);
     std::swap(bytes_, o.bytes_);
   }
   void reset() noexcept;
@@ -53,6 +54,7 @@ class Mem {
   MemKind kind_ = MemKind::None;
   void* p_ = nullptr;
   void* alias_ = nullptr;
+  void* base_ = nullptr;  // what calloc returned (host)
   size_t bytes_ = 0;
 };
 

@@ -2,7 +2,8 @@
 // for bit against a plain reference written here from the documented rules
 // (the layout of layout.hpp, the sign rule, error = v - (+-scale), and the
 // summation order of sumsq.hpp), for every instruction set the CPU has
-// (AVX-512 and portable), 1, 2 and 3 OpenMP threads, and both forms of the
+// (AVX-512 and portable), 1, 2 and 3 OpenMP threads, plain and streaming
+// (non-temporal) stores at 64-, 32- and 4-byte alignment, and both forms of the
 // worker and server phases (two passes that store x / y and pack in place,
 // and the fused form that recomputes them: host_*_pack_from). Sizes cross the
 // 8-, 16- and 64-element blocks, the lanes, rounds and segments of the sums
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #ifdef _OPENMP
@@ -32,7 +34,7 @@ namespace sq = lowbit::onebit::sumsq;
 namespace {
 
 int g_failures = 0;
-char g_case[400] = "";
+char g_case[512] = "";
 
 #define CHECK(cond, ...)                                                         \
   do {                                                                           \
@@ -203,9 +205,7 @@ void run_case(const Case& k, Rng& rng) {
     x.out[size_t(i)] = signed_scale((m[4 + q / 8] >> (q % 8)) & 1u, ob::get_scale(m));
   }
 
-  const char* base = g_case;
-  char name[200];
-  std::snprintf(name, sizeof name, "%s", base);
+  const std::string name = g_case;
   for (int isa = 0; isa < 2; ++isa) {
     if (!ob::host_set_isa(ob::HostIsa(isa))) continue;
     for (int threads = 1; threads <= 3; ++threads) {
@@ -214,8 +214,10 @@ void run_case(const Case& k, Rng& rng) {
 #else
       if (threads > 1) break;
 #endif
-      std::snprintf(g_case, sizeof g_case, "%s, %s, %d thread(s)", name, ob::host_isa_name(ob::HostIsa(isa)),
-                    threads);
+      // Plain stores with 1 and 3 threads, streaming stores with 2.
+      ob::host_set_streaming(threads == 2 ? ob::HostStreaming::Always : ob::HostStreaming::Never);
+      std::snprintf(g_case, sizeof g_case, "%s, %s, %d thread(s)%s", name.c_str(), ob::host_isa_name(ob::HostIsa(isa)),
+                    threads, threads == 2 ? ", streaming stores" : "");
       // Worker, two passes.
       Floats xs(n, k.unaligned);
       std::vector<uint8_t> send(size_t(all), 0xAB);
@@ -288,7 +290,7 @@ void run_case(const Case& k, Rng& rng) {
         }
     }
   }
-  std::snprintf(g_case, sizeof g_case, "%s", name);
+  std::snprintf(g_case, sizeof g_case, "%s", name.c_str());
 }
 
 }  // namespace
@@ -326,6 +328,7 @@ int main() {
         ++cases;
       }
   ob::host_set_isa(native);
+  ob::host_set_streaming(ob::HostStreaming::Auto);
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;
