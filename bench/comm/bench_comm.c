@@ -1,12 +1,16 @@
 /* Compressed allreduce vs MPI_Allreduce of the same fp32 buffer, same run.
  *
- *   mpiexec -n 2 ./bench_comm [max_numel]      (default 64M = 67108864)
+ *   mpiexec -n 2 ./bench_comm [max_numel [min_numel [iters]]]   (default 64M = 67108864, 1M)
  *   mpiexec -n 4 --oversubscribe ./bench_comm
  *
- * Sizes 1M, 4M, 16M, 64M (up to max_numel). Per size: one warm-up call of
- * each (the first compressed call allocates the error buffers and
- * workspaces), then `iters` timed calls; the time is the slowest rank's mean.
- * Host buffers (the CPU path).
+ * Sizes min_numel, 4 min_numel, ... up to max_numel (default 1M, 4M, 16M,
+ * 64M). Per size: one warm-up call of each (the first compressed call
+ * allocates the error buffers and workspaces), then `iters` timed calls
+ * (default 20 at 1M, 10 at 4M, 4 at 16M, 2 above); the time is the slowest
+ * rank's mean. Host buffers (the CPU path); the host kernels use
+ * OMP_NUM_THREADS threads per rank (give each rank its own cores).
+ * The host pack / unpack alone, against the copy bandwidth: bench_comm_pack.
+ * Over a rate-limited link: shaped_link.sh.
  *
  * Columns:
  *   comp ms / mpi ms   time per call: lowbit_comm_compressed_allreduce vs
@@ -36,6 +40,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int64_t max_n = argc > 1 ? atoll(argv[1]) : ((int64_t)64 << 20);
+  const int64_t min_n = argc > 2 ? atoll(argv[2]) : ((int64_t)1 << 20);
+  const int iters_arg = argc > 3 ? atoi(argv[3]) : 0;
+  if (max_n <= 0 || min_n <= 0 || iters_arg < 0) {
+    if (rank == 0) fprintf(stderr, "usage: %s [max_numel > 0 [min_numel > 0 [iters >= 0]]]\n", argv[0]);
+    MPI_Finalize();
+    return 2;
+  }
 
   MPI_Comm w = MPI_COMM_WORLD;
   lowbit_comm_t comm = NULL;
@@ -46,8 +57,12 @@ int main(int argc, char** argv) {
     printf("%10s %6s %10s %10s %8s %16s %16s %10s\n", "numel", "iters", "comp ms", "mpi ms", "speedup",
            "sent B/el (1bit)", "sent B/el (fp32)", "wire B/el");
   }
-  for (int64_t n = (int64_t)1 << 20; n <= max_n; n *= 4) {
-    const int iters = n <= ((int64_t)1 << 20) ? 20 : n <= ((int64_t)4 << 20) ? 10 : n <= ((int64_t)16 << 20) ? 4 : 2;
+  for (int64_t n = min_n; n <= max_n; n *= 4) {
+    const int iters = iters_arg > 0 ? iters_arg
+                      : n <= ((int64_t)1 << 20) ? 20
+                      : n <= ((int64_t)4 << 20) ? 10
+                      : n <= ((int64_t)16 << 20) ? 4
+                                                  : 2;
     float* x = (float*)malloc(sizeof(float) * (size_t)n);
     float* y = (float*)malloc(sizeof(float) * (size_t)n);
     if (!x || !y) die("malloc", NULL);
