@@ -133,6 +133,7 @@ struct SrcServer {
   const float* pos;  // scale_j
   const float* neg;  // -scale_j
   float fw;
+  float inv_fw;  // 1 / W when W is a power of two (exact), else 0
   const float* z;
   float at(int64_t i) const {
     float acc = 0.0f;
@@ -150,8 +151,13 @@ struct SrcServer {
       const __m512 sp = _mm512_set1_ps(pos[j]), sn = _mm512_set1_ps(neg[j]);
       for (int q = 0; q < 4; ++q) acc[q] = _mm512_add_ps(acc[q], _mm512_mask_blend_ps(__mmask16(m >> (16 * q)), sn, sp));
     }
-    const __m512 w = _mm512_set1_ps(fw);
-    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_div_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
+    if (inv_fw != 0.0f) {  // W a power of two: acc * (1/W) is acc / W exactly rounded, as the division
+      const __m512 w = _mm512_set1_ps(inv_fw);
+      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_mul_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
+    } else {
+      const __m512 w = _mm512_set1_ps(fw);
+      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_div_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
+    }
   }
   // The first v <= 16 elements from i, reading only their bytes.
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int v) const {
@@ -555,7 +561,8 @@ SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, st
     sc[size_t(W + j)] = -s;
     if (!std::isfinite(s)) *finite = false;
   }
-  return SrcServer{recv + 4, l.msg, W, sc.data(), sc.data() + W, float(W), z};
+  const float inv = (W & (W - 1)) == 0 ? 1.0f / float(W) : 0.0f;
+  return SrcServer{recv + 4, l.msg, W, sc.data(), sc.data() + W, float(W), inv, z};
 }
 
 void put_scales(uint8_t* msgs, int64_t count, int64_t msg, float scale) {
