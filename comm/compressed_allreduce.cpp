@@ -99,10 +99,8 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     const float scale = onebit::scale_from_sumsq(sumsq, L.n);
     onebit::host_worker_pack_from(a.data, B.err.as<float>(), scale, L, B.ws_err.as<float>(), B.send.as<uint8_t>());
     T.alltoall(B.send.as(), B.recv.as(), L.msg, stream);
-    const double s2 = onebit::host_server_sumsq(B.recv.as<uint8_t>(), B.serr.as<float>(), L);
-    const float server_scale = onebit::scale_from_sumsq(s2, L.server_numel());
-    onebit::host_server_pack_from(B.recv.as<uint8_t>(), B.serr.as<float>(), server_scale, L, B.ws_serr.as<float>(),
-                                  B.gsend.as<uint8_t>());
+    onebit::host_server_reduce(B.recv.as<uint8_t>(), B.serr.as<float>(), L, B.ws_serr.as<float>(),
+                               B.gsend.as<uint8_t>());
     T.allgather(B.gsend.as(), B.grecv.as(), L.msg, stream);
     I.stats.compressed_calls += 1;
     I.stats.compressed_elements += a.n;

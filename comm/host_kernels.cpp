@@ -35,8 +35,15 @@
 #pragma GCC diagnostic pop
 #define LOWBIT_COMM_AVX512 1
 #define LOWBIT_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#define LOWBIT_AVX2_FN __attribute__((target("avx2")))
 #else
 #define LOWBIT_COMM_AVX512 0
+#endif
+// The portable loops are inlined into AVX2 copies of themselves (struct Avx2).
+#if defined(__GNUC__) || defined(__clang__)
+#define LOWBIT_INLINE inline __attribute__((always_inline))
+#else
+#define LOWBIT_INLINE inline
 #endif
 
 #include "sumsq.hpp"
@@ -81,13 +88,51 @@ inline unsigned load_bits16(const uint8_t* p, int cnt) {
   return cnt > 8 ? unsigned(p[0]) | (unsigned(p[1]) << 8) : unsigned(p[0]);
 }
 
-// ---- sources: element i of a pass, in scalar form (at) and, for AVX-512,
-// the 64 elements from i (load4: four vectors) or the first v <= 16 of the 16
+// bit ? s : -s without a branch (the portable loops): -s is s with its sign
+// bit flipped. sb = the bits of s.
+LOWBIT_INLINE float pm(uint32_t sb, unsigned bit) {
+  const uint32_t u = sb ^ ((bit ^ 1u) << 31);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+LOWBIT_INLINE uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// kFlip.v[b][k]: the sign bit to flip for element k of a byte b of sign bits
+// (0 where the bit is set, 0x80000000 where it is not): bits(s) ^ flip is
+// the bits of (bit ? s : -s), a table lookup and an xor that SSE2 vectorises.
+struct FlipTable {
+  alignas(64) uint32_t v[256][8];
+  FlipTable() {
+    for (int b = 0; b < 256; ++b)
+      for (int k = 0; k < 8; ++k) v[b][k] = ((b >> k) & 1) ? 0u : 0x80000000u;
+  }
+};
+const FlipTable kFlip;
+
+// out[k] = bit k of b ? s : -s, sb = the bits of s.
+LOWBIT_INLINE void pm8(uint32_t sb, unsigned b, float* out) {
+  uint32_t u[8];
+  for (int k = 0; k < 8; ++k) u[k] = sb ^ kFlip.v[b][k];
+  std::memcpy(out, u, sizeof u);
+}
+
+// ---- sources: element i of a pass, in scalar form (at), the 8 elements
+// from i (load8, plain loops the compiler vectorises) and, for AVX-512, the
+// 64 elements from i (load4: four vectors) or the first v <= 16 of the 16
 // elements from i, the rest zero (load_n).
 
 struct SrcX {  // stored values
   const float* x;
   float at(int64_t i) const { return x[i]; }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = x[i + k];
+  }
 #if LOWBIT_COMM_AVX512
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + i + 16 * q);
@@ -100,6 +145,9 @@ struct SrcTE {  // x = t + e
   const float* t;
   const float* e;
   float at(int64_t i) const { return t[i] + e[i]; }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = t[i + k] + e[i + k];
+  }
 #if LOWBIT_COMM_AVX512
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_loadu_ps(e + i + 16 * q));
@@ -113,6 +161,9 @@ struct SrcTE {  // x = t + e
 struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed error)
   const float* t;
   float at(int64_t i) const { return t[i] + 0.0f; }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = t[i + k] + 0.0f;
+  }
 #if LOWBIT_COMM_AVX512
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_setzero_ps());
@@ -139,6 +190,16 @@ struct SrcServer {
     float acc = 0.0f;
     for (int32_t j = 0; j < world; ++j) acc += ((bits[j * msg + i / 8] >> (i & 7)) & 1u) ? pos[j] : neg[j];
     return acc / fw + z[i];
+  }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {  // i a multiple of 8: one byte per message
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint8_t* p = bits + uint64_t(i) / 8;
+    for (int32_t j = 0; j < world; ++j, p += msg) {
+      float q[8];
+      pm8(float_bits(pos[j]), *p, q);
+      for (int k = 0; k < 8; ++k) acc[k] += q[k];
+    }
+    for (int k = 0; k < 8; ++k) v[k] = acc[k] / fw + z[i + k];
   }
 #if LOWBIT_COMM_AVX512
   // Elements i .. i+63 (i a multiple of 8): one 8-byte load per message.
@@ -197,20 +258,45 @@ double segment_scalar(const Src& src, int64_t s0, int64_t len, float* out) {
 }
 
 struct Portable {
+  // One full segment: "thread" c's lanes 8c .. 8c+7, one load8 per round.
   template <class Src, bool Store>
-  static double segment(const Src& src, int64_t s0, float* out) {
-    return segment_scalar(src, s0, kSegment, Store ? out : nullptr);
+  LOWBIT_INLINE static double segment(const Src& src, int64_t s0, float* out) {
+    double t[kTree];
+    for (int c = 0; c < kTree; ++c) {
+      double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int r = 0; r < kRounds; ++r) {
+        const int64_t i = s0 + int64_t(r) * kLanes + 8 * c;
+        float v[8];
+        src.load8(i, v);
+        if (Store)
+          for (int k = 0; k < 8; ++k) out[i + k] = v[k];
+        for (int k = 0; k < 8; ++k) a[k] += double(v[k]) * double(v[k]);
+      }
+      t[c] = sumsq::fold8(a);
+    }
+    return sumsq::tree256(t);
   }
 
   // Elements [i0, i1) (i0, i1 multiples of 8; elements >= valid are padding:
   // bit 0, nothing stored): bits into bits[0 .. (i1 - i0) / 8), new errors
   // into err[i]. err may be the source's own buffer (element-wise in place).
   template <class Src>
-  static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid, uint8_t* bits,
-                   bool /*stream*/) {
+  LOWBIT_INLINE static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
+                                 uint8_t* bits, bool /*stream*/) {
     const float pos = scale, neg = -scale;
-    for (int64_t base = i0; base < i1; base += 8) {
-      const int m = base + 8 <= valid ? 8 : (base < valid ? int(valid - base) : 0);
+    const uint32_t sb = float_bits(scale);
+    int64_t base = i0;
+    for (const int64_t full = min64(i1, valid); base + 8 <= full; base += 8) {
+      float v[8], q[8];
+      src.load8(base, v);
+      unsigned byte = 0;
+      for (int k = 0; k < 8; ++k) byte |= unsigned(sign_bit(v[k])) << k;
+      pm8(sb, byte, q);
+      for (int k = 0; k < 8; ++k) err[base + k] = v[k] - q[k];
+      *bits++ = uint8_t(byte);
+    }
+    for (; base < i1; base += 8) {
+      const int m = base < valid ? int(min64(8, valid - base)) : 0;
       unsigned byte = 0;
       for (int k = 0; k < m; ++k) {
         const float v = src.at(base + k);
@@ -223,16 +309,35 @@ struct Portable {
   }
 
   // out[i0 .. i1) from the bits at bits[0 ..] (i0 a multiple of 8).
-  static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1, bool /*stream*/) {
+  LOWBIT_INLINE static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1,
+                                   bool /*stream*/) {
     const float pos = scale, neg = -scale;
+    const uint32_t sb = float_bits(scale);
     int64_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-      const unsigned byte = *bits++;
-      for (int k = 0; k < 8; ++k) out[i + k] = ((byte >> k) & 1u) ? pos : neg;
-    }
+    for (; i + 8 <= i1; i += 8) pm8(sb, *bits++, out + i);
     for (int k = 0; i < i1; ++i, ++k) out[i] = ((bits[0] >> k) & 1u) ? pos : neg;
   }
 };
+
+#if LOWBIT_COMM_AVX512
+// The portable loops compiled for AVX2 (x86 CPUs without AVX-512): the same
+// element-wise operations, vectorised 8 wide by the compiler.
+struct Avx2 {
+  template <class Src, bool Store>
+  LOWBIT_AVX2_FN static double segment(const Src& src, int64_t s0, float* out) {
+    return Portable::segment<Src, Store>(src, s0, out);
+  }
+  template <class Src>
+  LOWBIT_AVX2_FN static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
+                                  uint8_t* bits, bool stream) {
+    Portable::pack(src, err, scale, i0, i1, valid, bits, stream);
+  }
+  LOWBIT_AVX2_FN static void decode(const uint8_t* bits, float scale, float* out, int64_t i0, int64_t i1,
+                                    bool stream) {
+    Portable::decode(bits, scale, out, i0, i1, stream);
+  }
+};
+#endif
 
 // ---- AVX-512 kernels
 
@@ -384,18 +489,21 @@ struct Avx512 {
 
 // ---- instruction set
 
-bool cpu_has_avx512() {
+bool cpu_has(HostIsa isa) {
 #if LOWBIT_COMM_AVX512
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-  return false;
+  if (isa == HostIsa::Avx512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (isa == HostIsa::Avx2) return __builtin_cpu_supports("avx2");
 #endif
+  return isa == HostIsa::Portable;
 }
 
 HostIsa& current_isa() {
-  static HostIsa isa = cpu_has_avx512() ? HostIsa::Avx512 : HostIsa::Portable;
+  static HostIsa isa = cpu_has(HostIsa::Avx512) ? HostIsa::Avx512
+                       : cpu_has(HostIsa::Avx2) ? HostIsa::Avx2
+                                                : HostIsa::Portable;
   return isa;
 }
 
@@ -404,6 +512,7 @@ template <class F>
 auto with_isa(F&& f) {
 #if LOWBIT_COMM_AVX512
   if (current_isa() == HostIsa::Avx512) return f(Avx512{});
+  if (current_isa() == HostIsa::Avx2) return f(Avx2{});
 #endif
   return f(Portable{});
 }
@@ -574,14 +683,16 @@ void put_scales(uint8_t* msgs, int64_t count, int64_t msg, float scale) {
 HostIsa host_isa() { return current_isa(); }
 
 bool host_set_isa(HostIsa isa) {
-  if (isa == HostIsa::Avx512 && !cpu_has_avx512()) return false;
+  if (!cpu_has(isa)) return false;
   current_isa() = isa;
   return true;
 }
 
 void host_set_streaming(HostStreaming mode) { g_streaming = mode; }
 
-const char* host_isa_name(HostIsa isa) { return isa == HostIsa::Avx512 ? "avx512" : "portable"; }
+const char* host_isa_name(HostIsa isa) {
+  return isa == HostIsa::Avx512 ? "avx512" : isa == HostIsa::Avx2 ? "avx2" : "portable";
+}
 
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
   return with_isa([&](auto isa) {
@@ -650,6 +761,20 @@ void host_server_pack_from(const uint8_t* recv, const float* z, float scale, con
   with_isa([&](auto isa) {
     pack_pass<decltype(isa)>(src, err_out, scale, l.chunk, 1, l.server_numel(), gsend, l.msg);
   });
+}
+
+float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, float* err_out, uint8_t* gsend) {
+  const int64_t c = l.server_numel();
+  // AVX-512 recomputes y at memory speed; the compiled loops are cheaper
+  // reading a stored y back than recomputing it.
+  if (current_isa() == HostIsa::Avx512) {
+    const float scale = scale_from_sumsq(host_server_sumsq(recv, z, l), c);
+    host_server_pack_from(recv, z, scale, l, err_out, gsend);
+    return scale;
+  }
+  const float scale = scale_from_sumsq(host_server_sum(recv, z, err_out, l), c);
+  host_server_pack(err_out, scale, l, gsend);
+  return scale;
 }
 
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l) {

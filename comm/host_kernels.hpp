@@ -3,7 +3,7 @@
 // in double; every value that travels or is stored is fp32.
 //
 // Every function gives the same bits whatever the instruction set it runs
-// with (AVX-512 where the CPU has it, else portable C++: host_isa()) and the
+// with (AVX-512 or AVX2 where the CPU has it, else portable C++: host_isa()) and the
 // number of OpenMP threads (buffers of at least kParallelMin elements are cut
 // over omp_get_max_threads() threads; the sums of squares keep the order of
 // sumsq.hpp).
@@ -60,6 +60,13 @@ void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend);
 void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
                            uint8_t* gsend);
 
+// The whole server phase: host_server_sum, scale_from_sumsq over
+// server_numel, host_server_pack, in whichever form is faster on this
+// instruction set (the fused one, or y stored in err_out and packed in
+// place): the new server error in err_out, the message in gsend; returns the
+// scale (NaN if the sum, or a received scale, is not finite).
+float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, float* err_out, uint8_t* gsend);
+
 // True if every gathered scale (grecv, W * msg bytes) is finite.
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 
@@ -67,10 +74,10 @@ bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 void host_decode(const uint8_t* grecv, const Layout& l, float* out);
 
 // The instruction set of the kernels above: chosen once from the CPU
-// (AVX-512 F/BW/DQ/VL where supported, else portable). host_set_isa (tests,
-// benchmarks) selects one; it returns false, changing nothing, if the CPU
-// lacks it. Not thread-safe against running kernels.
-enum class HostIsa { Portable = 0, Avx512 = 1 };
+// (AVX-512 F/BW/DQ/VL where supported, else AVX2, else portable C++).
+// host_set_isa (tests, benchmarks) selects one; it returns false, changing
+// nothing, if the CPU lacks it. Not thread-safe against running kernels.
+enum class HostIsa { Portable = 0, Avx2 = 1, Avx512 = 2 };
 HostIsa host_isa();
 bool host_set_isa(HostIsa isa);
 const char* host_isa_name(HostIsa isa);

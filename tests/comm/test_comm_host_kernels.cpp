@@ -2,10 +2,11 @@
 // for bit against a plain reference written here from the documented rules
 // (the layout of layout.hpp, the sign rule, error = v - (+-scale), and the
 // summation order of sumsq.hpp), for every instruction set the CPU has
-// (AVX-512 and portable), 1, 2 and 3 OpenMP threads, plain and streaming
+// (AVX-512, AVX2 and portable), 1, 2 and 3 OpenMP threads, plain and streaming
 // (non-temporal) stores at 64-, 32- and 4-byte alignment, and both forms of the
 // worker and server phases (two passes that store x / y and pack in place,
-// and the fused form that recomputes them: host_*_pack_from). Sizes cross the
+// the fused form that recomputes them: host_*_pack_from, and
+// host_server_reduce). Sizes cross the
 // 8-, 16- and 64-element blocks, the lanes, rounds and segments of the sums
 // and the parallel threshold; world sizes 1 to 8, first and last rank,
 // unaligned buffers, zero and non-zero errors, signed zeros with a zero scale,
@@ -206,7 +207,7 @@ void run_case(const Case& k, Rng& rng) {
   }
 
   const std::string name = g_case;
-  for (int isa = 0; isa < 2; ++isa) {
+  for (int isa = 0; isa < 3; ++isa) {
     if (!ob::host_set_isa(ob::HostIsa(isa))) continue;
     for (int threads = 1; threads <= 3; ++threads) {
 #ifdef _OPENMP
@@ -275,6 +276,18 @@ void run_case(const Case& k, Rng& rng) {
         CHECK(d < 0, "server error (fused) element %" PRId64, d);
         CHECK(g1 == x.gsend, "server message (in place) differs");
         CHECK(g2 == x.gsend, "server message (fused) differs");
+      }
+      // The whole server phase.
+      {
+        Floats re(c, k.unaligned);
+        std::vector<uint8_t> g3(size_t(L.msg), 0xEF);
+        const float sc3 = ob::host_server_reduce(recv.data(), z.p, L, re.p, g3.data());
+        CHECK(bits(sc3) == bits(x.sscale) || (std::isnan(sc3) && std::isnan(x.sscale)),
+              "host_server_reduce scale %.9g vs %.9g", double(sc3), double(x.sscale));
+        if (std::isfinite(sc3)) {
+          CHECK(first_diff(re.p, x.serr.data(), c) < 0, "server error (host_server_reduce) differs");
+          CHECK(g3 == x.gsend, "server message (host_server_reduce) differs");
+        }
       }
       // Decode, with guards past n.
       Floats out(n + 16, k.unaligned);
