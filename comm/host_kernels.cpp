@@ -533,35 +533,40 @@ int threads_for(int64_t elements) {
 #endif
 }
 
-// f(id, nt) on nt threads (on this thread when nt == 1).
+// f(k) for k = 0 .. count-1 on nt threads, handed out one at a time as the
+// threads free up (a thread that shares its core with another process does
+// less of the work instead of holding the others up), or in order on this
+// thread when nt == 1.
 template <class F>
-void parallel(int nt, F&& f) {
+void for_each_block(int64_t count, int nt, F&& f) {
 #ifdef _OPENMP
   if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-    f(omp_get_thread_num(), omp_get_num_threads());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int64_t k = 0; k < count; ++k) f(k);
     return;
   }
 #endif
   (void)nt;
-  f(0, 1);
+  for (int64_t k = 0; k < count; ++k) f(k);
 }
 
 // Sum of squares (sumsq.hpp) of elements [0, count) of src, storing them to
-// out[i] if Store. Segments are summed in parallel in batches, each batch's
-// sums then added to the accumulators in segment order.
+// out[i] if Store. The segments' sums are computed in any order (in parallel,
+// blocks of kBlockSegments) into seg[], then added to the accumulators in
+// segment order, batch by batch.
 template <class Isa, bool Store, class Src>
 double sumsq_pass(const Src& src, int64_t count, float* out) {
-  constexpr int64_t kBatch = 2048;  // segments (16 M elements) per parallel pass
+  constexpr int64_t kBatch = 2048;  // segments (16 M elements) per batch
+  constexpr int64_t kBlockSegments = 4;
   double acc[kTree] = {};
   const int64_t nseg = sumsq::segments(count);
   const int64_t full = count / kSegment;  // full segments; a partial one after them
   double seg[kBatch];
   for (int64_t b0 = 0; b0 < nseg; b0 += kBatch) {
     const int64_t b1 = min64(nseg, b0 + kBatch);
-    const int nt = threads_for((b1 - b0) * kSegment);
-    parallel(nt, [&](int id, int nth) {
-      const int64_t lo = b0 + (b1 - b0) * id / nth, hi = b0 + (b1 - b0) * (id + 1) / nth;
+    const int64_t blocks = (b1 - b0 + kBlockSegments - 1) / kBlockSegments;
+    for_each_block(blocks, threads_for((b1 - b0) * kSegment), [&](int64_t k) {
+      const int64_t lo = b0 + k * kBlockSegments, hi = min64(b1, lo + kBlockSegments);
       for (int64_t s = lo; s < hi; ++s)
         seg[s - b0] = s < full ? Isa::template segment<Src, Store>(src, s * kSegment, out)
                                : segment_scalar(src, s * kSegment, count - s * kSegment, Store ? out : nullptr);
@@ -605,38 +610,36 @@ bool streaming(int64_t elements) {
   return elements * 12 > llc_bytes();
 }
 
-// The range [b0, b1) cut at multiples of `block` (a multiple of 8) visited
-// from the last piece to the first: f(lo, hi).
+// Bytes of sign bits (x 8 elements) per block of the pack and decode passes.
+constexpr int64_t kBlockBytes = 4096;
+
+// f(b0, b1) for the byte range [b0, b1) of the message layout (chunks of cb
+// bytes, b0 .. b1 within one block) cut at the chunk boundaries: f(r, rb, re)
+// for bytes [rb, re) of chunk r.
 template <class F>
-void backwards(int64_t b0, int64_t b1, int64_t block, F&& f) {
-  if (b0 >= b1) return;
-  for (int64_t p = (b1 - 1) / block * block;; p -= block) {
-    f(p > b0 ? p : b0, min64(b1, p + block));
-    if (p <= b0) break;
+void chunk_pieces(int64_t b0, int64_t b1, int64_t cb, F&& f) {
+  while (b0 < b1) {
+    const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
+    f(r, rb, re);
+    b0 += re - rb;
   }
 }
 
 // Packs `chunks` chunks of `chunk` elements (element r * chunk + k of src is
 // element k of chunk r; elements >= valid are padding) into the messages at
 // msgs + r * msg (sign bits after the 4-byte scale, which is not written),
-// the new errors into err. Each thread walks its range from the end: the
-// pass before (the sum of squares) went forwards and left the end in the
-// caches.
+// the new errors into err. Blocks are taken from the end: the pass before
+// (the sum of squares) went forwards and left the end in the caches.
 template <class Isa, class Src>
 void pack_pass(const Src& src, float* err, float scale, int64_t chunk, int64_t chunks, int64_t valid, uint8_t* msgs,
                int64_t msg) {
   const int64_t cb = chunk / 8, total = chunks * cb;
   const bool stream = streaming(chunks * chunk);
-  parallel(threads_for(chunks * chunk), [&](int id, int nt) {
-    // Byte ranges of whole 64-element blocks per thread.
-    const int64_t t0 = (total * id / nt) & ~int64_t(7);
-    const int64_t t1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
-    backwards(t0, t1, 4096, [&](int64_t b0, int64_t b1) {
-      while (b0 < b1) {
-        const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
-        Isa::pack(src, err, scale, r * chunk + rb * 8, r * chunk + re * 8, valid, msgs + r * msg + 4 + rb, stream);
-        b0 += re - rb;
-      }
+  const int64_t blocks = (total + kBlockBytes - 1) / kBlockBytes;
+  for_each_block(blocks, threads_for(chunks * chunk), [&](int64_t k) {
+    const int64_t b0 = (blocks - 1 - k) * kBlockBytes;
+    chunk_pieces(b0, min64(total, b0 + kBlockBytes), cb, [&](int64_t r, int64_t rb, int64_t re) {
+      Isa::pack(src, err, scale, r * chunk + rb * 8, r * chunk + re * 8, valid, msgs + r * msg + 4 + rb, stream);
     });
   });
 }
@@ -645,16 +648,14 @@ template <class Isa>
 void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
   const int64_t cb = l.chunk_bytes, total = l.world * cb;
   const bool stream = streaming(l.n);
-  parallel(threads_for(l.n), [&](int id, int nt) {
-    int64_t b0 = (total * id / nt) & ~int64_t(7);
-    const int64_t b1 = id + 1 == nt ? total : (total * (id + 1) / nt) & ~int64_t(7);
-    while (b0 < b1) {
-      const int64_t r = b0 / cb, rb = b0 - r * cb, re = min64(b1, (r + 1) * cb) - r * cb;
+  const int64_t blocks = (total + kBlockBytes - 1) / kBlockBytes;
+  for_each_block(blocks, threads_for(l.n), [&](int64_t k) {
+    const int64_t b0 = k * kBlockBytes;
+    chunk_pieces(b0, min64(total, b0 + kBlockBytes), cb, [&](int64_t r, int64_t rb, int64_t re) {
       const uint8_t* m = grecv + r * l.msg;
       const int64_t i0 = r * l.chunk + rb * 8, i1 = min64(r * l.chunk + re * 8, l.n);
       if (i0 < i1) Isa::decode(m + 4 + rb, get_scale(m), out, i0, i1, stream);
-      b0 += re - rb;
-    }
+    });
   });
 }
 
