@@ -1,7 +1,8 @@
-// Host kernels of the 1-bit allreduce: portable C++ and AVX-512 versions of
-// the same per-element arithmetic (every fp32 and fp64 operation identical
-// and in the same order, see host_kernels.hpp and sumsq.hpp), the AVX-512 one
-// chosen at run time, and the drivers that cut the work over OpenMP threads.
+// Host kernels of the 1-bit allreduce: portable C++ loops (also compiled for
+// AVX2) and AVX-512 intrinsics for the same per-element arithmetic (every
+// fp32 and fp64 operation identical and in the same order, see
+// host_kernels.hpp and sumsq.hpp), the best the CPU has chosen at run time,
+// and the drivers that cut the work over OpenMP threads.
 //
 // The passes (a "source" gives the value v of element i the pass works on:
 // x = t + e or t + 0 for the worker, y = mean_j(+-scale_j) + z for the server,
@@ -33,11 +34,11 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#define LOWBIT_COMM_AVX512 1
+#define LOWBIT_COMM_X86 1
 #define LOWBIT_AVX512_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 #define LOWBIT_AVX2_FN __attribute__((target("avx2")))
 #else
-#define LOWBIT_COMM_AVX512 0
+#define LOWBIT_COMM_X86 0
 #endif
 // The portable loops are inlined into AVX2 copies of themselves (struct Avx2).
 #if defined(__GNUC__) || defined(__clang__)
@@ -88,15 +89,6 @@ inline unsigned load_bits16(const uint8_t* p, int cnt) {
   return cnt > 8 ? unsigned(p[0]) | (unsigned(p[1]) << 8) : unsigned(p[0]);
 }
 
-// bit ? s : -s without a branch (the portable loops): -s is s with its sign
-// bit flipped. sb = the bits of s.
-LOWBIT_INLINE float pm(uint32_t sb, unsigned bit) {
-  const uint32_t u = sb ^ ((bit ^ 1u) << 31);
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 LOWBIT_INLINE uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -133,7 +125,7 @@ struct SrcX {  // stored values
   LOWBIT_INLINE void load8(int64_t i, float* v) const {
     for (int k = 0; k < 8; ++k) v[k] = x[i + k];
   }
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + i + 16 * q);
   }
@@ -148,7 +140,7 @@ struct SrcTE {  // x = t + e
   LOWBIT_INLINE void load8(int64_t i, float* v) const {
     for (int k = 0; k < 8; ++k) v[k] = t[i + k] + e[i + k];
   }
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_loadu_ps(e + i + 16 * q));
   }
@@ -164,7 +156,7 @@ struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed
   LOWBIT_INLINE void load8(int64_t i, float* v) const {
     for (int k = 0; k < 8; ++k) v[k] = t[i + k] + 0.0f;
   }
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_setzero_ps());
   }
@@ -201,7 +193,7 @@ struct SrcServer {
     }
     for (int k = 0; k < 8; ++k) v[k] = acc[k] / fw + z[i + k];
   }
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   // Elements i .. i+63 (i a multiple of 8): one 8-byte load per message.
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -319,7 +311,7 @@ struct Portable {
   }
 };
 
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
 // The portable loops compiled for AVX2 (x86 CPUs without AVX-512): the same
 // element-wise operations, vectorised 8 wide by the compiler.
 struct Avx2 {
@@ -341,7 +333,7 @@ struct Avx2 {
 
 // ---- AVX-512 kernels
 
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
 // sumsq::fold8 of the 8 lanes of a: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)).
 LOWBIT_AVX512_FN inline double fold8(__m512d a) {
   const __m512d p = _mm512_add_pd(a, _mm512_permute_pd(a, 0x55));        // p[2k] = a[2k] + a[2k+1]
@@ -490,7 +482,7 @@ struct Avx512 {
 // ---- instruction set
 
 bool cpu_has(HostIsa isa) {
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   __builtin_cpu_init();
   if (isa == HostIsa::Avx512)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -510,7 +502,7 @@ HostIsa& current_isa() {
 // Runs f(Isa{}) with the kernels of the current instruction set.
 template <class F>
 auto with_isa(F&& f) {
-#if LOWBIT_COMM_AVX512
+#if LOWBIT_COMM_X86
   if (current_isa() == HostIsa::Avx512) return f(Avx512{});
   if (current_isa() == HostIsa::Avx2) return f(Avx2{});
 #endif
