@@ -114,6 +114,13 @@ LOWBIT_INLINE void pm8(uint32_t sb, unsigned b, float* out) {
   std::memcpy(out, u, sizeof u);
 }
 
+#if LOWBIT_COMM_X86
+// Prefetch into L2 of the 64 floats (4 lines) from p; never faults.
+LOWBIT_AVX512_FN inline void prefetch64(const float* p) {
+  for (int q = 0; q < 4; ++q) _mm_prefetch(reinterpret_cast<const char*>(p + 16 * q), _MM_HINT_T1);
+}
+#endif
+
 // ---- sources: element i of a pass, in scalar form (at), the 8 elements
 // from i (load8, plain loops the compiler vectorises) and, for AVX-512, the
 // 64 elements from i (load4: four vectors) or the first v <= 16 of the 16
@@ -130,6 +137,7 @@ struct SrcX {  // stored values
     for (int q = 0; q < 4; ++q) v[q] = _mm512_loadu_ps(x + i + 16 * q);
   }
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const { return _mm512_maskz_loadu_ps(m, x + i); }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(x + i); }
 #endif
 };
 
@@ -147,6 +155,7 @@ struct SrcTE {  // x = t + e
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
     return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_maskz_loadu_ps(m, e + i));
   }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(t + i), prefetch64(e + i); }
 #endif
 };
 
@@ -163,6 +172,7 @@ struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
     return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_setzero_ps());
   }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(t + i); }
 #endif
 };
 
@@ -221,6 +231,7 @@ struct SrcServer {
                                                     _mm512_set1_ps(pos[j])));
     return _mm512_add_ps(_mm512_div_ps(acc, _mm512_set1_ps(fw)), _mm512_maskz_loadu_ps(m, z + i));
   }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(z + i); }
 #endif
 };
 
@@ -353,6 +364,9 @@ struct Avx512 {
       __m512d a[8];
       for (int r = 0; r < kRounds; ++r) {
         const int64_t i = s0 + int64_t(r) * kLanes + 64 * g;
+        // The rounds are 4 streams 8 KiB apart per array: the hardware
+        // prefetcher alone leaves reads well short of a plain stream's rate.
+        src.prefetch(i + kSegment);
         __m512 v[4];
         src.load4(i, v);
         for (int q = 0; q < 4; ++q) {
