@@ -1,0 +1,223 @@
+"""lowbit vs torch.optim.AdamW(fused=True) on the CPU, in one process.
+
+    OMP_WAIT_POLICY=PASSIVE python3 bench/cpu/compare_torch.py [--threads 2]
+        [--layout default|many_small|all] [--rounds 9] [--cases ...]
+
+Candidates, each on its own params (same initial values) and the same grads:
+  torch     torch.optim.AdamW(fused=True), fp32 params + state, or bf16
+            params (whose fused AdamW keeps bf16 state)
+  torch.lb  lowbit.torch (AdamW / Lion), the drop-in optimizer, its thread
+            count left at the default (torch.get_num_threads())
+  capi.lb   lowbit.Optimizer, the ctypes API: one lowbit_optimizer_step call
+            per step over registered grads, num_threads=--threads
+Cases and the issue's targets (lowbit time / torch time):
+  adamw fp32 state, fp32 params  vs torch fp32          <= 1.05
+  adamw bf16 state, bf16 params  vs torch bf16 (bf16 state)  <= 1.05
+  adamw 8bit, bf16 params        vs torch bf16          <= 1.00
+  adamw fp8,  bf16 params        vs torch bf16          <= 1.00
+  lion  8bit, bf16 params        vs torch bf16 AdamW    <= 1.00
+  adamw 4bit, bf16 params        vs torch bf16          <= 1.10
+Layouts: default = 32M params in 16 tensors of 2M; many_small = 2000 tensors
+of 4096.
+
+Timing: every candidate takes one warm-up step, then --rounds rounds of one
+timed step each, the order rotated every round (noise hits all alike); the
+table gives the median. lowbit runs with skip_nonfinite=False by default
+(torch's fused AdamW without a grad scaler checks nothing; --skip-nonfinite
+measures lowbit's default, one more read of the grads).
+
+Copy reference, in the same process and rounds: torch copy_ (b = a) and
+torch.add(b, c, alpha=s, out=a) (triad) on float32 arrays of max(4 x LLC,
+128 MiB), torch's threads = --threads, counted as bytes read + written (2x
+and 3x the array), best round of each; the reference is the larger. "of bw" =
+bytes the step must move / median time / reference, where the bytes are param
+(read + write) + grad (read) + state (read + write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import _common  # sets OMP_WAIT_POLICY and the library path before the imports below
+from _common import copy_array_bytes, interleave, loadavg, med, spread, table
+
+try:
+    import torch
+except ImportError:
+    print("compare_torch: torch is not installed (pip install torch); nothing to compare against, skipped")
+    sys.exit(0)
+
+import lowbit
+import lowbit.torch as lbt
+
+LAYOUTS = {
+    "default": ("32M params in 16 tensors", 16, 2_000_000),
+    "many_small": ("2000 tensors of 4096", 2000, 4096),
+}
+
+# name: (algorithm, state, param dtype, peer dtype, target ratio)
+CASES = {
+    "adamw-fp32": ("adamw", "fp32", torch.float32, torch.float32, 1.05),
+    "adamw-bf16": ("adamw", "bf16", torch.bfloat16, torch.bfloat16, 1.05),
+    "adamw-8bit": ("adamw", "8bit", torch.bfloat16, torch.bfloat16, 1.00),
+    "adamw-fp8": ("adamw", "fp8", torch.bfloat16, torch.bfloat16, 1.00),
+    "lion-8bit": ("lion", "8bit", torch.bfloat16, torch.bfloat16, 1.00),
+    "adamw-4bit": ("adamw", "4bit", torch.bfloat16, torch.bfloat16, 1.10),
+}
+
+LR, WD, LION_LR = 1e-3, 1e-2, 1e-4
+
+
+def make_tensors(layout, dtype, seed):
+    """The layout's params (normal) in `dtype`, deterministic in `seed`."""
+    _, count, numel = layout
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(numel, generator=g).to(dtype) for _ in range(count)]
+
+
+def clone_params(src):
+    return [t.clone().requires_grad_(True) for t in src]
+
+
+def attach(params, grads):
+    for p, g in zip(params, grads):
+        p.grad = g
+
+
+def run_layout(args, layout_name):
+    layout = LAYOUTS[layout_name]
+    title, count, numel = layout
+    n = count * numel
+    threads = args.threads
+    torch.set_num_threads(threads)
+    cases = [c for c in args.cases]
+    dtypes = sorted({CASES[c][2] for c in cases} | {CASES[c][3] for c in cases}, key=str)
+
+    init = {dt: make_tensors(layout, dt, 1) for dt in dtypes}
+    grads = {dt: [x * 1e-3 for x in make_tensors(layout, dt, 2)] for dt in dtypes}
+
+    step = {}
+    meta = {}  # candidate -> (case or peer dtype, bytes per param)
+    holders = {}  # candidate -> the params it updates (for the cross-check)
+    es = {torch.float32: 4, torch.bfloat16: 2}
+    extra_grad_read = 1 if args.skip_nonfinite else 0
+
+    # peers: torch fused AdamW, one per dtype
+    for dt in sorted({CASES[c][3] for c in cases}, key=str):
+        ps = clone_params(init[dt])
+        attach(ps, grads[dt])
+        opt = torch.optim.AdamW(ps, lr=LR, weight_decay=WD, fused=True)
+        name = f"torch {str(dt).replace('torch.', '')}"
+        step[name] = opt.step
+        meta[name] = (dt, 3 * es[dt] + 2 * 2 * es[dt])
+        holders[name] = ps
+
+    for c in cases:
+        algo, state, pdt, _, _ = CASES[c]
+        lr = LION_LR if algo == "lion" else LR
+        # lowbit.torch
+        ps = clone_params(init[pdt])
+        attach(ps, grads[pdt])
+        cls = lbt.AdamW if algo == "adamw" else lbt.Lion
+        opt = cls(ps, lr=lr, weight_decay=WD, state=state, skip_nonfinite=args.skip_nonfinite)
+        name = f"{c} torch.lb"
+        step[name] = opt.step  # the warm-up step registers the params
+        meta[name] = (c, opt)
+        holders[name] = ps
+        # lowbit.Optimizer (ctypes)
+        ps2 = [t.clone() for t in init[pdt]]
+        h = lowbit.Optimizer(algo, lr=lr, weight_decay=WD, state=state, skip_nonfinite=args.skip_nonfinite,
+                             num_threads=threads)
+        for p, g in zip(ps2, grads[pdt]):
+            h.add_param(p, g)
+        name = f"{c} capi.lb"
+        step[name] = h.step
+        meta[name] = (c, h)
+        holders[name] = ps2
+
+    # copy reference, interleaved with the steps
+    nbytes = copy_array_bytes()
+    ca = torch.ones(nbytes // 4)
+    cb = torch.full_like(ca, 2.0)
+    cc = torch.full_like(ca, 0.5)
+    step["copy"] = lambda: cb.copy_(ca)
+    step["triad"] = lambda: torch.add(cb, cc, alpha=3.0, out=ca)
+
+    load0 = loadavg()
+    times = interleave(step, rounds=args.rounds, warmup=1)
+    load1 = loadavg()
+
+    for name, (what, opt) in list(meta.items()):
+        if not name.startswith("torch "):  # lowbit: state bytes as the library reports them
+            pdt = CASES[what][2]
+            meta[name] = (what, (3 + extra_grad_read) * es[pdt] + 2 * opt.state_bytes() / n)
+
+    copy_bw = 2 * nbytes / min(times["copy"])
+    triad_bw = 3 * nbytes / min(times["triad"])
+    ref = max(copy_bw, triad_bw)
+
+    print(f"\n== {title} ({n:,} params), {threads} threads, {args.rounds} rounds, "
+          f"load average {load0} -> {load1}, skip_nonfinite={args.skip_nonfinite}")
+    print(f"copy reference {ref / 1e9:.2f} GB/s = max(copy_ {copy_bw / 1e9:.2f}, triad {triad_bw / 1e9:.2f}) "
+          f"(torch, {threads} threads, bytes read + written, best round, {nbytes >> 20} MiB arrays)")
+
+    rows = []
+    peer_ms = {}
+    for name, (what, bpp) in meta.items():
+        if name.startswith("torch "):
+            ms = 1e3 * med(times[name])
+            peer_ms[what] = ms
+    for dt, ms in peer_ms.items():
+        name = f"torch {str(dt).replace('torch.', '')}"
+        bpp = meta[name][1]
+        rows.append((f"torch fused AdamW {str(dt).replace('torch.', '')}", "torch", f"{ms:.2f}",
+                     spread(times[name]), f"{bpp:.2f}", f"{100 * bpp * n / (ms * 1e-3) / ref:.0f}%", "", "", ""))
+    results = []
+    for c in cases:
+        algo, state, pdt, peer, target = CASES[c]
+        for api in ("torch.lb", "capi.lb"):
+            name = f"{c} {api}"
+            ms = 1e3 * med(times[name])
+            bpp = meta[name][1]
+            ratio = ms / peer_ms[peer]
+            ok = "ok" if ratio <= target else "MISS"
+            results.append((layout_name, c, api, ms, ratio, target))
+            rows.append((f"{algo} {state} state, {str(pdt).replace('torch.', '')} params", api, f"{ms:.2f}",
+                         spread(times[name]), f"{bpp:.2f}", f"{100 * bpp * n / (ms * 1e-3) / ref:.0f}%",
+                         f"{ratio:.2f}x", f"<={target:.2f}x", ok))
+    print(table(rows, ("case", "impl", "ms/step", "spread", "B/param", "of bw", "vs torch", "target", "")))
+
+    # cross-check: the same algorithm on the same inputs gives close params
+    steps_done = 1 + args.rounds
+    for c in cases:
+        algo, state, pdt, peer, _ = CASES[c]
+        if algo != "adamw" or state not in ("fp32", "bf16"):
+            continue
+        a = torch.cat([t.detach().float() for t in holders[f"{c} torch.lb"]])
+        b = torch.cat([t.detach().float() for t in holders[f"torch {str(peer).replace('torch.', '')}"]])
+        print(f"check {c}: max |lowbit.torch - torch| = {float((a - b).abs().max()):.3g} after {steps_done} steps "
+              f"(params ~1, lr {LR})")
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="threads of torch and lowbit (default 2)")
+    ap.add_argument("--layout", choices=[*LAYOUTS, "all"], default="all")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    ap.add_argument("--skip-nonfinite", action="store_true",
+                    help="lowbit with skip_nonfinite=True (its default): one more read of the grads")
+    args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    print(f"torch {torch.__version__}, lowbit {lowbit.version()} ({lowbit.library_path()}), "
+          f"OMP_WAIT_POLICY={_common.os.environ.get('OMP_WAIT_POLICY')}")
+    layouts = list(LAYOUTS) if args.layout == "all" else [args.layout]
+    for name in layouts:
+        run_layout(args, name)
+
+
+if __name__ == "__main__":
+    main()
