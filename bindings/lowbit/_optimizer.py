@@ -87,6 +87,32 @@ def parse_state_format(fmt, arg="state") -> StateFormat:
     return STATE_FORMATS[key]
 
 
+NUM_THREADS_ENV = "LOWBIT_NUM_THREADS"
+
+
+def resolve_num_threads(num_threads, default=0, arg="num_threads") -> int:
+    """The CPU engine's thread count: `num_threads` when given (an int >= 0;
+    0 means all OpenMP threads, omp_get_max_threads()), else the environment
+    variable LOWBIT_NUM_THREADS when set, else `default` (an int or a
+    zero-argument callable, e.g. torch.get_num_threads)."""
+    source = arg
+    if num_threads is None:
+        env = os.environ.get(NUM_THREADS_ENV, "").strip()
+        if env:
+            num_threads, source = env, f"{NUM_THREADS_ENV}={env!r}"
+        else:
+            return int(default() if callable(default) else default)
+    try:
+        n = int(num_threads)
+        if isinstance(num_threads, float) and n != num_threads:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{source}: {num_threads!r} is not an int (0 = all OpenMP threads)") from None
+    if isinstance(num_threads, bool) or n < 0:
+        raise InvalidArgumentError(f"{source}: {num_threads!r} must be an int >= 0 (0 = all OpenMP threads)")
+    return n
+
+
 def parse_checkpoint_mode(mode) -> CheckpointMode:
     if isinstance(mode, CheckpointMode):
         return mode
@@ -208,6 +234,12 @@ class Optimizer:
     :meth:`close` or a ``with`` block (garbage collection also frees it).
     Every failure raises a :class:`lowbit.LowbitError` subclass carrying the
     library's message, and leaves the optimizer unchanged.
+
+    ``num_threads``: threads of the CPU engine's steps (0: all OpenMP threads,
+    i.e. ``OMP_NUM_THREADS`` or the cores); when not given, the environment
+    variable ``LOWBIT_NUM_THREADS``, else 0. Fixed at creation (the
+    :attr:`num_threads` property). Steps of fewer than 2^18 elements in all
+    run on the calling thread whatever the count.
     """
 
     def __init__(
@@ -229,7 +261,7 @@ class Optimizer:
         stochastic_rounding=False,
         error_correction=False,
         skip_nonfinite=True,
-        num_threads=0,
+        num_threads=None,
         freeze_step=None,
         device="cpu",
         device_index=None,
@@ -253,7 +285,7 @@ class Optimizer:
         cfg.stochastic_rounding = int(bool(stochastic_rounding))
         cfg.error_correction = int(bool(error_correction))
         cfg.skip_nonfinite = int(bool(skip_nonfinite))
-        cfg.num_threads = int(num_threads)
+        cfg.num_threads = self._num_threads = resolve_num_threads(num_threads)
         if freeze_step is not None:
             cfg.freeze_step = int(freeze_step)
 
@@ -294,6 +326,13 @@ class Optimizer:
 
     def _call(self, name, *args):
         call(name, self._h(), *args, handle=self._handle)
+
+    @property
+    def num_threads(self) -> int:
+        """The thread count given to the library's CPU engine (0: all OpenMP
+        threads). Set at creation: ``num_threads=``, else the environment
+        variable LOWBIT_NUM_THREADS, else 0."""
+        return self._num_threads
 
     @property
     def handle(self) -> int:

@@ -17,7 +17,11 @@ usual hyper-parameters each takes
   how the fp32 result is written back (error correction keeps one extra byte
   per element and wins if both are set);
 * ``seed``, ``skip_nonfinite`` (skip the whole step if any grad holds NaN/Inf,
-  default True), ``num_threads`` (CPU engine).
+  default True), ``num_threads``: threads of the CPU engine (0: all OpenMP
+  threads); by default the environment variable ``LOWBIT_NUM_THREADS`` when
+  set, else ``torch.get_num_threads()`` read when the CPU handle is created
+  (at the first step), so ``torch.set_num_threads`` before training governs
+  lowbit too.
 
 ``state``, ``stochastic_rounding`` and ``error_correction`` may also be set per
 param group. Param groups, ``add_param_group``, lr schedulers (``group["lr"]``
@@ -37,16 +41,36 @@ dtypes, e.g. bf16 grads for fp32 params).
 
 from __future__ import annotations
 
+import ctypes
+
+import numpy as np
 import torch
 
 from ._arrays import ArrayRef
 from ._capi import Algorithm, Device, Dtype, StateFormat, Tensor
 from ._lib import ArrayError, InvalidArgumentError, StateMismatchError
-from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format
+from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, resolve_num_threads
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "LowbitOptimizer"]
 
 _TORCH_DTYPES = {torch.float32: Dtype.FLOAT32, torch.bfloat16: Dtype.BFLOAT16, torch.float16: Dtype.FLOAT16}
+_DTYPE_CODES = {k: int(v) for k, v in _TORCH_DTYPES.items()}
+
+
+def _tensor_record_dtype():
+    """A numpy view of lowbit_tensor_t (the ctypes struct), to fill the
+    per-step grad descriptors with one vectorised assignment per field."""
+    kinds = {1: "u1", 2: "i2", 4: "i4", 8: "i8"}
+    names, formats, offsets = [], [], []
+    for name, ctype in Tensor._fields_:
+        field = getattr(Tensor, name)
+        names.append(name)
+        formats.append(np.uintp if name == "data" else kinds[ctypes.sizeof(ctype)])
+        offsets.append(field.offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ctypes.sizeof(Tensor)})
+
+
+_TENSOR_RECORD = _tensor_record_dtype()
 _STATE_DICT_VERSION = 1
 
 
@@ -85,6 +109,54 @@ class _DeviceState:
         self.ptrs: list = []
         self.pushed: list = []  # per group: the hparams tuple last given to the library
         self.grads = None  # ctypes array of lowbit_tensor_t, reused every step
+        self.view = None  # numpy record view of `grads`
+        self.numels: list = []  # per param
+        self.grad_dtypes = None  # torch dtypes of the grads in `grads` (None: unknown)
+        self.cuda_index = device.index if device.type == "cuda" else None
+
+    def resize(self, n: int) -> None:
+        """(Re)allocate the grad descriptors for n params; the numel and
+        device fields never change for a param."""
+        self.grads = (Tensor * n)()
+        self.view = np.frombuffer(self.grads, dtype=_TENSOR_RECORD, count=n) if n else None
+        if n:
+            self.view["numel"] = self.numels
+            self.view["device"] = int(Device.CUDA if self.device.type == "cuda" else Device.CPU)
+            self.view["device_index"] = self.cuda_index or 0
+        self.grad_dtypes = None
+
+    def fill_grads_fast(self, grads: list) -> bool:
+        """The usual step: every param has a grad, contiguous, of a known
+        dtype and the param's size, on the param's device, and no param
+        moved. Fills the descriptors with a few vectorised assignments and
+        returns True; returns False (having written nothing) otherwise, and
+        the per-param path then checks each grad and names the culprit."""
+        try:
+            ptrs = [g.data_ptr() for g in grads]
+            if not all([g.layout is torch.strided for g in grads]):
+                return False
+            if not all([g.is_contiguous() for g in grads]):
+                return False
+            if [g.numel() for g in grads] != self.numels:
+                return False
+            if self.cuda_index is None:
+                if not all([g.is_cpu for g in grads]):
+                    return False
+            elif not all([g.is_cuda for g in grads]) or any([g.get_device() != self.cuda_index for g in grads]):
+                return False
+            dtypes = [g.dtype for g in grads]
+        except (AttributeError, RuntimeError, TypeError):  # a None grad, a sparse or opaque tensor
+            return False
+        if [p.data_ptr() for p in self.params] != self.ptrs:
+            return False
+        if dtypes != self.grad_dtypes:
+            codes = [_DTYPE_CODES.get(dt) for dt in dtypes]
+            if None in codes:
+                return False
+            self.view["dtype"] = codes
+            self.grad_dtypes = dtypes
+        self.view["data"] = ptrs
+        return True
 
 
 class LowbitOptimizer(torch.optim.Optimizer):
@@ -94,7 +166,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
     _moment_names: tuple = ()
 
     def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
-                 error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=0,
+                 error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=None,
                  foreach=None, fused=None, capturable=False, differentiable=False):
         # torch's implementation switches: lowbit always runs its own fused
         # kernel, so foreach/fused are accepted and have no effect.
@@ -103,6 +175,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
             raise ValueError("capturable=True is not supported by lowbit (the step reads hyper-parameters on the host)")
         if differentiable:
             raise ValueError("differentiable=True is not supported by lowbit")
+        if num_threads is not None:
+            resolve_num_threads(num_threads)  # validate now; None is resolved when the CPU handle is created
         self._state_format = parse_state_format(state, "state")
         self._second_state = parse_state_format(second_state, "second_state")
         self._config = dict(
@@ -117,6 +191,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         )
         self._devices: dict = {}
         self._where: dict = {}  # param -> (device key, param id)
+        self._registered_ids = None  # ids of the groups' params when all were registered
         defaults = dict(defaults)
         defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
                         error_correction=bool(error_correction))
@@ -136,7 +211,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._devices, self._where = {}, {}
+        self._devices, self._where, self._registered_ids = {}, {}, None
 
     def __getstate__(self):
         raise TypeError("lowbit.torch optimizers cannot be pickled; use state_dict() / load_state_dict()")
@@ -147,17 +222,32 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if p.grad is None or p.numel() == 0:
-                    continue
-                if p not in self._where:
+        # Register params at their first step with a grad. Once every param
+        # of the groups is registered, a list of ids (registered params are
+        # kept alive by self._where, so their ids stay theirs) says whether the
+        # groups changed since.
+        ids = [id(p) for group in self.param_groups for p in group["params"]]
+        if ids != self._registered_ids:
+            complete = True
+            for gi, group in enumerate(self.param_groups):
+                for p in group["params"]:
+                    if p in self._where or p.numel() == 0:  # empty params are never registered
+                        continue
+                    if p.grad is None:
+                        complete = False
+                        continue
                     self._register(p, gi, group)
+            self._registered_ids = ids if complete else None
         for dev in self._devices.values():
             self._push_hparams(dev)
             n = len(dev.params)
             if dev.grads is None or len(dev.grads) != n:
-                dev.grads = (Tensor * n)()
+                dev.resize(n)
+            grads = [p.grad for p in dev.params]
+            if n and dev.fill_grads_fast(grads):
+                self._step_device(dev, n)
+                continue
+            dev.grad_dtypes = None  # the per-param path below writes the dtypes itself
             any_grad = False
             keep = []
             for i, p in enumerate(dev.params):
@@ -181,12 +271,16 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 any_grad = True
             if not any_grad:
                 continue
-            stream = None
-            if dev.device.type == "cuda":
-                stream = torch.cuda.current_stream(dev.device).cuda_stream
-            dev.handle._step_tensors(dev.grads, n, stream)
+            self._step_device(dev, n)
             del keep
         return loss
+
+    @staticmethod
+    def _step_device(dev, n: int) -> None:
+        stream = None
+        if dev.device.type == "cuda":
+            stream = torch.cuda.current_stream(dev.device).cuda_stream
+        dev.handle._step_tensors(dev.grads, n, stream)
 
     # -- lowbit specifics
 
@@ -235,7 +329,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
         key = _device_key(device)
         dev = self._devices.get(key)
         if dev is None:
-            handle = Optimizer(self._algorithm, device=key, **self._config)
+            config = dict(self._config)
+            config["num_threads"] = resolve_num_threads(config["num_threads"], default=torch.get_num_threads)
+            handle = Optimizer(self._algorithm, device=key, **config)
             handle.set_hparams(0, **self._hparams(self.param_groups[0]))
             for group in self.param_groups[1:]:
                 handle.add_group(**self._hparams(group))
@@ -255,6 +351,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             error_correction=group.get("error_correction"))
         dev.params.append(p)
         dev.ptrs.append(p.data_ptr())
+        dev.numels.append(p.numel())
         self._where[p] = (_device_key(p.device), pid)
 
     def _push_hparams(self, dev: _DeviceState) -> None:
@@ -340,7 +437,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
         # Build the new handles aside; swap them in only when all loaded.
         old = (self._devices, self._where, self.param_groups)
-        self._devices, self._where = {}, {}
+        self._devices, self._where, self._registered_ids = {}, {}, None
         self.param_groups = new_groups
         try:
             for params, blob in plan:
@@ -358,6 +455,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             for dev in self._devices.values():
                 dev.handle.close()
             self._devices, self._where, self.param_groups = old
+            self._registered_ids = None
             raise
         for dev in old[0].values():
             dev.handle.close()
