@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import os
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._capi import Algorithm, Dtype, StateFormat
+from ._optimizer import resolve_num_threads
 from ._plan import plan_param_state
 
 __all__ = [
@@ -431,15 +433,25 @@ def _make(cfg: Config) -> LowbitTransformation:
     def init(params):
         return _init(params, cfg)
 
-    def update(updates, state, params=None):
-        if params is None:
-            raise ValueError("lowbit.jax: update() needs params (the fused step computes new params from them)")
+    def _update(updates, state, params):
         new_params, new_state = _fused_step(params, updates, state, cfg)
         deltas = jax.tree_util.tree_map(lambda n, p: n - jnp.asarray(p), new_params, params)
         return deltas, new_state
 
+    # Jitted once per optimizer: called outside jit, a step is one compiled
+    # program (cached per argument shapes) instead of op-by-op dispatch with
+    # the leaf planning redone in Python at every call; inside the caller's
+    # jit the call is inlined (donation and in-place aliasing unchanged).
+    jit_update = jax.jit(_update)
+    jit_step = jax.jit(functools.partial(_fused_step, cfg=cfg))
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("lowbit.jax: update() needs params (the fused step computes new params from them)")
+        return jit_update(updates, state, params)
+
     def step(params, grads, state):
-        return _fused_step(params, grads, state, cfg)
+        return jit_step(params, grads, state)
 
     t = LowbitTransformation(init, update)
     t.step = step
@@ -457,8 +469,15 @@ def _common(state_format, second_state_format, min_quantized_numel, stochastic_r
         error_correction=bool(error_correction),
         seed=int(seed),
         skip_nonfinite=bool(skip_nonfinite),
-        num_threads=int(num_threads),
+        num_threads=_num_threads(num_threads),
     )
+
+
+def _num_threads(num_threads) -> int:
+    try:
+        return resolve_num_threads(num_threads)
+    except ValueError as e:
+        raise ValueError(f"lowbit.jax: {e}") from None
 
 
 _COMMON_DOC = """
@@ -471,14 +490,16 @@ _COMMON_DOC = """
         wins over stochastic rounding). ``seed`` keys the stochastic rounding.
     skip_nonfinite: a NaN/Inf anywhere in the grads leaves params and state
         unchanged (``count`` does not advance).
-    num_threads: CPU threads of the step (0: all).
+    num_threads: CPU threads of the step (0: all OpenMP threads); when not
+        given, the environment variable LOWBIT_NUM_THREADS, else 0. Fixed
+        when the optimizer is made (``config.num_threads``).
     learning_rate may be a float or a schedule ``count -> lr`` (evaluated
     under jit; the step receives it as a buffer)."""
 
 
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=None, *, bias_correction=True,
           state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
-          error_correction=False, seed=0, skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+          error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """AdamW (decoupled weight decay), the arguments and defaults of
     ``optax.adamw``: p = p * (1 - lr * wd) - lr * m_hat / (sqrt(v_hat) + eps).
     ``mask`` (pytree of bools or callable params -> pytree) selects the params
@@ -491,7 +512,7 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=Non
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
          state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
-         error_correction=False, seed=0, skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+         error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
     return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
                         bias_correction=bias_correction,
@@ -501,7 +522,7 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None,
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
          min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
-         num_threads=0) -> LowbitTransformation:
+         num_threads=None) -> LowbitTransformation:
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
     return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
@@ -511,7 +532,7 @@ def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_
 
 def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_decay=0.0, mask=None,
         state_format="fp32", min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0,
-        skip_nonfinite=True, num_threads=0) -> LowbitTransformation:
+        skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """SGD as torch.optim.SGD (L2 ``weight_decay``, ``momentum`` with
     ``dampening``, Nesterov); with dampening 0 it equals ``optax.sgd``. No
     momentum: no state besides the count.""" + _COMMON_DOC
