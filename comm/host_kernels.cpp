@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -506,10 +507,14 @@ bool cpu_has(HostIsa isa) {
   return isa == HostIsa::Portable;
 }
 
+// LOWBIT_CPU_KERNELS=generic (as for the CPU engine's codecs) keeps the
+// portable loops.
 HostIsa& current_isa() {
-  static HostIsa isa = cpu_has(HostIsa::Avx512) ? HostIsa::Avx512
-                       : cpu_has(HostIsa::Avx2) ? HostIsa::Avx2
-                                                : HostIsa::Portable;
+  static HostIsa isa = [] {
+    const char* env = std::getenv("LOWBIT_CPU_KERNELS");
+    if (env && std::strcmp(env, "generic") == 0) return HostIsa::Portable;
+    return cpu_has(HostIsa::Avx512) ? HostIsa::Avx512 : cpu_has(HostIsa::Avx2) ? HostIsa::Avx2 : HostIsa::Portable;
+  }();
   return isa;
 }
 
