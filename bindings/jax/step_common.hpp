@@ -218,7 +218,8 @@ class StepDecoder {
                    LOWBIT_ERROR_INVALID_ARGUMENT, "attributes weight_decay/rounding/formats have ",
                    a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), " entries for ", n,
                    " params (expected N/N/2N)");
-    split_names(n);
+    num_leaves_ = n;
+    names_split_ = false;
     LOWBIT_REQUIRE(!count || (*count >= 0 && *count < INT32_MAX), LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ",
                    count ? *count : 0, " must be in [0, 2^31 - 1)");
     LOWBIT_REQUIRE(layout_dims.size() == 2 && layout_dims[0] == int64_t(n) && layout_dims[1] == 3,
@@ -247,14 +248,18 @@ class StepDecoder {
     const int num_moments = moment_count(algorithm, a_.momentum);
     for (size_t i = 0; i < n; ++i) {
       h.weight_decay = a_.weight_decay[i];
-      try {
-        check_hparams(h, algorithm);
-      } catch (const Error& e) {
-        fail(e.status(), e.what(), " (param ", name(i), ")");
-      }
       size_t g = 0;
       while (g < out.hparams.size() && out.hparams[g].weight_decay != h.weight_decay) ++g;
-      if (g == out.hparams.size()) out.hparams.push_back(h);
+      if (g == out.hparams.size()) {
+        // leaves differ only in weight decay: checked once per group, at its
+        // first leaf (the one a message names)
+        try {
+          check_hparams(h, algorithm);
+        } catch (const Error& e) {
+          fail(e.status(), e.what(), " (param ", name(i), ")");
+        }
+        out.hparams.push_back(h);
+      }
       out.groups[i] = int32_t(g);
       LeafBuffers b = leaf(i);
       ParamView& v = out.views[i];
@@ -284,7 +289,11 @@ class StepDecoder {
     return b;
   }
 
-  void split_names(size_t n) {
+  // The leaf names are only for messages: split on the first message that
+  // needs one, never on a step that succeeds.
+  void split_names() const {
+    if (names_split_) return;
+    names_split_ = true;
     names_.clear();
     std::string_view s = a_.names;
     for (size_t cut; !s.empty(); s.remove_prefix(cut + 1)) {
@@ -292,20 +301,23 @@ class StepDecoder {
       names_.push_back(s.substr(0, cut));
       if (cut == std::string_view::npos) break;
     }
-    if (names_.size() != n) names_.clear();  // names are only for messages
+    if (names_.size() != num_leaves_) names_.clear();
   }
 
   std::string name(size_t i) const {
+    split_names();
     if (i < names_.size() && !names_[i].empty()) return concat(names_[i], " (leaf ", i, ")");
     return concat("leaf ", i);
   }
 
+  // `why()` (what needs this size, for the message) is only called on failure.
+  template <class Why>
   void check_size(size_t i, const char* part, const ffi::AnyBuffer& b, ffi::DataType dtype, int64_t elements,
-                  const char* why) const {
+                  const Why& why) const {
     if (int64_t(b.element_count()) == elements && (elements == 0 || b.element_type() == dtype)) return;
     std::string need = elements ? concat(ffi_dtype_name(dtype), "(", elements, ",)") : std::string("an empty array");
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": state ", part, " is ", ffi_dtype_name(b.element_type()),
-         shape_string(b.dimensions()), " but ", why, " needs ", need,
+         shape_string(b.dimensions()), " but ", why(), " needs ", need,
          " (a state made for another param, dtype or format?)");
   }
 
@@ -342,8 +354,9 @@ class StepDecoder {
       if (m >= num_moments) {
         LOWBIT_REQUIRE(f[m] == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": formats[", 2 * i + m,
                        "] = ", f[m], " but the algorithm keeps only ", num_moments, " moments (expected 0)");
-        check_size(i, data_part[m], data, ffi::DataType::F32, 0, "an algorithm without this moment");
-        check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, "an algorithm without this moment");
+        auto why = [] { return "an algorithm without this moment"; };
+        check_size(i, data_part[m], data, ffi::DataType::F32, 0, why);
+        check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, why);
         continue;
       }
       LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
@@ -352,9 +365,9 @@ class StepDecoder {
       const ffi::DataType ddt = moment_data_dtype(fmt);
       const int64_t elem_bytes = ddt == ffi::DataType::F32 ? 4 : (ddt == ffi::DataType::BF16 ? 2 : 1);
       const int64_t data_elems = moment_data_bytes(fmt, numel) / elem_bytes;
-      std::string why = concat("the ", format_name(fmt), " format of a ", numel, "-element param");
-      check_size(i, data_part[m], data, ddt, data_elems, why.c_str());
-      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, numel) / 4, why.c_str());
+      auto why = [&] { return concat("the ", format_name(fmt), " format of a ", numel, "-element param"); };
+      check_size(i, data_part[m], data, ddt, data_elems, why);
+      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, numel) / 4, why);
       v.moment[m] = moment_view(fmt, m, b.out[1 + 2 * m].untyped_data(),
                                 static_cast<float*>(b.out[2 + 2 * m].untyped_data()));
     }
@@ -370,10 +383,10 @@ class StepDecoder {
     LOWBIT_REQUIRE(rounding == 0 || v.param_dtype != LOWBIT_DTYPE_FLOAT32, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                    name(i), ": ", rounding_name(rounding), " rounding applies to 16-bit params, this one is float32");
     if (v.rounding == WeightRounding::ErrorCorrection) {
-      check_size(i, "ecc", ecc, ffi::DataType::U8, numel, "error correction of this param");
+      check_size(i, "ecc", ecc, ffi::DataType::U8, numel, [] { return "error correction of this param"; });
       v.ecc = static_cast<uint8_t*>(b.out[5].untyped_data());
     } else {
-      check_size(i, "ecc", ecc, ffi::DataType::U8, 0, "a param without error correction");
+      check_size(i, "ecc", ecc, ffi::DataType::U8, 0, [] { return "a param without error correction"; });
     }
     // Outputs must mirror their inputs (XLA aliasing guarantees it; checked
     // so that a hand-written call cannot make the engine overrun a buffer).
@@ -392,7 +405,9 @@ class StepDecoder {
   const StepAttrs& a_;
   const ffi::RemainingArgs& args_;
   const ffi::RemainingRets& rets_;
-  std::vector<std::string_view> names_;
+  size_t num_leaves_ = 0;
+  mutable bool names_split_ = false;
+  mutable std::vector<std::string_view> names_;
 };
 
 // The checks of inputs 0..2 and output 0 that need no data.
