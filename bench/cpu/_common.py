@@ -82,6 +82,13 @@ def med(ts) -> float:
     return statistics.median(ts)
 
 
+def paired_ratio(a, b) -> float:
+    """Median over rounds of a[r] / b[r]: both timed in the same round, a
+    few milliseconds apart, so a slow phase of the machine (other work on the
+    cores) cancels out of each ratio, where a ratio of medians keeps it."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
 def spread(ts) -> str:
     """(max - min) / median of a candidate's rounds, a noise indicator."""
     m = med(ts)

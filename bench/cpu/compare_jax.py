@@ -22,7 +22,9 @@ skip_nonfinite=False unless --skip-nonfinite (optax checks nothing).
 
 Timing: one warm-up step each (compiles), then --rounds rounds of one timed
 step each (jax.block_until_ready included), the order rotated every round;
-median ms/step, and "spread" = (max - min) / median.
+median ms/step, "spread" = (max - min) / median, and the ratios "vs optax" /
+"vs capi" = the median over rounds of the two times measured in the same
+round (robust to the machine's load changing between rounds).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import os
 import sys
 
 import _common  # sets OMP_WAIT_POLICY and the library path before the imports below
-from _common import interleave, loadavg, med, spread, table
+from _common import interleave, loadavg, med, paired_ratio, spread, table
 
 try:
     import jax
@@ -143,13 +145,13 @@ def main():
     print(f"\n== {args.leaves} leaves of {args.numel:,} float32 ({n:,} params), {args.rounds} rounds, "
           f"load average {load0} -> {load1}, lowbit threads {args.threads or 'all'}, "
           f"skip_nonfinite={args.skip_nonfinite}")
-    ref = med(times["optax fp32"]) if "optax fp32" in times else None
+    ref = times.get("optax fp32")
     rows = []
     for name, ts in times.items():
         ms = 1e3 * med(ts)
         capi = times.get(f"capi {name.split()[-1]}")
-        rows.append((name, f"{ms:.2f}", spread(ts), f"{ms / (1e3 * ref):.2f}x" if ref else "",
-                     f"{ms / (1e3 * med(capi)):.2f}x" if capi and not name.startswith("optax") else ""))
+        rows.append((name, f"{ms:.2f}", spread(ts), f"{paired_ratio(ts, ref):.2f}x" if ref else "",
+                     f"{paired_ratio(ts, capi):.2f}x" if capi and not name.startswith("optax") else ""))
     print(table(rows, ("candidate", "ms/step", "spread", "vs optax", "vs capi (same state)")))
 
     # cross-check: fp32 AdamW is the same update in optax and lowbit
