@@ -32,7 +32,9 @@
 // target attributes (-Wuninitialized, GCC PR 105593): not ours, hidden here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #define LOWBIT_COMM_X86 1
