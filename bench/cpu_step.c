@@ -6,22 +6,8 @@
  *                            scales, error-correction bytes; the library's
  *                            lowbit_optimizer_state_bytes)
  *
- * Copy reference (measured in the same run, same thread count as the step,
- * each thread working on its own contiguous slice, counted the way STREAM
- * counts: bytes read + bytes written, no write-allocate traffic):
- *   copy    b[i] = a[i]            (doubles, 16 B per element)
- *   triad   a[i] = b[i] + s * c[i] (doubles, 24 B per element)
- *   memcpy  memcpy of each thread's slice (2 x bytes)
- *   update  a[i] = a[i] + s * b[i] (doubles, 24 B per element)
- * on arrays of max(4 x LLC, 128 MiB) each, pages touched first by the same
- * threads, one untimed pass, then the BEST of 10 timed passes of each kernel
- * (STREAM's convention), the four kernels interleaved. The reference is the
- * MAXIMUM of the four rates, so the fraction never flatters the step: copy
- * and triad pay a write-allocate read of their destination that they are not
- * credited for, a large memcpy may use streaming stores that avoid it, and
- * `update` reads and writes the same array, as an optimizer step does with
- * its params and state (no write-allocate either): an in-place step could
- * otherwise beat "100%" of a copy reference by up to 1.5x.
+ * Copy reference: copy_reference.h (STREAM counting, the step's thread count,
+ * the maximum of copy, triad, memcpy and an in-place update).
  *
  * The step time is the MEDIAN of 9 timed steps after one untimed step.
  *
@@ -41,15 +27,10 @@
 
 #include <omp.h>
 
+#include "copy_reference.h"
 #include "lowbit.h"
 
-enum { kStepReps = 9, kCopyReps = 10 };
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+enum { kStepReps = 9 };
 
 static int cmp(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -59,124 +40,6 @@ static int cmp(const void* a, const void* b) {
 static double median(double* v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp);
   return v[n / 2];
-}
-
-static double best(const double* v, int n) {
-  double m = v[0];
-  for (int i = 1; i < n; ++i) m = v[i] < m ? v[i] : m;
-  return m;
-}
-
-/* Last-level cache size in bytes: sysfs first (glibc's sysconf derives it
- * from cpuid, which a VM may misreport), then sysconf, else 32 MiB. */
-static size_t llc_bytes(void) {
-  size_t largest = 0;
-  for (int idx = 0; idx < 8; ++idx) {
-    char path[96];
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
-    FILE* f = fopen(path, "r");
-    if (!f) continue;
-    unsigned long kb = 0;
-    char unit = 'K';
-    int got = fscanf(f, "%lu%c", &kb, &unit);
-    fclose(f);
-    size_t b = got >= 1 ? (size_t)kb * (unit == 'M' ? 1024 * 1024 : 1024) : 0;
-    largest = b > largest ? b : largest;
-  }
-  if (largest) return largest;
-  long v = -1;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-  v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-#endif
-  return v > 0 ? (size_t)v : (size_t)32 << 20;
-}
-
-/* The copy and triad loops must stay loops of loads and stores: keep the
- * compiler from turning the copy into a memcpy call (measured separately). */
-#if defined(__clang__)
-#define LOWBIT_NO_MEMCPY_IDIOM __attribute__((no_builtin("memcpy")))
-#elif defined(__GNUC__)
-#define LOWBIT_NO_MEMCPY_IDIOM __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#else
-#define LOWBIT_NO_MEMCPY_IDIOM
-#endif
-
-typedef struct {
-  double copy, triad, memcpy_, update, ref; /* bytes per second */
-  size_t array_bytes;
-} copy_reference_t;
-
-LOWBIT_NO_MEMCPY_IDIOM static void copy_kernel(double* restrict b, const double* restrict a, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) b[i] = a[i];
-}
-
-LOWBIT_NO_MEMCPY_IDIOM static void triad_kernel(double* restrict a, const double* restrict b,
-                                                const double* restrict c, double s, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-}
-
-LOWBIT_NO_MEMCPY_IDIOM static void update_kernel(double* restrict a, const double* restrict b, double s, int64_t n,
-                                                 int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) a[i] = a[i] + s * b[i];
-}
-
-static void memcpy_kernel(char* b, const char* a, size_t bytes, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    /* the slices of schedule(static) above: contiguous, one per thread */
-    size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-    size_t lo = bytes / 8 * id / nt * 8, hi = id + 1 == nt ? bytes : bytes / 8 * (id + 1) / nt * 8;
-    memcpy(b + lo, a + lo, hi - lo);
-  }
-}
-
-static copy_reference_t copy_reference(int threads) {
-  copy_reference_t r;
-  size_t bytes = 4 * llc_bytes();
-  if (bytes < ((size_t)128 << 20)) bytes = (size_t)128 << 20;
-  const int64_t n = (int64_t)(bytes / sizeof(double));
-  r.array_bytes = (size_t)n * sizeof(double);
-  double* a = malloc(r.array_bytes);
-  double* b = malloc(r.array_bytes);
-  double* c = malloc(r.array_bytes);
-  if (!a || !b || !c) {
-    fprintf(stderr, "copy reference: out of memory\n");
-    exit(1);
-  }
-  /* first touch by the threads that will use each page */
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) a[i] = 1.0, b[i] = 2.0, c[i] = 0.5;
-  double tc[kCopyReps], tt[kCopyReps], tm[kCopyReps], tu[kCopyReps];
-  copy_kernel(b, a, n, threads); /* untimed passes */
-  triad_kernel(a, b, c, 3.0, n, threads);
-  memcpy_kernel((char*)b, (const char*)a, r.array_bytes, threads);
-  update_kernel(b, c, 1e-3, n, threads);
-  for (int k = 0; k < kCopyReps; ++k) { /* interleaved, so drifts hit all four alike */
-    double t0 = now();
-    copy_kernel(b, a, n, threads);
-    double t1 = now();
-    triad_kernel(a, b, c, 3.0, n, threads);
-    double t2 = now();
-    memcpy_kernel((char*)c, (const char*)b, r.array_bytes, threads);
-    double t3 = now();
-    update_kernel(b, c, 1e-3, n, threads);
-    double t4 = now();
-    tc[k] = t1 - t0, tt[k] = t2 - t1, tm[k] = t3 - t2, tu[k] = t4 - t3;
-  }
-  volatile double sink = a[n / 3] + b[n / 2] + c[n - 1];
-  (void)sink;
-  free(a), free(b), free(c);
-  r.copy = 2.0 * (double)r.array_bytes / best(tc, kCopyReps);
-  r.triad = 3.0 * (double)r.array_bytes / best(tt, kCopyReps);
-  r.memcpy_ = 2.0 * (double)r.array_bytes / best(tm, kCopyReps);
-  r.update = 3.0 * (double)r.array_bytes / best(tu, kCopyReps);
-  r.ref = r.copy > r.triad ? r.copy : r.triad;
-  r.ref = r.ref > r.memcpy_ ? r.ref : r.memcpy_;
-  r.ref = r.ref > r.update ? r.ref : r.update;
-  return r;
 }
 
 typedef struct {

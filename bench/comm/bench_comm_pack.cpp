@@ -27,18 +27,13 @@
 // ns/el is per element of n (per element of c for the server stage) and the
 // fraction is (bytes / time) / copy bandwidth.
 //
-// Copy reference (same run, same thread count, each thread on its own
-// contiguous slice, pages first touched by those threads): b[i] = a[i] over
-// doubles (16 B/el counted: read + write, no write-allocate), a STREAM triad
-// a[i] = b[i] + s c[i] (24 B/el) and a memcpy of each slice, arrays of
-// max(4 x LLC, 128 MiB); the best of 10 passes of each, and the reference is
-// the fastest of the three. Stage times are the median of 9 calls after one
-// untimed call.
+// Copy reference: bench/copy_reference.h, the one bench_cpu_step uses (same
+// run, same thread count, STREAM counting, the fastest of copy, triad, memcpy
+// and an in-place update; the error feedback updates its error in place).
+// Stage times are the median of 9 calls after one untimed call.
 #include <omp.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -46,103 +41,12 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/copy_reference.h"
 #include "comm/host_kernels.hpp"
 
 namespace ob = lowbit::onebit;
 
 namespace {
-
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Last-level cache size in bytes (sysfs, else 32 MiB).
-size_t llc_bytes() {
-  size_t largest = 0;
-  for (int idx = 0; idx < 8; ++idx) {
-    char path[96];
-    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", idx);
-    FILE* f = std::fopen(path, "r");
-    if (!f) continue;
-    unsigned long kb = 0;
-    char unit = 'K';
-    const int got = std::fscanf(f, "%lu%c", &kb, &unit);
-    std::fclose(f);
-    const size_t b = got >= 1 ? size_t(kb) * (unit == 'M' ? 1024 * 1024 : 1024) : 0;
-    largest = std::max(largest, b);
-  }
-  return largest ? largest : size_t(32) << 20;
-}
-
-// Keep the copy and triad loops loops of loads and stores (not memcpy calls).
-#if defined(__clang__)
-#define NO_MEMCPY_IDIOM __attribute__((no_builtin("memcpy")))
-#else
-#define NO_MEMCPY_IDIOM __attribute__((optimize("no-tree-loop-distribute-patterns")))
-#endif
-
-NO_MEMCPY_IDIOM void copy_kernel(double* __restrict b, const double* __restrict a, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) b[i] = a[i];
-}
-
-NO_MEMCPY_IDIOM void triad_kernel(double* __restrict a, const double* __restrict b, const double* __restrict c,
-                                  double s, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
-}
-
-void memcpy_kernel(char* b, const char* a, size_t bytes, int threads) {
-#pragma omp parallel num_threads(threads)
-  {
-    const size_t nt = size_t(omp_get_num_threads()), id = size_t(omp_get_thread_num());
-    const size_t lo = bytes / 8 * id / nt * 8, hi = id + 1 == nt ? bytes : bytes / 8 * (id + 1) / nt * 8;
-    std::memcpy(b + lo, a + lo, hi - lo);
-  }
-}
-
-struct CopyRef {
-  double copy, triad, memcpy_, ref;  // bytes per second
-};
-
-CopyRef copy_reference(int threads) {
-  size_t bytes = std::max(4 * llc_bytes(), size_t(128) << 20);
-  const int64_t n = int64_t(bytes / sizeof(double));
-  bytes = size_t(n) * sizeof(double);
-  double* a = static_cast<double*>(std::malloc(bytes));
-  double* b = static_cast<double*>(std::malloc(bytes));
-  double* c = static_cast<double*>(std::malloc(bytes));
-  if (!a || !b || !c) {
-    std::fprintf(stderr, "copy reference: out of memory\n");
-    std::exit(1);
-  }
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) a[i] = 1.0, b[i] = 2.0, c[i] = 0.5;
-  constexpr int kReps = 10;
-  double tc = 1e30, tt = 1e30, tm = 1e30;
-  copy_kernel(b, a, n, threads);
-  triad_kernel(a, b, c, 3.0, n, threads);
-  memcpy_kernel(reinterpret_cast<char*>(b), reinterpret_cast<const char*>(a), bytes, threads);
-  for (int k = 0; k < kReps; ++k) {
-    const double t0 = now();
-    copy_kernel(b, a, n, threads);
-    const double t1 = now();
-    triad_kernel(a, b, c, 3.0, n, threads);
-    const double t2 = now();
-    memcpy_kernel(reinterpret_cast<char*>(c), reinterpret_cast<const char*>(b), bytes, threads);
-    const double t3 = now();
-    tc = std::min(tc, t1 - t0), tt = std::min(tt, t2 - t1), tm = std::min(tm, t3 - t2);
-  }
-  volatile double sink = a[n / 3] + b[n / 2] + c[n - 1];
-  (void)sink;
-  std::free(a), std::free(b), std::free(c);
-  CopyRef r;
-  r.copy = 2.0 * double(bytes) / tc;
-  r.triad = 3.0 * double(bytes) / tt;
-  r.memcpy_ = 2.0 * double(bytes) / tm;
-  r.ref = std::max(r.copy, std::max(r.triad, r.memcpy_));
-  return r;
-}
 
 template <class F>
 double median_time(F&& f) {
@@ -288,9 +192,10 @@ int main(int argc, char** argv) {
               ob::host_isa_name(ob::host_isa()));
   for (int th : counts) {
     omp_set_num_threads(th);
-    const CopyRef r = copy_reference(th);
-    std::printf("\ncopy reference, %d thread%s: copy %.1f GB/s, triad %.1f GB/s, memcpy %.1f GB/s -> %.1f GB/s\n", th,
-                th == 1 ? "" : "s", r.copy / 1e9, r.triad / 1e9, r.memcpy_ / 1e9, r.ref / 1e9);
+    const copy_reference_t r = copy_reference(th);
+    std::printf("\ncopy reference (bench/copy_reference.h), %d thread%s: copy %.1f, triad %.1f, memcpy %.1f, update %.1f"
+                " -> %.1f GB/s\n",
+                th, th == 1 ? "" : "s", r.copy / 1e9, r.triad / 1e9, r.memcpy_ / 1e9, r.update / 1e9, r.ref / 1e9);
     for (int32_t W : worlds) run(n, W, th, r.ref);
   }
   return 0;
