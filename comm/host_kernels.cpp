@@ -50,6 +50,7 @@
 #define LOWBIT_INLINE inline
 #endif
 
+#include "core/simd.hpp"
 #include "sumsq.hpp"
 
 namespace lowbit {
@@ -513,8 +514,7 @@ bool cpu_has(HostIsa isa) {
 // portable loops.
 HostIsa& current_isa() {
   static HostIsa isa = [] {
-    const char* env = std::getenv("LOWBIT_CPU_KERNELS");
-    if (env && std::strcmp(env, "generic") == 0) return HostIsa::Portable;
+    if (generic_cpu_kernels_requested()) return HostIsa::Portable;
     return cpu_has(HostIsa::Avx512) ? HostIsa::Avx512 : cpu_has(HostIsa::Avx2) ? HostIsa::Avx2 : HostIsa::Portable;
   }();
   return isa;

@@ -1,9 +1,7 @@
 #include "codec_avx512.hpp"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "quant.hpp"
+#include "simd.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(LOWBIT_NO_CLONES)
 #include <immintrin.h>
@@ -88,12 +86,7 @@ const Tables& tables() {
     float e4m3[256];
     for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
     fill_planes(e4m3, x.e4m3);
-    for (int m = 0; m < 4; ++m) {
-      const QMap& q = qmap(ids[m]);
-      x.zero_code[m] = -1;
-      for (int i = 0; i < q.n; ++i)
-        if (q.values[i] == 0.f) x.zero_code[m] = i;
-    }
+    for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
     return x;
   }();
   return t;
@@ -112,11 +105,7 @@ bool cpu_has_avx512_codec() {
 }  // namespace
 
 bool avx512_codec_supported() {
-  static const bool on = [] {
-    const char* env = std::getenv("LOWBIT_CPU_KERNELS");
-    if (env && std::strcmp(env, "generic") == 0) return false;
-    return cpu_has_avx512_codec();
-  }();
+  static const bool on = !generic_cpu_kernels_requested() && cpu_has_avx512_codec();
   return on;
 }
 
