@@ -1,10 +1,11 @@
 // The CPU engine: OpenMP over ~64K-element chunks; inside a chunk, tiles of
 // kTile elements are decoded into fp32 stack arrays (fp32 tensors are used
-// where they lie), updated by a loop the compiler vectorises, and encoded back. Hyper-parameters and step counts are
-// host memory; a step computes each parameter's scalars, checks the
-// gradients, sweeps the chunks and advances the counts, on the calling
-// thread's schedule (the stream argument is ignored). No heap allocation per
-// step: everything a step touches is sized by bind().
+// where they lie), updated by a loop the compiler vectorises, and encoded
+// back. Hyper-parameters and step counts are host memory; a step computes
+// each parameter's scalars, checks the gradients, sweeps the chunks and
+// advances the counts, on the calling thread's schedule (the stream argument
+// is ignored). No heap allocation per step: everything a step touches is
+// sized by bind().
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -37,44 +38,48 @@ struct alignas(64) Tile {
   float p[kTile], g[kTile], m[kTile], v[kTile];
 };
 
-// fp32 tensors are updated where they lie; the others go through the tile's
-// fp32 arrays (decoded before the update, encoded after).
-inline float* fp32_in_place(const MomentView& mv, int64_t base) {
-  return mv.format == LOWBIT_STATE_FP32 ? static_cast<float*>(mv.data) + base : nullptr;
+// Moment k's data if it is stored as fp32 (updated where it lies), else null.
+float* fp32_moment(const ParamView& pv, int k) {
+  const bool fp32 = k < pv.num_moments && pv.moment[k].format == LOWBIT_STATE_FP32;
+  return fp32 ? static_cast<float*>(pv.moment[k].data) : nullptr;
 }
 
+// fp32 tensors are updated where they lie; the others go through the tile's
+// fp32 arrays (decoded or loaded before the update, encoded or stored after).
 void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
                 const Chunk& c) {
   Tile t;
-  const bool param_fp32 = pv.param_dtype == LOWBIT_DTYPE_FLOAT32;
-  // A grad that shares memory with its param is copied first (update_tile's
-  // arrays are __restrict, and the param is written in place).
+  // A grad that shares memory with its param goes through the tile
+  // (update_tile's arrays are __restrict, and the param is written in place).
   const char* gp = static_cast<const char*>(grad.data);
   const char* pp = static_cast<const char*>(pv.param);
-  const bool grad_apart = gp + 4 * pv.numel <= pp || pp + dtype_bytes(pv.param_dtype) * pv.numel <= gp;
-  const bool grad_fp32 = grad.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart;
+  const bool grad_apart =
+      gp + dtype_bytes(grad.dtype) * pv.numel <= pp || pp + dtype_bytes(pv.param_dtype) * pv.numel <= gp;
+  float* const p_fp32 = pv.param_dtype == LOWBIT_DTYPE_FLOAT32 ? static_cast<float*>(pv.param) : nullptr;
+  const float* const g_fp32 =
+      grad.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart ? static_cast<const float*>(grad.data) : nullptr;
+  float* const m_fp32 = fp32_moment(pv, 0);
+  float* const v_fp32 = fp32_moment(pv, 1);
+  const bool code_m = pv.num_moments > 0 && !m_fp32, code_v = pv.num_moments > 1 && !v_fp32;
   for (int64_t base = c.begin; base < c.end; base += kTile) {
     int n = int(c.end - base < kTile ? c.end - base : kTile);
-    const float* g = grad_fp32 ? static_cast<const float*>(grad.data) + base : t.g;
-    float* p = param_fp32 ? static_cast<float*>(pv.param) + base : t.p;
-    float* m = pv.num_moments > 0 ? fp32_in_place(pv.moment[0], base) : nullptr;
-    float* v = pv.num_moments > 1 ? fp32_in_place(pv.moment[1], base) : nullptr;
-    const bool decode_m = pv.num_moments > 0 && !m, decode_v = pv.num_moments > 1 && !v;
-    if (!m) m = t.m;
-    if (!v) v = t.v;
-    if (!grad_fp32) load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
-    if (!param_fp32) load_param_tile(pv, base, n, t.p);
-    if (decode_m) decode_moment_tile(pv.moment[0], base, n, t.m);
-    if (decode_v) decode_moment_tile(pv.moment[1], base, n, t.v);
+    float* p = p_fp32 ? p_fp32 + base : t.p;
+    const float* g = g_fp32 ? g_fp32 + base : t.g;
+    float* m = m_fp32 ? m_fp32 + base : t.m;
+    float* v = v_fp32 ? v_fp32 + base : t.v;
+    if (!g_fp32) load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
+    if (!p_fp32) load_param_tile(pv, base, n, t.p);
+    if (code_m) decode_moment_tile(pv.moment[0], base, n, t.m);
+    if (code_v) decode_moment_tile(pv.moment[1], base, n, t.v);
     switch (algo) {
       case Algo::AdamW: update_tile<Algo::AdamW>(s, n, p, g, m, v); break;
       case Algo::Adam: update_tile<Algo::Adam>(s, n, p, g, m, v); break;
       case Algo::Lion: update_tile<Algo::Lion>(s, n, p, g, m, v); break;
       case Algo::Sgd: update_tile<Algo::Sgd>(s, n, p, g, m, v); break;
     }
-    if (decode_m) encode_moment_tile(pv.moment[0], base, n, t.m);
-    if (decode_v) encode_moment_tile(pv.moment[1], base, n, t.v);
-    if (!param_fp32) store_param_tile(pv, key, base, n, t.p);
+    if (code_m) encode_moment_tile(pv.moment[0], base, n, t.m);
+    if (code_v) encode_moment_tile(pv.moment[1], base, n, t.v);
+    if (!p_fp32) store_param_tile(pv, key, base, n, t.p);
   }
 }
 
