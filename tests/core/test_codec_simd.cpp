@@ -95,6 +95,16 @@ bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a
 // NaN code times a NaN scale) follows the compiler's operand order, not IEEE.
 bool same_decoded(float a, float b) { return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b)); }
 
+// The same moment decoded by the portable codec (into a) and the AVX-512 one (b).
+void decode_both(const MomentView& mv, std::vector<float>& a, std::vector<float>& b) {
+  a.assign(size_t(kNumel), 0.f);
+  b.assign(size_t(kNumel), 0.f);
+  use_portable_codec(true);
+  decode_moment(mv, kNumel, a.data());
+  use_portable_codec(false);
+  decode_moment(mv, kNumel, b.data());
+}
+
 void check_format(lowbit_state_format_t format, int moment) {
   Moment portable(format, moment), simd(format, moment);
   std::vector<float> x(static_cast<size_t>(kNumel));
@@ -113,11 +123,8 @@ void check_format(lowbit_state_format_t format, int moment) {
       }
     assert_true(same_bits(portable.scales.data(), simd.scales.data(), int64_t(portable.scales.size())));
 
-    std::vector<float> a(static_cast<size_t>(kNumel)), b(static_cast<size_t>(kNumel));
-    use_portable_codec(true);
-    decode_moment(portable.view, kNumel, a.data());
-    use_portable_codec(false);
-    decode_moment(portable.view, kNumel, b.data());
+    std::vector<float> a, b;
+    decode_both(portable.view, a, b);
     for (int64_t i = 0; i < kNumel; ++i)
       if (!same_decoded(a[size_t(i)], b[size_t(i)]))
         fail_msg("%s moment %d: decoded element %lld differs (portable %a, AVX-512 %a)", format_name(format), moment,
@@ -131,11 +138,8 @@ void check_every_code(lowbit_state_format_t format, int moment) {
   for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = uint8_t(i * 37 + i / 256);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   for (size_t k = 0; k < m.scales.size(); ++k) m.scales[k] = k == 3 ? NAN : (k == 5 ? 0.f : std::pow(10.f, u(rng) * 20 - 10));
-  std::vector<float> a(static_cast<size_t>(kNumel)), b(static_cast<size_t>(kNumel));
-  use_portable_codec(true);
-  decode_moment(m.view, kNumel, a.data());
-  use_portable_codec(false);
-  decode_moment(m.view, kNumel, b.data());
+  std::vector<float> a, b;
+  decode_both(m.view, a, b);
   for (int64_t i = 0; i < kNumel; ++i)
     if (!same_decoded(a[size_t(i)], b[size_t(i)]))
       fail_msg("%s moment %d: code 0x%02x, scale %a decodes to %08x (portable) and %08x (AVX-512)", format_name(format),
