@@ -27,6 +27,7 @@
 #include "comm/host_kernels.hpp"
 #include "comm/layout.hpp"
 #include "comm/sumsq.hpp"
+#include "tests/comm/kernel_checks.hpp"
 #include "tests/common/test_seed.h"
 
 namespace ob = lowbit::onebit;
@@ -34,32 +35,7 @@ namespace sq = lowbit::onebit::sumsq;
 
 namespace {
 
-int g_failures = 0;
-char g_case[512] = "";
-
-#define CHECK(cond, ...)                                                         \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::fprintf(stderr, "FAILED %s:%d [%s]: ", __FILE__, __LINE__, g_case); \
-      std::fprintf(stderr, __VA_ARGS__);                                         \
-      std::fprintf(stderr, "\n");                                                \
-      if (++g_failures > 20) std::exit(1);                                       \
-    }                                                                            \
-  } while (0)
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 bool same_double(double a, double b) { return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, 8) == 0; }
-
-int64_t first_diff(const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (bits(a[i]) != bits(b[i])) return i;
-  return -1;
-}
 
 // ---- the reference
 
@@ -217,8 +193,8 @@ void run_case(const Case& k, Rng& rng) {
 #endif
       // Plain stores with 1 and 3 threads, streaming stores with 2.
       ob::host_set_streaming(threads == 2 ? ob::HostStreaming::Always : ob::HostStreaming::Never);
-      std::snprintf(g_case, sizeof g_case, "%s, %s, %d thread(s)%s", name.c_str(), ob::host_isa_name(ob::HostIsa(isa)),
-                    threads, threads == 2 ? ", streaming stores" : "");
+      set_case("%s, %s, %d thread(s)%s", name.c_str(), ob::host_isa_name(ob::HostIsa(isa)),
+               threads, threads == 2 ? ", streaming stores" : "");
       // Worker, two passes.
       Floats xs(n, k.unaligned);
       std::vector<uint8_t> send(size_t(all), 0xAB);
@@ -303,7 +279,7 @@ void run_case(const Case& k, Rng& rng) {
         }
     }
   }
-  std::snprintf(g_case, sizeof g_case, "%s", name.c_str());
+  set_case("%s", name.c_str());
 }
 
 }  // namespace
@@ -326,8 +302,8 @@ int main() {
         if (n > 4 * seg && W == 3) continue;  // keep the large sizes quick
         for (int variant = 0; variant < 2; ++variant) {
           Case k{n, W, r, variant == 1, variant == 1 || n % 2 == 1, 0};
-          std::snprintf(g_case, sizeof g_case, "n %" PRId64 " world %d rank %d%s%s", n, W, r,
-                        k.unaligned ? " unaligned" : "", k.error ? " error" : "");
+          set_case("n %" PRId64 " world %d rank %d%s%s", n, W, r,
+                   k.unaligned ? " unaligned" : "", k.error ? " error" : "");
           run_case(k, rng);
           ++cases;
         }
@@ -336,16 +312,11 @@ int main() {
     for (int64_t n : {int64_t(1001), 2 * par + 77})
       for (int32_t W : {1, 3}) {
         Case k{n, W, W - 1, special == 2, true, special};
-        std::snprintf(g_case, sizeof g_case, "n %" PRId64 " world %d special %d", n, W, special);
+        set_case("n %" PRId64 " world %d special %d", n, W, special);
         run_case(k, rng);
         ++cases;
       }
   ob::host_set_isa(native);
   ob::host_set_streaming(ob::HostStreaming::Auto);
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("%d cases: the host kernels give the reference's bits (every ISA, 1-3 threads)\n", cases);
-  return 0;
+  return report(cases, "the host kernels give the reference's bits (every ISA, 1-3 threads)");
 }

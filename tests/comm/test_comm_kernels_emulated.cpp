@@ -29,41 +29,16 @@
 #include "comm/layout.hpp"
 #include "comm/sumsq.hpp"
 #include "emu_counters.h"
+#include "tests/comm/kernel_checks.hpp"
 
 namespace ob = lowbit::onebit;
 namespace dev = lowbit::onebit::dev;
 
 namespace {
 
-int g_failures = 0;
-const char* g_case = "";
-
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::fprintf(stderr, "FAILED %s:%d [%s]: ", __FILE__, __LINE__, g_case); \
-      std::fprintf(stderr, __VA_ARGS__);                                  \
-      std::fprintf(stderr, "\n");                                         \
-      if (++g_failures > 20) std::exit(1);                                \
-    }                                                                     \
-  } while (0)
-
 #define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s failed", #call)
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 bool same_scale(float a, float b) { return std::isnan(a) ? std::isnan(b) : bits(a) == bits(b); }
-
-// First index where two float arrays differ in bits, or -1.
-int64_t first_diff(const float* a, const float* b, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (bits(a[i]) != bits(b[i])) return i;
-  return -1;
-}
 
 // Device (emulated) memory with room for `offset` floats in front.
 struct DevBuf {
@@ -119,11 +94,9 @@ struct Case {
 };
 
 void run(const Case& k, Rng& rng) {
-  char name[160];
-  std::snprintf(name, sizeof name, "n %" PRId64 " world %d rank %d%s%s%s%s%s", k.n, k.world, k.rank,
-                k.unaligned ? " unaligned" : "", k.error ? " error" : "", k.nan_input ? " nan-input" : "",
-                k.bad_recv ? " bad-recv" : "", k.bad_gather ? " bad-gather" : "");
-  g_case = name;
+  set_case("n %" PRId64 " world %d rank %d%s%s%s%s%s", k.n, k.world, k.rank,
+           k.unaligned ? " unaligned" : "", k.error ? " error" : "", k.nan_input ? " nan-input" : "",
+           k.bad_recv ? " bad-recv" : "", k.bad_gather ? " bad-gather" : "");
   const ob::Layout L = ob::Layout::make(k.n, k.world, k.rank);
   const int64_t n = L.n, c = L.server_numel(), W = L.world, all = W * L.msg;
   const size_t off = k.unaligned ? 4 : 0;
@@ -287,10 +260,5 @@ int main() {
     run(Case{4099, W, 0, true, true, false, false, true}, rng);
     cases += 3;
   }
-  if (g_failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
-  std::printf("%d cases: the emulated kernels give the host code's bits\n", cases);
-  return 0;
+  return report(cases, "the emulated kernels give the host code's bits");
 }
