@@ -673,8 +673,11 @@ void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
 }
 
 // The server's source over this rank's chunk, with the W scales and their
-// negations in `sc` (2W floats); finite is false if a scale is not.
-SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, std::vector<float>& sc, bool* finite) {
+// negations (2W floats) in a per-thread buffer that keeps its capacity, so a
+// call allocates nothing after the first (lowbit_comm.h); valid until the
+// calling thread's next server_source. finite is false if a scale is not.
+SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, bool* finite) {
+  static thread_local std::vector<float> sc;
   const int32_t W = l.world;
   sc.resize(size_t(2 * W));
   *finite = true;
@@ -741,22 +744,27 @@ void host_worker_pack_from(const float* t, const float* e, float scale, const La
   });
 }
 
-double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const Layout& l) {
-  std::vector<float> sc;
+namespace {
+
+// The server's sum of squares, storing y to y_out if Store; NaN if a received
+// scale is not finite.
+template <bool Store>
+double server_sumsq(const uint8_t* recv, const float* z, const Layout& l, float* y_out) {
   bool finite = true;
-  const SrcServer src = server_source(recv, z, l, sc, &finite);
+  const SrcServer src = server_source(recv, z, l, &finite);
   const double sum =
-      with_isa([&](auto isa) { return sumsq_pass<decltype(isa), true>(src, l.server_numel(), y_out); });
+      with_isa([&](auto isa) { return sumsq_pass<decltype(isa), Store>(src, l.server_numel(), y_out); });
   return finite ? sum : NAN;
 }
 
+}  // namespace
+
+double host_server_sum(const uint8_t* recv, const float* z, float* y_out, const Layout& l) {
+  return server_sumsq<true>(recv, z, l, y_out);
+}
+
 double host_server_sumsq(const uint8_t* recv, const float* z, const Layout& l) {
-  std::vector<float> sc;
-  bool finite = true;
-  const SrcServer src = server_source(recv, z, l, sc, &finite);
-  const double sum =
-      with_isa([&](auto isa) { return sumsq_pass<decltype(isa), false>(src, l.server_numel(), nullptr); });
-  return finite ? sum : NAN;
+  return server_sumsq<false>(recv, z, l, nullptr);
 }
 
 void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {
@@ -768,9 +776,8 @@ void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {
 
 void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
                            uint8_t* gsend) {
-  std::vector<float> sc;
   bool finite = true;
-  const SrcServer src = server_source(recv, z, l, sc, &finite);
+  const SrcServer src = server_source(recv, z, l, &finite);
   put_scale(gsend, scale);
   with_isa([&](auto isa) {
     pack_pass<decltype(isa)>(src, err_out, scale, l.chunk, 1, l.server_numel(), gsend, l.msg);
