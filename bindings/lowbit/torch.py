@@ -72,6 +72,9 @@ def _tensor_record_dtype():
 
 _TENSOR_RECORD = _tensor_record_dtype()
 _STATE_DICT_VERSION = 1
+# Per-group options that say how this optimizer keeps its state: load_state_dict
+# keeps the optimizer's own and converts the saved moments to them.
+_OWN_GROUP_OPTIONS = ("state", "stochastic_rounding", "error_correction")
 
 
 def _device_key(device: torch.device) -> str:
@@ -417,7 +420,10 @@ class LowbitOptimizer(torch.optim.Optimizer):
         new_groups = []
         for g, sg in zip(self.param_groups, saved_groups):
             ng = dict(g)
-            ng.update({k: v for k, v in sg.items() if k != "params"})
+            # Hyper-parameters come from the state dict, as with torch's
+            # optimizers; how the state is kept stays this optimizer's own
+            # (the library converts the saved moments into these formats).
+            ng.update({k: v for k, v in sg.items() if k != "params" and k not in _OWN_GROUP_OPTIONS})
             ng["params"] = g["params"]
             self._check_group(ng)
             self._hparams(ng)  # validates
