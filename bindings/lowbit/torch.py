@@ -32,6 +32,19 @@ and round-trips through ``torch.save``; ``load_state_dict()`` also imports a
 plain ``torch.optim.AdamW`` / ``Adam`` / ``SGD`` state dict (its fp32 moments
 are converted to this optimizer's formats).
 
+DTensor params (FSDP2's ``fully_shard``, tensor parallelism): each rank's
+lowbit state is that of its local shards (``param.to_local()``, the grads'
+likewise), quantized per block of the flattened local shard; a rank whose
+shard of a param is empty keeps no state for it. With ``skip_nonfinite`` the
+NaN/Inf check is agreed over the params' device meshes (one all_reduce per
+mesh dimension and step), so every rank skips the same steps. ``state_dict()``
+then holds materialised fp32 moments as DTensors with the param's mesh and
+placements (torch's layout: ``step``, ``exp_avg``, ...), which
+``torch.distributed.checkpoint`` saves and loads on another number of ranks;
+``load_state_dict()`` re-quantizes each rank's shard into this optimizer's
+formats. ``optimizer.state[p]`` reads a param's step and moments (dequantized,
+on demand) in the same layout.
+
 Params may live on the CPU and on CUDA devices (one lowbit handle per
 device); each step runs on the current CUDA stream of its device. Params and
 grads are used in place, never copied: params must be contiguous float32,
@@ -42,6 +55,10 @@ dtypes, e.g. bf16 grads for fp32 params).
 from __future__ import annotations
 
 import ctypes
+import sys
+import weakref
+from collections import defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -75,6 +92,23 @@ _STATE_DICT_VERSION = 1
 # Per-group options that say how this optimizer keeps its state: load_state_dict
 # keeps the optimizer's own and converts the saved moments to them.
 _OWN_GROUP_OPTIONS = ("state", "stochastic_rounding", "error_correction")
+
+
+def _dtensor_type():
+    """torch's DTensor class, or None while torch.distributed.tensor is not
+    imported (then no tensor can be a DTensor, and nothing is imported here)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None)
+
+
+def _is_dtensor(t) -> bool:
+    cls = _dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
+def _local(t):
+    """The local shard of a DTensor (the tensor itself, not a copy), else t."""
+    return t.to_local() if _is_dtensor(t) else t
 
 
 def _device_key(device: torch.device) -> str:
@@ -116,6 +150,15 @@ class _DeviceState:
         self.numels: list = []  # per param
         self.grad_dtypes = None  # torch dtypes of the grads in `grads` (None: unknown)
         self.cuda_index = device.index if device.type == "cuda" else None
+        self.dtensor = False  # some params are DTensors: the library steps their local shards
+
+    def local_params(self) -> list:
+        return [_local(p) for p in self.params] if self.dtensor else self.params
+
+    def local_grads(self) -> list:
+        if self.dtensor:
+            return [None if p.grad is None else _local(p.grad) for p in self.params]
+        return [p.grad for p in self.params]
 
     def resize(self, n: int) -> None:
         """(Re)allocate the grad descriptors for n params; the numel and
@@ -150,7 +193,7 @@ class _DeviceState:
             dtypes = [g.dtype for g in grads]
         except (AttributeError, RuntimeError, TypeError):  # a None grad, a sparse or opaque tensor
             return False
-        if [p.data_ptr() for p in self.params] != self.ptrs:
+        if [p.data_ptr() for p in self.local_params()] != self.ptrs:
             return False
         if dtypes != self.grad_dtypes:
             codes = [_DTYPE_CODES.get(dt) for dt in dtypes]
@@ -195,6 +238,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
         self._devices: dict = {}
         self._where: dict = {}  # param -> (device key, param id)
         self._registered_ids = None  # ids of the groups' params when all were registered
+        self._empty_shards: dict = {}  # DTensor param with an empty shard here -> its step count
+        self._meshes: list = []  # device meshes of the DTensor params
+        self._skipped = False  # the last step was skipped by agreement over the meshes
         defaults = dict(defaults)
         defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
                         error_correction=bool(error_correction))
@@ -215,6 +261,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._devices, self._where, self._registered_ids = {}, {}, None
+        self._empty_shards, self._meshes, self._skipped = {}, [], False
 
     def __getstate__(self):
         raise TypeError("lowbit.torch optimizers cannot be pickled; use state_dict() / load_state_dict()")
@@ -225,6 +272,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._skipped = False
         # Register params at their first step with a grad. Once every param
         # of the groups is registered, a list of ids (registered params are
         # kept alive by self._where, so their ids stay theirs) says whether the
@@ -234,32 +282,47 @@ class LowbitOptimizer(torch.optim.Optimizer):
             complete = True
             for gi, group in enumerate(self.param_groups):
                 for p in group["params"]:
-                    if p in self._where or p.numel() == 0:  # empty params are never registered
+                    if p in self._where or p in self._empty_shards or p.numel() == 0:  # empty params: no state
                         continue
                     if p.grad is None:
                         complete = False
                         continue
+                    if _local(p).numel() == 0:
+                        # A DTensor whose shard on this rank is empty: no lowbit
+                        # state here, but its step count is kept so that every
+                        # rank's state dict has the same entries.
+                        self._empty_shards[p] = 0
+                        self.state[p] = _StateView(self, p)
+                        continue
                     self._register(p, gi, group)
+            self._meshes = self._device_meshes()
             self._registered_ids = ids if complete else None
+        work = []
         for dev in self._devices.values():
             self._push_hparams(dev)
             n = len(dev.params)
             if dev.grads is None or len(dev.grads) != n:
                 dev.resize(n)
-            grads = [p.grad for p in dev.params]
+            work.append((dev, dev.local_grads(), dev.local_params()))
+        if self._meshes and self._config["skip_nonfinite"] and self._nonfinite_on_any_rank(work):
+            # Sharded params: a rank sees only its shards of the grads, so the
+            # skip is agreed over the device meshes; the step is skipped on all.
+            self._skipped = True
+            return loss
+        for dev, grads, params in work:
+            n = len(dev.params)
             if n and dev.fill_grads_fast(grads):
                 self._step_device(dev, n)
                 continue
             dev.grad_dtypes = None  # the per-param path below writes the dtypes itself
             any_grad = False
             keep = []
-            for i, p in enumerate(dev.params):
+            for i, (p, g) in enumerate(zip(params, grads)):
                 if p.data_ptr() != dev.ptrs[i]:
                     raise RuntimeError(
                         f"param {tuple(p.shape)} of this optimizer moved in memory (was its .data replaced, or the "
                         "model moved to another device after the optimizer was built?); build the optimizer after "
                         "moving the model")
-                g = p.grad
                 if g is None:
                     dev.grads[i].data = None
                     continue
@@ -276,7 +339,39 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 continue
             self._step_device(dev, n)
             del keep
+        for p in self._empty_shards:
+            if p.grad is not None:
+                self._empty_shards[p] += 1
         return loss
+
+    def _device_meshes(self) -> list:
+        """The device meshes of the DTensor params, in the groups' order (the
+        same on every rank)."""
+        meshes = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if _is_dtensor(p) and not any(p.device_mesh is m for m in meshes):
+                    meshes.append(p.device_mesh)
+        return meshes
+
+    def _nonfinite_on_any_rank(self, work) -> bool:
+        """Whether a grad holds NaN/Inf on this rank or on any rank of the
+        params' device meshes (one max-norm pass over the local grads and one
+        all_reduce per mesh dimension)."""
+        import torch.distributed as dist
+
+        bad = False
+        for _, grads, params in work:
+            gs = [g for g in grads if g is not None]
+            if gs:
+                top = torch.stack([torch.linalg.vector_norm(g, float("inf")).float() for g in gs]).sum()
+                bad = bad or not bool(torch.isfinite(top))
+        for mesh in self._meshes:
+            flag = torch.tensor([1.0 if bad else 0.0], device=mesh.device_type)
+            for dim in range(mesh.ndim):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+            bad = bool(flag.item() > 0)
+        return bad
 
     @staticmethod
     def _step_device(dev, n: int) -> None:
@@ -289,21 +384,24 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     @property
     def last_step_skipped(self) -> bool:
-        """True if the last step found a NaN/Inf gradient and changed nothing.
-        On CUDA the flag is written by the device: synchronise the stream
-        before reading it."""
-        return any(dev.handle.last_step_skipped for dev in self._devices.values())
+        """True if the last step found a NaN/Inf gradient and changed nothing
+        (with DTensor params: in the grads of any rank of their meshes). On
+        CUDA the flag is written by the device: synchronise the stream before
+        reading it."""
+        return self._skipped or any(dev.handle.last_step_skipped for dev in self._devices.values())
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state held by lowbit, over all devices."""
         return sum(dev.handle.state_bytes() for dev in self._devices.values())
 
     def param_info(self, p: torch.Tensor):
+        """What the library keeps for a param (for a DTensor: its local shard)."""
         key, pid = self._lookup(p)
         return self._devices[key].handle.param_info(pid)
 
     def read_moment(self, p: torch.Tensor, moment: int = 0) -> torch.Tensor:
-        """A dequantized float32 CPU copy of a param's moment (0 first, 1 second)."""
+        """A dequantized float32 CPU copy of a param's moment (0 first, 1
+        second), shaped like the param (for a DTensor: like its local shard)."""
         key, pid = self._lookup(p)
         return torch.from_numpy(self._devices[key].handle.read_moment(pid, moment))
 
@@ -313,6 +411,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def _lookup(self, p):
         if p not in self._where:
+            if p in self._empty_shards:
+                raise KeyError("this DTensor param's shard on this rank is empty: it has no lowbit state here")
             raise KeyError("this param has no lowbit state yet (it gets one at its first step with a grad)")
         return self._where[p]
 
@@ -343,9 +443,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
             self._devices[key] = dev
         return dev
 
+    def _num_moments(self, group) -> int:
+        """How many moments a param of this group keeps."""
+        return len(self._moment_names)
+
     def _register(self, p: torch.Tensor, gi: int, group: dict) -> None:
-        dev = self._device_state(p.device)
-        ref = _tensor_ref(p, "param")
+        local = _local(p)  # a DTensor: the library keeps the state of this rank's shard
+        dev = self._device_state(local.device)
+        ref = _tensor_ref(local, "param")
         fmt = parse_state_format(group.get("state"), "state")
         pid = dev.handle._add_param_ref(
             ref, None, group=gi,
@@ -353,9 +458,11 @@ class LowbitOptimizer(torch.optim.Optimizer):
             stochastic_rounding=group.get("stochastic_rounding"),
             error_correction=group.get("error_correction"))
         dev.params.append(p)
-        dev.ptrs.append(p.data_ptr())
-        dev.numels.append(p.numel())
-        self._where[p] = (_device_key(p.device), pid)
+        dev.ptrs.append(local.data_ptr())
+        dev.numels.append(local.numel())
+        dev.dtensor = dev.dtensor or local is not p
+        self._where[p] = (_device_key(local.device), pid)
+        self.state[p] = _StateView(self, p)
 
     def _push_hparams(self, dev: _DeviceState) -> None:
         for gi, group in enumerate(self.param_groups):
@@ -376,15 +483,42 @@ class LowbitOptimizer(torch.optim.Optimizer):
         return index
 
     def state_dict(self) -> dict:
-        """Param groups as torch writes them, plus the lowbit state: one
-        compressed checkpoint per device (a uint8 tensor) with the indices
-        of its params. ``state`` holds each registered param's step count."""
+        """Param groups as torch writes them, plus the lowbit state.
+
+        Without DTensor params: one compressed checkpoint per device (a uint8
+        tensor) with the indices of its params, under ``"lowbit"``; ``state``
+        holds each registered param's step count.
+
+        With DTensor params (FSDP2's ``fully_shard``, tensor parallelism) the
+        state is materialised in torch's layout, so that
+        ``torch.distributed.checkpoint`` can save it and load it on another
+        number of ranks: ``state[i]`` holds ``"step"`` (a float32 scalar
+        tensor, as torch's optimizers keep it) and the moments under torch's
+        names (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) as float32
+        tensors shaped like the param; for a DTensor param, a DTensor with
+        the param's device mesh and placements whose local shard is this
+        rank's dequantized moment. Every rank has the same entries (a rank
+        whose shard of a param is empty has an empty local shard).
+        :meth:`load_state_dict` re-quantizes each rank's shard into this
+        optimizer's formats, whatever the sharding it was saved with."""
         index = self._param_index()
         groups = []
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
             packed["params"] = [index[p] for p in group["params"]]
             groups.append(packed)
+        if self._meshes or any(_is_dtensor(p) for g in self.param_groups for p in g["params"]):
+            state = {}
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if (p in self._where or p in self._empty_shards) and index[p] not in state:
+                        state[index[p]] = self._materialized_state(p, group)
+            return {
+                "state": state,
+                "param_groups": groups,
+                "lowbit": {"version": _STATE_DICT_VERSION, "algorithm": self._algorithm.name.lower(),
+                           "materialized": True},
+            }
         state, handles = {}, []
         for key, dev in self._devices.items():
             blob = dev.handle.save("compressed")
@@ -401,10 +535,37 @@ class LowbitOptimizer(torch.optim.Optimizer):
             "lowbit": {"version": _STATE_DICT_VERSION, "algorithm": self._algorithm.name.lower(), "handles": handles},
         }
 
+    def _step_count(self, p) -> int:
+        if p in self._empty_shards:
+            return self._empty_shards[p]
+        key, pid = self._lookup(p)
+        return self._devices[key].handle.param_info(pid).step
+
+    def _moment(self, p, k: int) -> torch.Tensor:
+        """Moment k of a param, dequantized to float32, shaped like the param,
+        on its device; a DTensor like the param for a DTensor param."""
+        local = _local(p)
+        if p in self._empty_shards:
+            m = torch.zeros(local.shape, dtype=torch.float32, device=local.device)
+        else:
+            m = self.read_moment(p, k).reshape(local.shape).to(local.device)
+        if local is p:
+            return m
+        return type(p).from_local(m, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride())
+
+    def _materialized_state(self, p, group) -> dict:
+        out = {"step": torch.tensor(float(self._step_count(p)), dtype=torch.float32)}
+        for k in range(self._num_moments(group)):
+            out[self._moment_names[k]] = self._moment(p, k)
+        return out
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a state dict from :meth:`state_dict` (any device, any state
-        format: moments are converted to this optimizer's formats), or a plain
-        ``torch.optim`` state dict of the same algorithm (fp32 moments)."""
+        format, any sharding of DTensor params: moments are converted to this
+        optimizer's formats, which stay its own), or a plain ``torch.optim``
+        state dict of the same algorithm (fp32 moments; plain tensors or
+        DTensors)."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this optimizer "
@@ -430,51 +591,70 @@ class LowbitOptimizer(torch.optim.Optimizer):
             new_groups.append(ng)
 
         lowbit = state_dict.get("lowbit")
+        empty = {}
         if lowbit is not None:
             if lowbit.get("version") != _STATE_DICT_VERSION:
                 raise ValueError(f"lowbit state dict version {lowbit.get('version')} is not supported")
             if lowbit.get("algorithm") != self._algorithm.name.lower():
                 raise StateMismatchError(f"the state dict is for {lowbit.get('algorithm')}, this optimizer is "
                                          f"{self._algorithm.name.lower()}")
+        if lowbit is not None and not lowbit.get("materialized"):
+            if any(_is_dtensor(p) for p in by_index.values()):
+                raise ValueError("this state dict holds compressed per-device lowbit checkpoints, saved without "
+                                 "DTensor params; it cannot be loaded into DTensor (sharded) params")
             plan = [([by_index[i] for i in h["params"]], _loader(bytes(h["checkpoint"].cpu().numpy().tobytes())))
                     for h in lowbit["handles"]]
         else:
-            plan = self._plan_torch_import(state_dict.get("state", {}), by_index, saved_groups)
+            plan, empty = self._plan_torch_import(state_dict.get("state", {}), by_index, saved_groups)
 
         # Build the new handles aside; swap them in only when all loaded.
-        old = (self._devices, self._where, self.param_groups)
+        old = (self._devices, self._where, self.param_groups, self.state, self._empty_shards)
         self._devices, self._where, self._registered_ids = {}, {}, None
         self.param_groups = new_groups
+        self.state = defaultdict(dict)
+        self._empty_shards = {}
         try:
             for params, blob in plan:
-                devices = {_device_key(p.device) for p in params}
+                devices = {_device_key(_local(p).device) for p in params}
                 if len(devices) > 1:
                     raise ValueError(f"params saved together on one device are now on {sorted(devices)}")
-                if params and _device_key(params[0].device) in self._devices:
-                    raise ValueError(f"two saved devices map onto {_device_key(params[0].device)}")
+                if params and _device_key(_local(params[0]).device) in self._devices:
+                    raise ValueError(f"two saved devices map onto {_device_key(_local(params[0]).device)}")
                 group_of = {p: gi for gi, g in enumerate(new_groups) for p in g["params"]}
                 for p in params:
                     self._register(p, group_of[p], new_groups[group_of[p]])
                 if params:
-                    blob(self._devices[_device_key(params[0].device)])
+                    blob(self._devices[_device_key(_local(params[0]).device)])
+            for p, step in empty.items():
+                self._empty_shards[p] = step
+                self.state[p] = _StateView(self, p)
         except BaseException:
             for dev in self._devices.values():
                 dev.handle.close()
-            self._devices, self._where, self.param_groups = old
+            self._devices, self._where, self.param_groups, self.state, self._empty_shards = old
             self._registered_ids = None
             raise
         for dev in old[0].values():
             dev.handle.close()
+        self._meshes = self._device_meshes()
         # a loaded checkpoint replaced the handles' hyper-parameters: push ours at the next step
         for dev in self._devices.values():
             dev.pushed = [None] * len(self.param_groups)
 
-    def _plan_torch_import(self, state: dict, by_index: dict, saved_groups) -> list:
-        """Plan for a plain torch.optim state dict: register the params that
-        have state, then hand each moment (fp32) and step count to the library,
-        which encodes them into this optimizer's formats and checks them."""
+    def _plan_torch_import(self, state: dict, by_index: dict, saved_groups) -> tuple:
+        """Plan for a torch-layout state dict (a plain torch.optim one, or
+        lowbit's materialised one): register the params that have state, then
+        hand each moment (fp32; for a DTensor param, this rank's shard) and
+        step count to the library, which encodes them into this optimizer's
+        formats and checks them. Returns the plan and the step counts of the
+        DTensor params whose shard on this rank is empty."""
         names = self._moment_names
         per_device: dict = {}
+        empty: dict = {}
+        group_of = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                group_of.setdefault(p, g)
         for idx, s in sorted(state.items(), key=lambda kv: kv[0]):
             if idx not in by_index:
                 raise ValueError(f"the state dict has state for param index {idx}, which no group holds")
@@ -492,9 +672,14 @@ class LowbitOptimizer(torch.optim.Optimizer):
             for n, m in zip(names, moments):
                 if m.numel() != p.numel():
                     raise ValueError(f"state {n} of param {idx} has {m.numel()} elements, the param {p.numel()}")
+            local = _local(p)
+            moments = [_local_moment(m, p, local) for m in moments]
             step = s.get("step", 1)
             step = int(step.item()) if isinstance(step, torch.Tensor) else int(step)
-            per_device.setdefault(_device_key(p.device), []).append((p, step, moments))
+            if local is not p and local.numel() == 0:
+                empty[p] = step
+                continue
+            per_device.setdefault(_device_key(local.device), []).append((p, step, moments))
 
         plan = []
         for entries in per_device.values():
@@ -509,7 +694,67 @@ class LowbitOptimizer(torch.optim.Optimizer):
                     dev.handle.set_step(step, pid)
 
             plan.append((params, import_moments))
-        return plan
+        return plan, empty
+
+
+def _local_moment(m: torch.Tensor, p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """The part of a saved moment that this rank keeps for param p: for a
+    DTensor param, the moment laid out like the param (a DTensor with other
+    placements or mesh is redistributed; a plain tensor is the full moment),
+    then its local shard; for a plain param, the full moment."""
+    if _is_dtensor(m):
+        if local is p:
+            return m.full_tensor()
+        if m.device_mesh != p.device_mesh or tuple(m.placements) != tuple(p.placements):
+            m = m.redistribute(p.device_mesh, p.placements)
+        m = m.to_local()
+    elif local is not p:
+        from torch.distributed.tensor import Replicate
+
+        full = m.detach().reshape(p.shape).to(device=local.device, dtype=torch.float32)
+        m = type(p).from_local(full, p.device_mesh, [Replicate()] * p.device_mesh.ndim, run_check=False)
+        m = m.redistribute(p.device_mesh, p.placements).to_local()
+    if m.numel() != local.numel():
+        raise ValueError(f"a saved moment's shard has {m.numel()} elements, this rank's shard of the param "
+                         f"{local.numel()}")
+    return m
+
+
+class _StateView(Mapping):
+    """``optimizer.state[p]``: the param's step count and dequantized
+    moments under torch's names, read from the library when asked (nothing
+    is cached). Present for every param with lowbit state, so that code that
+    tests ``optimizer.state`` (torch.distributed.checkpoint) sees it."""
+
+    def __init__(self, opt, p):
+        self._opt = weakref.ref(opt)
+        self._p = p
+
+    def _keys(self):
+        opt = self._opt()
+        if opt is None:
+            return ()
+        group = next((g for g in opt.param_groups if any(q is self._p for q in g["params"])), None)
+        n = opt._num_moments(group) if group is not None else 0
+        return ("step",) + tuple(opt._moment_names[:n])
+
+    def __getitem__(self, key):
+        keys = self._keys()
+        if key not in keys:
+            raise KeyError(key)
+        opt = self._opt()
+        if key == "step":
+            return torch.tensor(float(opt._step_count(self._p)), dtype=torch.float32)
+        return opt._moment(self._p, keys.index(key) - 1)
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self):
+        return len(self._keys())
+
+    def __repr__(self):
+        return f"<lowbit state of a param: {', '.join(self._keys())}>"
 
 
 def _loader(blob: bytes):
@@ -597,6 +842,9 @@ class SGD(LowbitOptimizer):
     def _check_group(self, group):
         if group.get("maximize"):
             raise ValueError("maximize=True is not supported by lowbit")
+
+    def _num_moments(self, group) -> int:
+        return 1 if self._f(group["momentum"]) != 0 else 0
 
     def _hparams(self, group):
         return dict(lr=self._f(group["lr"]), momentum=self._f(group["momentum"]),
