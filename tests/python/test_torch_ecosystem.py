@@ -82,10 +82,11 @@ def _source(kind):
     return model, opt.state_dict(), saved
 
 
-# The largest distance from a value in [0, 1] (or [-1, 1]) to the nearest code
-# of each map (first moment, second moment): half the largest gap between
-# codes; for the 4-bit second moment's linear map without zero, 1/16 (values
-# under 1/16 round up to it).
+# The largest distance from a value in [-1, 1] (first moment) or [0, 1]
+# (second moment) to the nearest code of each map (shared/golden/qmaps.json):
+# half the largest gap between codes, which is also the distance from -1 to
+# the signed maps' lowest code (they hold +1 but not -1); for the 4-bit second
+# moment's linear map without zero, 1/16 (values under 1/16 round up to it).
 HALF_GAP = {"8bit": (0.0070313, 0.0035157), "4bit": (0.1125001, 0.0625)}
 
 
