@@ -124,6 +124,7 @@ def test_fsdp2_trains_like_the_unsharded_model(runs):
     # the local shards of the weights are 8-bit (>= 256 elements), the biases fp32
     assert got["formats"]["fc1.weight"] == "8bit" and got["formats"]["fc3.weight"] == "8bit"
     assert got["formats"]["fc1.bias"] == "fp32"
+    assert (got["params"]["shift"] != 0).all()  # the root module's own param trained too
 
 
 def test_nonfinite_grad_on_one_rank_skips_the_step_on_all(runs):
@@ -154,6 +155,7 @@ def test_dcp_save_on_2_ranks_load_on_n(runs, load_world):
         saved = _load(runs / f"save-{state}.pt")
         loaded = _load(runs / f"load{load_world}-{state}.pt")
         assert loaded["lr"] == W.LR
+        assert loaded["empty"] == ([[], [], ["shift"]] if load_world == 3 else [[], []])
         for name, s in saved["moments"].items():
             got = loaded["moments"][name]
             assert got["step"].item() == s["step"].item() == W.STEPS

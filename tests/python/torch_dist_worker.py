@@ -41,7 +41,8 @@ LR = 1e-2
 FORMATS = ("fp32", "8bit")
 BATCH = 12  # divisible by 2 and 3
 # fc1.weight 64x32 and fc2.weight 48x64 shard on whole 256-element blocks over
-# 2 ranks; fc3.weight 20x48 (960 elements) does not; the biases keep fp32 state.
+# 2 ranks; fc3.weight 20x48 (960 elements) does not; the biases keep fp32 state;
+# shift (2 elements) leaves rank 2 of 3 an empty shard.
 MIN_QUANTIZED = 256
 
 
@@ -51,9 +52,11 @@ class MLP(torch.nn.Module):
         self.fc1 = torch.nn.Linear(32, 64)
         self.fc2 = torch.nn.Linear(64, 48)
         self.fc3 = torch.nn.Linear(48, 20)
+        self.shift = torch.nn.Parameter(torch.zeros(2))  # over 3 ranks: shards of 1, 1 and 0 elements
 
     def forward(self, x):
-        return self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+        logits = self.fc3(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+        return logits + torch.nn.functional.pad(self.shift, (0, 18))
 
 
 def make_model(instance=0):
@@ -192,8 +195,10 @@ def scenario_load(rank, world, outdir, ckptdir=None):
         moments = full_moments(opt, model)
         formats = {n: opt.param_info(p).state_format for n, p in model.named_parameters() if p in opt._where}
         lr = opt.param_groups[0]["lr"]
+        empty = [None] * world  # per rank: the params whose shard there is empty
+        dist.all_gather_object(empty, [n for n, p in model.named_parameters() if p in opt._empty_shards])
         train_step(model, opt, STEPS, rank, world)
-        result = {"moments": moments, "params": full_params(model), "formats": formats, "lr": lr}
+        result = {"moments": moments, "params": full_params(model), "formats": formats, "lr": lr, "empty": empty}
         if rank == 0:
             torch.save(result, os.path.join(outdir, f"load{world}-{state}.pt"))
 
