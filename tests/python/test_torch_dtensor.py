@@ -172,3 +172,55 @@ def test_dcp_save_on_2_ranks_load_on_n(runs, load_world):
             tol = (REQUANT if state == "8bit" else SAME_MATH) * W.LR  # one step since the save
             diff = (loaded["params"][name] - p).abs().max().item()
             assert diff <= tol, (state, name, diff)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A 1-rank gloo process group in this process, and its device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_state_dict_layouts_and_bad_input_on_one_rank(one_rank):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    g = torch.Generator().manual_seed(seeding.derive("torch_dtensor.one_rank"))
+    w0, grad = torch.randn(40, 30, generator=g), torch.randn(40, 30, generator=g)
+    w = torch.nn.Parameter(distribute_tensor(w0.clone(), one_rank, [Shard(0)]))
+    opt = lt.AdamW([w], lr=1e-2, state="fp32")  # fp32: moments move between layouts exactly
+    w.grad = distribute_tensor(grad.clone(), one_rank, [Shard(0)])
+    opt.step()
+    sd = opt.state_dict()
+    assert sd["lowbit"]["materialized"] and set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    m = sd["state"][0]["exp_avg"]
+    assert isinstance(m, DTensor) and m.placements == w.placements and m.shape == w.shape
+    assert m.dtype == torch.float32 and sd["state"][0]["step"].item() == 1.0
+
+    # plain params: compressed state; it cannot go into DTensor params
+    p = torch.nn.Parameter(w0.clone())
+    plain = lt.AdamW([p], lr=1e-2, state="fp32")
+    p.grad = grad.clone()
+    plain.step()
+    with pytest.raises(ValueError, match="compressed per-device lowbit checkpoints"):
+        opt.load_state_dict(plain.state_dict())
+    # a torch-layout state dict with full (plain) moments goes into DTensor params...
+    full = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": plain.state[p]["exp_avg"],
+                          "exp_avg_sq": plain.state[p]["exp_avg_sq"]}},
+            "param_groups": sd["param_groups"]}
+    opt.load_state_dict(full)
+    assert torch.equal(opt.state[w]["exp_avg"].full_tensor(), plain.state[p]["exp_avg"])
+    # ...and DTensor moments into plain params
+    plain.load_state_dict(sd)
+    assert torch.equal(plain.state[p]["exp_avg_sq"], sd["state"][0]["exp_avg_sq"].full_tensor())
+    # a moment of the wrong size names what was wrong
+    bad = {"state": {0: {**full["state"][0], "exp_avg": torch.zeros(40, 29)}}, "param_groups": sd["param_groups"]}
+    with pytest.raises(ValueError, match="exp_avg of param 0 has 1160 elements"):
+        opt.load_state_dict(bad)
+    assert torch.equal(opt.state[w]["exp_avg"].full_tensor(), plain.state[p]["exp_avg"])  # unchanged
