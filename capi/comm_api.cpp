@@ -232,4 +232,41 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm) {
   });
 }
 
+LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
+                                                        const lowbit_comm_config_t* config) {
+  return lowbit::create(out, [&] {
+    lowbit::resolve_config(config);
+    return lowbit::make_callback_transport(transport);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_stage_message_bytes(lowbit_comm_t comm, int64_t numel,
+                                                           int64_t* out_message_bytes) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE_PTR(out_message_bytes, "out_message_bytes");
+    *out_message_bytes = c.stage_message_bytes(numel);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_stage_compress(lowbit_comm_t comm, const lowbit_tensor_t* tensor, void* send,
+                                                      int64_t send_bytes, void* stream) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    c.stage_compress(tensor, send, send_bytes, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_stage_reduce(lowbit_comm_t comm, const void* recv, int64_t recv_bytes,
+                                                    void* gsend, int64_t gsend_bytes, void* stream) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    c.stage_reduce(recv, recv_bytes, gsend, gsend_bytes, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_stage_decode(lowbit_comm_t comm, const void* grecv, int64_t grecv_bytes,
+                                                    const lowbit_tensor_t* out, void* stream) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    if (!c.stage_decode(grecv, grecv_bytes, out, stream)) lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
+  });
+}
+
 }  // extern "C"

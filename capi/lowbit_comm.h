@@ -100,6 +100,7 @@ extern "C" {
 typedef enum lowbit_comm_backend {
   LOWBIT_COMM_BACKEND_MPI = 1,
   LOWBIT_COMM_BACKEND_NCCL = 2,
+  LOWBIT_COMM_BACKEND_CALLBACKS = 3, /* a transport of the caller's functions (lowbit_comm_transport_t) */
   LOWBIT_COMM_BACKEND_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_COMM_BACKEND_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_comm_backend_t;
@@ -246,6 +247,111 @@ typedef struct lowbit_comm_stats {
  * of the MPI transport is not counted. */
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out);
 LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
+
+/* ---------------------------------------------------------------- any transport */
+/*
+ * The 1-bit scheme over a transport lowbit does not know (torch.distributed,
+ * a framework's own collectives, a custom network), in either of two ways.
+ *
+ * 1. A transport of callbacks (lowbit_comm_create_transport). The
+ *    communicator runs every call of this header (compressed allreduce, mean,
+ *    the argument agreement, 1-bit Adam through lowbit_optimizer_set_comm)
+ *    through the caller's functions, exactly as over MPI: the same bits, the
+ *    same error feedback, the same checkpoints.
+ * 2. The codec stages (lowbit_comm_stage_*): the caller moves the bytes
+ *    itself between the three stages of one compressed allreduce:
+ *      compress  tensor + worker error -> `send`: W messages, message r for
+ *                rank r (the server of chunk r)
+ *      (caller)  all-to-all: message r of every rank j lands on rank r at
+ *                recv + j * message_bytes
+ *      reduce    `recv` + server error -> `gsend`: one message
+ *      (caller)  all-gather of `gsend`, in rank order, into `grecv`
+ *      decode    `grecv` -> out (the averaged tensor), and the worker and
+ *                server error updates of compress and reduce take effect.
+ *    A message is lowbit_comm_stage_message_bytes() bytes (4 + C/8, see the
+ *    padding above): send, recv and grecv hold W messages, gsend one. The
+ *    bytes are exactly those lowbit_comm_compressed_allreduce exchanges, so a
+ *    transport built from the stages gives its bits.
+ *    Buffers live where the compress tensor lives (host memory for
+ *    LOWBIT_DEVICE_CPU, device memory of the same CUDA device otherwise) and
+ *    are used in `stream` order; no call allocates once the communicator is
+ *    bound (the first compress binds it, as the first compressed allreduce
+ *    does). Until decode succeeds nothing observable changes: the errors
+ *    (read_errors, save_errors) are those of the last completed call, and a
+ *    new compress abandons an unfinished sequence. Reduce needs a compress
+ *    before it and decode a reduce; otherwise LOWBIT_ERROR_INVALID_STATE.
+ *    The stages never talk to other ranks, so there is no argument
+ *    agreement: every rank must run the same sequence with the same numel.
+ *    Non-finite input travels as a NaN scale: on host tensors every rank's
+ *    decode then returns LOWBIT_ERROR_NONFINITE and changes nothing (out and
+ *    both errors as they were; lowbit_comm_last_nonfinite() reports 1); on
+ *    CUDA tensors decode returns LOWBIT_SUCCESS and the device flag tells,
+ *    as for the compressed allreduce.
+ *    Stages and the communicator's own collectives may be mixed on one
+ *    handle between sequences (a collective abandons an unfinished one).
+ */
+
+/* The caller's transport. Every function returns 0 on success; any other
+ * value makes the lowbit call fail with LOWBIT_ERROR_COMMUNICATION (the
+ * message names the function and the value). After such a failure the
+ * caller's tensor and this rank's errors are unchanged, but other ranks may
+ * have completed the call or may still wait in it: treat the group as
+ * broken, as with a failed MPI or NCCL collective.
+ * The functions are called on the thread that called lowbit, one at a time,
+ * in the same order on every rank. */
+typedef struct lowbit_comm_transport {
+  size_t struct_size;
+  void* user_data;        /* passed back to every function; must outlive the communicator */
+  int32_t rank;           /* 0 .. world_size-1 */
+  int32_t world_size;     /* >= 1 */
+  int32_t host_buffers;   /* 1: the functions take host memory (LOWBIT_DEVICE_CPU tensors) */
+  int32_t device_buffers; /* 1: the functions take CUDA device memory directly; when 0, CUDA
+                             tensors are staged through pinned host memory (needs host_buffers) */
+  int32_t stream_ordered; /* 1: device exchanges are enqueued on `stream` (NCCL-like); 0: they
+                             complete on the host before returning, and lowbit waits for `stream`
+                             before calling them with device memory */
+  int32_t device_index;   /* the CUDA device the transport serves, or -1 for any */
+  /* Every rank sends bytes [r*m, (r+1)*m) of send to rank r and receives
+   * rank r's message at recv + r*m. */
+  int32_t (*alltoall)(void* user_data, const void* send, void* recv, int64_t m, void* stream);
+  /* Every rank's m bytes of send, in rank order, into recv (world_size * m bytes). */
+  int32_t (*allgather)(void* user_data, const void* send, void* recv, int64_t m, void* stream);
+  /* In place: data <- the sum over ranks (fp32, n elements). */
+  int32_t (*allreduce_sum_f32)(void* user_data, float* data, int64_t n, void* stream);
+  /* In place, host memory: values[0..count) <- the maximum over ranks. May be
+   * NULL: then there is no argument agreement (mismatched calls misbehave as
+   * the transport does, as over NCCL). */
+  int32_t (*allreduce_max_i64)(void* user_data, int64_t* values, int32_t count);
+} lowbit_comm_transport_t;
+
+/* Creates a communicator over the caller's transport (copied; not
+ * collective: no function of `transport` is called). config may be NULL
+ * (its cuda_aware_mpi is ignored). Errors: struct_size, rank, world_size, a
+ * NULL function other than allreduce_max_i64, neither host nor device
+ * buffers. */
+LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
+                                                        const lowbit_comm_config_t* config);
+
+/* Bytes of one message of the compressed allreduce of `numel` elements on
+ * this communicator (4 + C/8); not collective, allocates nothing. */
+LOWBIT_API lowbit_status_t lowbit_comm_stage_message_bytes(lowbit_comm_t comm, int64_t numel,
+                                                           int64_t* out_message_bytes);
+
+/* Worker stage: tensor (fp32, unchanged) + worker error -> send
+ * (send_bytes >= W * message bytes). */
+LOWBIT_API lowbit_status_t lowbit_comm_stage_compress(lowbit_comm_t comm, const lowbit_tensor_t* tensor, void* send,
+                                                      int64_t send_bytes, void* stream);
+
+/* Server stage: recv (the W messages for this rank's chunk, recv_bytes >= W *
+ * message bytes) + server error -> gsend (gsend_bytes >= message bytes). */
+LOWBIT_API lowbit_status_t lowbit_comm_stage_reduce(lowbit_comm_t comm, const void* recv, int64_t recv_bytes,
+                                                    void* gsend, int64_t gsend_bytes, void* stream);
+
+/* Decode stage: grecv (W messages, rank order) -> out (fp32, the numel and
+ * device of the compress tensor; may be that tensor), and the sequence's
+ * error updates take effect. */
+LOWBIT_API lowbit_status_t lowbit_comm_stage_decode(lowbit_comm_t comm, const void* grecv, int64_t grecv_bytes,
+                                                    const lowbit_tensor_t* out, void* stream);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@ using onebit::MemKind;
 
 void Communicator::Impl::prepare(const CommArg& a, void* stream) {
   (void)stream;
+  stage = Stage::Idle;
   if (bound) {
     LOWBIT_REQUIRE(a.n == buf.n, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", a.n,
                    ", but this communicator's error buffers are bound to numel ", buf.n,

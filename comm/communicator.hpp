@@ -62,6 +62,14 @@ class Communicator {
   bool last_nonfinite() const;
   void read_errors(float* worker, int64_t worker_numel, float* server, int64_t server_numel, void* stream) const;
   lowbit_comm_info_t info() const;
+
+  // The codec stages (stages.cpp; lowbit_comm.h, "any transport"): local,
+  // the caller moves the messages. stage_decode returns false when a
+  // gathered scale was not finite (host tensors): nothing changed.
+  int64_t stage_message_bytes(int64_t n) const;
+  void stage_compress(const lowbit_tensor_t* tensor, void* send, int64_t send_bytes, void* stream);
+  void stage_reduce(const void* recv, int64_t recv_bytes, void* gsend, int64_t gsend_bytes, void* stream);
+  bool stage_decode(const void* grecv, int64_t grecv_bytes, const lowbit_tensor_t* out, void* stream);
   lowbit_comm_stats_t stats() const;
   void reset_stats();
 

@@ -6,6 +6,7 @@
 //   compressed_allreduce.cpp  the host and device pipelines of the 1-bit allreduce
 //   allreduce_mean.cpp        the uncompressed mean
 //   error_blob.cpp            error save / load / reset / read
+//   stages.cpp                the codec stages (the caller moves the bytes)
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,10 @@ struct Communicator::Impl {
   bool last_was_device = false;
   std::string nonfinite_message;
   lowbit_comm_stats_t stats{};
+  // Where a sequence of codec stages stands; anything that rebinds or
+  // replaces the errors (prepare, load, reset) abandons it.
+  enum class Stage { Idle, Compressed, Reduced } stage = Stage::Idle;
+  CommArg stage_arg;  // the compress stage's tensor
 
   int32_t world() const { return t->world(); }
   int32_t rank() const { return t->rank(); }

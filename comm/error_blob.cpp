@@ -130,6 +130,7 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   for (int64_t i = 0; i < c; ++i)
     LOWBIT_REQUIRE(std::isfinite(sv[size_t(i)]), LOWBIT_ERROR_CORRUPT_DATA, "buffer: server error element ", i,
                    " is not finite");
+  I.stage = Impl::Stage::Idle;
   if (n == 0) {
     reset_errors(stream);
     return;
@@ -159,6 +160,7 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
 void Communicator::reset_errors(void* stream) {
   (void)stream;
   Impl& I = *impl_;
+  I.stage = Impl::Stage::Idle;
   I.bound = false;
   I.has_pending = false;
   I.pending_n = 0;

@@ -51,4 +51,7 @@ std::unique_ptr<Transport> make_nccl_transport(const void* unique_id, int32_t ra
                                                int32_t device_index);
 std::unique_ptr<Transport> make_nccl_transport_from_comm(void* nccl_comm);
 
+// The caller's functions (callback_transport.cpp); validates the struct.
+std::unique_ptr<Transport> make_callback_transport(const lowbit_comm_transport_t* transport);
+
 }  // namespace lowbit

@@ -13,6 +13,10 @@
  *  - allreduce_mean of CUDA tensors against the exact mean;
  *  - device mismatch (bound to CUDA, called with a host tensor; host memory
  *    labelled CUDA) is refused with a message;
+ *  - the same simulation and host-twin checks through the codec stages with
+ *    device message buffers (the test moves the messages: device -> host ->
+ *    MPI -> device), and through a callback transport with host buffers
+ *    (lowbit stages CUDA tensors through pinned memory);
  *  - NCCL (when built and loadable, and with one GPU per rank): the same
  *    simulation check, with the unique id broadcast over MPI. */
 #include <cuda_runtime_api.h>
@@ -20,6 +24,7 @@
 #include <string.h>
 
 #include "comm_harness.h"
+#include "comm_transports.h"
 
 #define CUDA_OK(call)                                                                              \
   do {                                                                                             \
@@ -31,6 +36,48 @@ static int g_device = 0;
 static cudaStream_t g_stream = NULL;
 
 static unsigned char* save(lowbit_comm_t comm, int64_t* size);
+
+/* sim_check's calls: the built-in call, or the codec stages on device buffers. */
+static int g_use_stages = 0;
+
+/* One MPI exchange of device messages through host copies. */
+static void dev_exchange(int gather, const void* dsend, void* drecv, int64_t m) {
+  const size_t sb = (size_t)(gather ? m : m * g_world), rb = (size_t)(m * g_world);
+  unsigned char* hs = (unsigned char*)xmalloc(sb);
+  unsigned char* hr = (unsigned char*)xmalloc(rb);
+  CUDA_OK(cudaMemcpyAsync(hs, dsend, sb, cudaMemcpyDeviceToHost, g_stream));
+  CUDA_OK(cudaStreamSynchronize(g_stream));
+  if (gather)
+    CHECK(MPI_Allgather(hs, (int)m, MPI_BYTE, hr, (int)m, MPI_BYTE, MPI_COMM_WORLD) == MPI_SUCCESS, "allgather");
+  else
+    CHECK(MPI_Alltoall(hs, (int)m, MPI_BYTE, hr, (int)m, MPI_BYTE, MPI_COMM_WORLD) == MPI_SUCCESS, "alltoall");
+  CUDA_OK(cudaMemcpyAsync(drecv, hr, rb, cudaMemcpyHostToDevice, g_stream));
+  CUDA_OK(cudaStreamSynchronize(g_stream));
+  free(hs);
+  free(hr);
+}
+
+static lowbit_status_t dev_stages_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* t) {
+  int64_t m = 0;
+  CHECK_OK(comm, lowbit_comm_stage_message_bytes(comm, t->numel, &m));
+  const int64_t W = g_world;
+  unsigned char *send = NULL, *recv = NULL, *gsend = NULL, *grecv = NULL;
+  CUDA_OK(cudaMalloc((void**)&send, (size_t)(W * m)));
+  CUDA_OK(cudaMalloc((void**)&recv, (size_t)(W * m)));
+  CUDA_OK(cudaMalloc((void**)&gsend, (size_t)m));
+  CUDA_OK(cudaMalloc((void**)&grecv, (size_t)(W * m)));
+  CHECK_OK(comm, lowbit_comm_stage_compress(comm, t, send, W * m, g_stream));
+  dev_exchange(0, send, recv, m);
+  CHECK_OK(comm, lowbit_comm_stage_reduce(comm, recv, W * m, gsend, m, g_stream));
+  dev_exchange(1, gsend, grecv, m);
+  const lowbit_status_t st = lowbit_comm_stage_decode(comm, grecv, W * m, t, g_stream);
+  CUDA_OK(cudaStreamSynchronize(g_stream));
+  CUDA_OK(cudaFree(send));
+  CUDA_OK(cudaFree(recv));
+  CUDA_OK(cudaFree(gsend));
+  CUDA_OK(cudaFree(grecv));
+  return st;
+}
 
 static lowbit_tensor_t dev_tensor(float* d, int64_t n) {
   lowbit_tensor_t t = host_tensor(d, n);
@@ -69,7 +116,10 @@ static void sim_check(lowbit_comm_t comm, int64_t n, int calls, uint64_t tag, lo
     if (k > 0) gather_errors(comm, &l, werr, serr);
     CUDA_OK(cudaMemcpyAsync(d, in[crank], sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, g_stream));
     lowbit_tensor_t t = dev_tensor(d, n);
-    CHECK_OK(comm, lowbit_comm_compressed_allreduce(comm, &t, g_stream));
+    if (g_use_stages)
+      CHECK_OK(comm, dev_stages_allreduce(comm, &t));
+    else
+      CHECK_OK(comm, lowbit_comm_compressed_allreduce(comm, &t, g_stream));
     CUDA_OK(cudaMemcpyAsync(got, d, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost, g_stream));
     CUDA_OK(cudaStreamSynchronize(g_stream));
     int32_t nf = -1;
@@ -241,6 +291,24 @@ int main(int argc, char** argv) {
     nonfinite_check(comm, 4099);
     mean_check(comm, (1 << 16) + 3);
     CHECK_OK(comm, lowbit_comm_destroy(comm));
+    CHECK_OK(host, lowbit_comm_destroy(host));
+  }
+
+  {
+    MPI_Comm w = MPI_COMM_WORLD;
+    lowbit_comm_t comm = NULL, host = NULL;
+    CHECK_OK(comm, lowbit_comm_create_mpi(&comm, &w, NULL));
+    CHECK_OK(host, lowbit_comm_create_mpi(&host, &w, NULL));
+    if (g_rank == 0) printf("codec stages, CUDA tensors and device message buffers:\n");
+    g_use_stages = 1;
+    for (int s = 0; s < 4; ++s) sim_check(comm, sizes[s], 3, (uint64_t)(20 + s), host);
+    g_use_stages = 0;
+    CHECK_OK(comm, lowbit_comm_destroy(comm));
+    lowbit_comm_t cb = make_callback_comm(MPI_COMM_WORLD, 1);
+    if (g_rank == 0) printf("callback transport with host buffers, CUDA tensors (staged):\n");
+    for (int s = 0; s < 4; ++s) sim_check(cb, sizes[s], 3, (uint64_t)(30 + s), host);
+    mean_check(cb, (1 << 16) + 3);
+    destroy_callback_comm(cb);
     CHECK_OK(host, lowbit_comm_destroy(host));
   }
 

@@ -1,6 +1,8 @@
 /* One compressed allreduce against the float64 simulation (comm_harness.h),
  * over MPI_COMM_WORLD and over a communicator with the ranks in reverse order
- * (created from its Fortran handle), for odd sizes, sizes below the world
+ * (created from its Fortran handle), each run three ways (comm_transports.h):
+ * the built-in MPI call, the codec stages with the messages moved by
+ * MPI_Alltoall / MPI_Allgather, and a callback transport; for odd sizes, sizes below the world
  * size and the padding boundaries 8W-1, 8W, 8W+1. Each size runs a few calls
  * in a row; before each, the simulation takes the library's errors of every
  * rank, so each call is checked on its own, the error updates included.
@@ -18,8 +20,12 @@
 #include <string.h>
 
 #include "comm_harness.h"
+#include "comm_transports.h"
 
 static int64_t g_ambiguous = 0, g_checked = 0;
+/* How run_case calls the allreduce, and the MPI communicator the stages use. */
+static via_t g_via = VIA_BUILTIN;
+static MPI_Comm g_mpi;
 
 static void run_case(lowbit_comm_t comm, int64_t n, int calls, uint64_t tag) {
   int32_t crank = 0, W = 0;
@@ -74,7 +80,7 @@ static void run_case(lowbit_comm_t comm, int64_t n, int calls, uint64_t tag) {
     st0.struct_size = st1.struct_size = sizeof(lowbit_comm_stats_t);
     CHECK_OK(comm, lowbit_comm_get_stats(comm, &st0));
     lowbit_tensor_t t = host_tensor(mine, n);
-    CHECK_OK(comm, lowbit_comm_compressed_allreduce(comm, &t, NULL));
+    CHECK_OK(comm, via_allreduce(g_via, comm, g_mpi, &t));
     CHECK_OK(comm, lowbit_comm_get_stats(comm, &st1));
     const int64_t msg = 4 + l.chunk / 8;
     CHECK(st1.compressed_calls == st0.compressed_calls + 1, "compressed_calls did not grow by 1");
@@ -93,7 +99,7 @@ static void run_case(lowbit_comm_t comm, int64_t n, int calls, uint64_t tag) {
     CHECK_OK(comm, lowbit_comm_get_info(comm, &info));
     CHECK(info.bound_numel == n && info.padded_numel == l.padded && info.chunk_numel == l.chunk &&
               info.bound_device == LOWBIT_DEVICE_CPU && info.rank == crank && info.world_size == W &&
-              info.backend == LOWBIT_COMM_BACKEND_MPI,
+              info.backend == (g_via == VIA_CALLBACKS ? LOWBIT_COMM_BACKEND_CALLBACKS : LOWBIT_COMM_BACKEND_MPI),
           "info: bound %lld padded %lld chunk %lld (expected %lld %lld %lld)", (long long)info.bound_numel,
           (long long)info.padded_numel, (long long)info.chunk_numel, (long long)n, (long long)l.padded,
           (long long)l.chunk);
@@ -171,12 +177,28 @@ static void run_sizes(lowbit_comm_t comm, int W, uint64_t tag) {
   if (g_rank == 0) printf("  %d sizes (random one: %lld) passed\n", count, (long long)random_size);
 }
 
+/* The sizes over `mpi` three ways: the built-in call and the stages on a
+ * communicator made by `make`, then a callback communicator. */
+static void run_all_ways(MPI_Comm mpi, lowbit_comm_t comm, uint64_t tag) {
+  g_mpi = mpi;
+  for (int v = VIA_BUILTIN; v <= VIA_STAGES; ++v) {
+    g_via = (via_t)v;
+    if (g_rank == 0) printf(" %s:\n", via_name(g_via));
+    run_sizes(comm, g_world, tag * 10 + (uint64_t)v);
+  }
+  g_via = VIA_CALLBACKS;
+  lowbit_comm_t cb = make_callback_comm(mpi, 1);
+  if (g_rank == 0) printf(" %s:\n", via_name(g_via));
+  run_sizes(cb, g_world, tag * 10 + (uint64_t)VIA_CALLBACKS);
+  destroy_callback_comm(cb);
+}
+
 int main(int argc, char** argv) {
   harness_init(&argc, &argv);
 
   lowbit_comm_t world = make_world_comm();
   if (g_rank == 0) printf("MPI_COMM_WORLD:\n");
-  run_sizes(world, g_world, 1);
+  run_all_ways(MPI_COMM_WORLD, world, 1);
   CHECK_OK(world, lowbit_comm_destroy(world));
 
   /* Ranks in reverse order, through the Fortran handle. */
@@ -188,7 +210,7 @@ int main(int argc, char** argv) {
   CHECK_OK(rc, lowbit_comm_rank(rc, &r));
   CHECK(r == g_world - 1 - g_rank, "rank in the reversed communicator is %d, expected %d", r, g_world - 1 - g_rank);
   if (g_rank == 0) printf("reversed communicator (Fortran handle):\n");
-  run_sizes(rc, g_world, 2);
+  run_all_ways(rev, rc, 2);
   CHECK_OK(rc, lowbit_comm_destroy(rc));
   MPI_Comm_free(&rev);
 

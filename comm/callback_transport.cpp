@@ -1,0 +1,77 @@
+// A transport of the caller's functions (lowbit_comm_transport_t): the
+// communicator's exchanges and argument agreement through callbacks, e.g.
+// torch.distributed collectives called back from Python.
+#include <cstddef>
+
+#include "core/error.hpp"
+#include "core/validation.hpp"
+#include "transport.hpp"
+
+namespace lowbit {
+namespace {
+
+class CallbackTransport final : public Transport {
+ public:
+  explicit CallbackTransport(const lowbit_comm_transport_t& t) : t_(t) {}
+
+  lowbit_comm_backend_t backend() const override { return LOWBIT_COMM_BACKEND_CALLBACKS; }
+  int32_t rank() const override { return t_.rank; }
+  int32_t world() const override { return t_.world_size; }
+  bool supports_host() const override { return t_.host_buffers != 0; }
+  bool device_direct() const override { return t_.device_buffers != 0; }
+  bool stream_ordered() const override { return t_.stream_ordered != 0; }
+  int32_t device_index() const override { return t_.device_index; }
+
+  bool agree_max(int64_t* v, int k) override {
+    if (!t_.allreduce_max_i64) return false;
+    check(t_.allreduce_max_i64(t_.user_data, v, k), "allreduce_max_i64 (argument agreement)");
+    return true;
+  }
+  void alltoall(const void* send, void* recv, int64_t m, void* stream) override {
+    check(t_.alltoall(t_.user_data, send, recv, m, stream), "alltoall");
+  }
+  void allgather(const void* send, void* recv, int64_t m, void* stream) override {
+    check(t_.allgather(t_.user_data, send, recv, m, stream), "allgather");
+  }
+  bool allreduce_f32(float* data, int64_t n, void* stream) override {
+    check(t_.allreduce_sum_f32(t_.user_data, data, n, stream), "allreduce_sum_f32");
+    return false;
+  }
+
+ private:
+  static void check(int32_t rc, const char* what) {
+    LOWBIT_REQUIRE(rc == 0, LOWBIT_ERROR_COMMUNICATION, "transport.", what, " returned ", rc,
+                   " (the caller's transport failed; treat the group as broken)");
+  }
+  lowbit_comm_transport_t t_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_callback_transport(const lowbit_comm_transport_t* t) {
+  LOWBIT_REQUIRE(t != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport is NULL");
+  check_struct_size(t->struct_size, sizeof(lowbit_comm_transport_t), "transport");
+  LOWBIT_REQUIRE(t->world_size >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.world_size is ", t->world_size,
+                 " (must be >= 1)");
+  LOWBIT_REQUIRE(t->rank >= 0 && t->rank < t->world_size, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.rank is ",
+                 t->rank, " (must be in [0, world_size = ", t->world_size, "))");
+  LOWBIT_REQUIRE(t->host_buffers == 0 || t->host_buffers == 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "transport.host_buffers is ", t->host_buffers, " (expected 0 or 1)");
+  LOWBIT_REQUIRE(t->device_buffers == 0 || t->device_buffers == 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "transport.device_buffers is ", t->device_buffers, " (expected 0 or 1)");
+  LOWBIT_REQUIRE(t->stream_ordered == 0 || t->stream_ordered == 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "transport.stream_ordered is ", t->stream_ordered, " (expected 0 or 1)");
+  LOWBIT_REQUIRE(t->host_buffers || t->device_buffers, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "transport.host_buffers and transport.device_buffers are both 0 (it must move some memory)");
+  LOWBIT_REQUIRE(!t->stream_ordered || t->device_buffers, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "transport.stream_ordered is 1 but transport.device_buffers is 0 (only device exchanges can be "
+                 "stream-ordered)");
+  LOWBIT_REQUIRE(t->device_index >= -1, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.device_index is ",
+                 t->device_index, " (a CUDA device index, or -1 for any)");
+  LOWBIT_REQUIRE(t->alltoall != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport.alltoall is NULL");
+  LOWBIT_REQUIRE(t->allgather != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport.allgather is NULL");
+  LOWBIT_REQUIRE(t->allreduce_sum_f32 != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport.allreduce_sum_f32 is NULL");
+  return std::make_unique<CallbackTransport>(*t);
+}
+
+}  // namespace lowbit

@@ -1,0 +1,139 @@
+// The codec stages of the 1-bit compressed allreduce (lowbit_comm.h, "any
+// transport"): compress, reduce and decode with the caller moving the bytes.
+// They run the kernels of the built-in pipeline (compressed_allreduce.cpp)
+// on the caller's message buffers, so a transport built from them gives its
+// bits. Error updates stay in the ws_* buffers until decode commits them.
+#include <string>
+
+#include "communicator_impl.hpp"
+#include "core/error.hpp"
+#include "host_kernels.hpp"
+#ifdef LOWBIT_HAVE_CUDA
+#include "cuda/runtime.hpp"
+#include "device.hpp"
+#endif
+
+namespace lowbit {
+
+using onebit::Buffers;
+using onebit::Layout;
+
+namespace {
+
+// A message buffer argument: not NULL, large enough, on the stage's device.
+void check_buffer(const void* p, int64_t bytes, int64_t need, const char* name, const CommArg& a) {
+  LOWBIT_REQUIRE(p != nullptr, LOWBIT_ERROR_NULL_POINTER, name, " is NULL");
+  LOWBIT_REQUIRE(bytes >= need, LOWBIT_ERROR_BUFFER_TOO_SMALL, name, "_bytes is ", bytes, ", the stage needs ",
+                 need, " (lowbit_comm_stage_message_bytes x ", need, " / message bytes)");
+  if (a.device == LOWBIT_DEVICE_CUDA) {
+#ifdef LOWBIT_HAVE_CUDA
+    const std::string why = onebit::dev::check_device_pointer(p, a.index);
+    LOWBIT_REQUIRE(why.empty(), LOWBIT_ERROR_INVALID_ARGUMENT, name, " ", why,
+                   " (the stage's tensor is on LOWBIT_DEVICE_CUDA)");
+#endif
+  }
+}
+
+}  // namespace
+
+int64_t Communicator::stage_message_bytes(int64_t n) const {
+  LOWBIT_REQUIRE(n > 0 && n <= (INT64_MAX >> 8), LOWBIT_ERROR_INVALID_ARGUMENT, "numel is ", n,
+                 " (must be > 0 and at most 2^55)");
+  return Layout::make(n, world(), rank()).msg;
+}
+
+void Communicator::stage_compress(const lowbit_tensor_t* tensor, void* send, int64_t send_bytes, void* stream) {
+  Impl& I = *impl_;
+  I.stage = Impl::Stage::Idle;
+  const CommArg a = I.check_tensor(tensor);
+  const Layout L = Layout::make(a.n, world(), rank());
+  check_buffer(send, send_bytes, int64_t(L.world) * L.msg, "send", a);
+  I.prepare(a, stream);
+  I.activate(a, stream);
+  Buffers& B = I.buf;
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    const float* e = B.err.as<float>();
+    const float scale = onebit::scale_from_sumsq(onebit::host_worker_sumsq(a.data, e, a.n), a.n);
+    onebit::host_worker_pack_from(a.data, e, scale, B.layout, B.ws_err.as<float>(), static_cast<uint8_t*>(send));
+  } else {
+#ifdef LOWBIT_HAVE_CUDA
+    cuda::DeviceGuard guard(a.index);
+    onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), B.layout, static_cast<uint8_t*>(send),
+                        B.partials.as<double>(), B.scal.as<float>(), stream);
+#endif
+  }
+  I.stage_arg = a;
+  I.stage = Impl::Stage::Compressed;
+}
+
+void Communicator::stage_reduce(const void* recv, int64_t recv_bytes, void* gsend, int64_t gsend_bytes,
+                                void* stream) {
+  Impl& I = *impl_;
+  LOWBIT_REQUIRE(I.stage == Impl::Stage::Compressed && I.bound, LOWBIT_ERROR_INVALID_STATE,
+                 "lowbit_comm_stage_reduce needs a lowbit_comm_stage_compress before it (and no other compressed "
+                 "call, reduce or error load in between)");
+  const CommArg& a = I.stage_arg;
+  Buffers& B = I.buf;
+  const Layout& L = B.layout;
+  check_buffer(recv, recv_bytes, int64_t(L.world) * L.msg, "recv", a);
+  check_buffer(gsend, gsend_bytes, L.msg, "gsend", a);
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    onebit::host_server_reduce(static_cast<const uint8_t*>(recv), B.serr.as<float>(), L, B.ws_serr.as<float>(),
+                               static_cast<uint8_t*>(gsend));
+  } else {
+#ifdef LOWBIT_HAVE_CUDA
+    cuda::DeviceGuard guard(a.index);
+    onebit::dev::server(static_cast<const uint8_t*>(recv), B.serr.as<float>(), B.ws_serr.as<float>(), L,
+                        static_cast<uint8_t*>(gsend), B.partials.as<double>(), B.scal.as<float>(), stream);
+#endif
+  }
+  I.stage = Impl::Stage::Reduced;
+}
+
+bool Communicator::stage_decode(const void* grecv, int64_t grecv_bytes, const lowbit_tensor_t* out, void* stream) {
+  Impl& I = *impl_;
+  LOWBIT_REQUIRE(I.stage == Impl::Stage::Reduced && I.bound, LOWBIT_ERROR_INVALID_STATE,
+                 "lowbit_comm_stage_decode needs a lowbit_comm_stage_reduce before it (and no other compressed "
+                 "call or error load in between)");
+  const CommArg& a = I.stage_arg;
+  Buffers& B = I.buf;
+  const Layout& L = B.layout;
+  check_buffer(grecv, grecv_bytes, int64_t(L.world) * L.msg, "grecv", a);
+  const CommArg o = I.check_tensor(out);
+  LOWBIT_REQUIRE(o.n == a.n, LOWBIT_ERROR_INVALID_ARGUMENT, "out.numel is ", o.n, ", but the compress stage had ",
+                 a.n);
+  LOWBIT_REQUIRE(o.device == a.device && o.index == a.index, LOWBIT_ERROR_INVALID_ARGUMENT, "out.device is ",
+                 comm_device_name(o.device), ":", o.index, ", but the compress stage ran on ",
+                 comm_device_name(a.device), ":", a.index);
+  const uint8_t* g = static_cast<const uint8_t*>(grecv);
+  I.stage = Impl::Stage::Idle;
+  I.stats.compressed_calls += 1;
+  I.stats.compressed_elements += a.n;
+  I.stats.compressed_bytes_sent += 2 * int64_t(L.world - 1) * L.msg;
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    I.last_was_device = false;
+    if (!onebit::host_gathered_finite(g, L)) {
+      I.last_nonfinite = true;
+      I.nonfinite_message =
+          "grecv: a gathered scale is not finite (some rank's input held a NaN or an Inf, or the server "
+          "average overflowed); nothing was updated";
+      return false;
+    }
+    onebit::host_decode(g, L, o.data);
+  } else {
+#ifdef LOWBIT_HAVE_CUDA
+    cuda::DeviceGuard guard(a.index);
+    onebit::dev::finalize(g, L, o.data, B.err.as<float>(), B.ws_err.as<float>(), B.serr.as<float>(),
+                          B.ws_serr.as<float>(), B.flag.as<int32_t>(), B.host_flag.alias<int32_t>(), stream);
+    I.last_was_device = true;
+#endif
+  }
+  // On CUDA, finalize put the old errors back into ws_* when a scale was not
+  // finite, so the swap is right either way.
+  B.err.swap(B.ws_err);
+  B.serr.swap(B.ws_serr);
+  I.last_nonfinite = false;
+  return true;
+}
+
+}  // namespace lowbit
