@@ -213,7 +213,11 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     r.get<uint32_t>("rounding");
     uint32_t num_moments = r.get<uint32_t>("num_moments");
     LOWBIT_REQUIRE(num_moments == uint32_t(p.num_moments), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i,
-                   " keeps ", num_moments, " moments, the registered param keeps ", p.num_moments);
+                   " keeps ", num_moments, " moments, the registered param keeps ", p.num_moments,
+                   config_.algorithm == LOWBIT_ALGORITHM_SGD
+                       ? " (SGD keeps a momentum buffer when the param's group has momentum != 0 at registration: "
+                         "register it in a group with the momentum the saved optimizer was created with)"
+                       : "");
     for (int m = 0; m < p.num_moments; ++m) {
       uint32_t raw_format = r.get<uint32_t>("format");
       uint32_t block = r.get<uint32_t>("block");
@@ -262,11 +266,18 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   }
   r.get<uint32_t>("checksum");
   LOWBIT_REQUIRE(r.pos() == size_t(size), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes");
-  for (size_t i = 0; i < params_.size(); ++i)
-    LOWBIT_REQUIRE(size_t(loaded[i].group) < groups.size() &&
-                       (config_.algorithm != LOWBIT_ALGORITHM_SGD ||
-                        (groups[size_t(loaded[i].group)].momentum != 0.f) == (params_[i].num_moments == 1)),
-                   LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, ": SGD momentum does not match its state");
+  // SGD: whether a param has a momentum buffer was decided when it was
+  // registered (and the checkpoint's moment count matched it above), not by
+  // the momentum its group has now: a group may set momentum to 0 and keep
+  // its buffers (a schedule ending at 0 resumes). Only a param without a
+  // buffer cannot take a group with momentum, as in set_hparams.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const float momentum = groups[size_t(loaded[i].group)].momentum;
+    LOWBIT_REQUIRE(config_.algorithm != LOWBIT_ALGORITHM_SGD || params_[i].num_moments == 1 || momentum == 0.f,
+                   LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, " is in group ", loaded[i].group,
+                   " with momentum = ", momentum, ", but the param was registered without momentum, so it has no "
+                   "momentum buffer");
+  }
 
   // Commit: nothing below can fail on the CPU engine.
   std::vector<int64_t> step_counts(params_.size());

@@ -302,6 +302,92 @@ static void test_bad_files_change_nothing(void** state) {
   destroy(&x), destroy(&y), destroy(&lion);
 }
 
+
+/* Issue 17 (5): an SGD group created with momentum 0.9 and later set to
+ * momentum 0 (a schedule ending at 0) keeps its momentum buffers; its own
+ * checkpoint loads (the layout follows the registration and the checkpoint,
+ * not the current momentum), and the next steps are the same bits. A param
+ * registered without a buffer still cannot take a group with momentum. */
+static void set_momentum(lowbit_optimizer_t opt, float momentum) {
+  lowbit_hparams_t h;
+  assert_int_equal(lowbit_optimizer_get_hparams(opt, 0, &h), LOWBIT_SUCCESS);
+  h.momentum = momentum;
+  assert_int_equal(lowbit_optimizer_set_hparams(opt, 0, &h), LOWBIT_SUCCESS);
+}
+
+static void test_sgd_momentum_schedule_to_zero_resumes(void** state) {
+  (void)state;
+  const lowbit_state_format_t fmts[] = {LOWBIT_STATE_FP32, LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT};
+  for (int f = 0; f < 3; ++f)
+    for (int back_up = 0; back_up < 2; ++back_up) {
+      Fixture x, y;
+      make(&x, LOWBIT_ALGORITHM_SGD, fmts[f], LOWBIT_DTYPE_FLOAT32, 0, 0); /* momentum 0.9 */
+      make(&y, LOWBIT_ALGORITHM_SGD, fmts[f], LOWBIT_DTYPE_FLOAT32, 0, 0);
+      run_steps(&x, 0, 3);
+      set_momentum(x.opt, 0.f);
+      run_steps(&x, 3, 2);
+      int64_t size;
+      uint8_t* buf = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &size);
+      /* its own checkpoint, into itself and into a fresh optimizer made as x was */
+      assert_int_equal(lowbit_optimizer_load(x.opt, buf, size, NULL), LOWBIT_SUCCESS);
+      copy_params(&y, &x);
+      lowbit_status_t st = lowbit_optimizer_load(y.opt, buf, size, NULL);
+      if (st != LOWBIT_SUCCESS) fail_msg("format %d: load -> %d: %s", (int)fmts[f], (int)st, lowbit_optimizer_last_error(y.opt));
+      lowbit_hparams_t h;
+      assert_int_equal(lowbit_optimizer_get_hparams(y.opt, 0, &h), LOWBIT_SUCCESS);
+      assert_true(h.momentum == 0.f);
+      if (back_up) { /* the schedule may raise momentum again: the buffers are still there */
+        set_momentum(x.opt, 0.5f);
+        set_momentum(y.opt, 0.5f);
+      }
+      run_steps(&x, 5, 3);
+      run_steps(&y, 5, 3);
+      assert_same_params(&x, &y);
+      int64_t s1, s2;
+      uint8_t* b1 = save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, &s1);
+      uint8_t* b2 = save(y.opt, LOWBIT_CHECKPOINT_COMPRESSED, &s2);
+      assert_int_equal(s1, s2);
+      assert_memory_equal(b1, b2, (size_t)s1);
+      free(buf), free(b1), free(b2);
+      destroy(&x), destroy(&y);
+    }
+
+  /* A param registered with momentum 0 has no buffer: a checkpoint with
+   * momentum buffers is a STATE_MISMATCH naming the momentum, and nothing
+   * changes. */
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  assert_int_equal(lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_SGD), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_hparams_init(&h, LOWBIT_ALGORITHM_SGD), LOWBIT_SUCCESS);
+  float p0[16] = {0}, p1[16] = {0}, g[16];
+  for (int k = 0; k < 16; ++k) g[k] = 0.1f * (float)(k - 8);
+  lowbit_optimizer_t plain, with_momentum;
+  assert_int_equal(lowbit_optimizer_create(&plain, &c, &h), LOWBIT_SUCCESS); /* momentum 0: no buffer */
+  h.momentum = 0.9f;
+  assert_int_equal(lowbit_optimizer_create(&with_momentum, &c, &h), LOWBIT_SUCCESS);
+  lowbit_param_config_t pc;
+  lowbit_param_config_init(&pc);
+  int64_t id;
+  pc.param = (lowbit_tensor_t){p0, 16, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+  pc.grad = (lowbit_tensor_t){g, 16, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+  assert_int_equal(lowbit_optimizer_add_param(plain, &pc, &id), LOWBIT_SUCCESS);
+  pc.param.data = p1;
+  assert_int_equal(lowbit_optimizer_add_param(with_momentum, &pc, &id), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_optimizer_step(with_momentum, NULL), LOWBIT_SUCCESS);
+  int64_t size, before_size;
+  uint8_t* buf = save(with_momentum, LOWBIT_CHECKPOINT_COMPRESSED, &size);
+  uint8_t* before = save(plain, LOWBIT_CHECKPOINT_COMPRESSED, &before_size);
+  assert_int_equal(lowbit_optimizer_load(plain, buf, size, NULL), LOWBIT_ERROR_STATE_MISMATCH);
+  assert_non_null(strstr(lowbit_optimizer_last_error(plain), "momentum"));
+  /* and it is unchanged */
+  int64_t psize;
+  uint8_t* pbuf = save(plain, LOWBIT_CHECKPOINT_COMPRESSED, &psize);
+  assert_int_equal(psize, before_size);
+  assert_memory_equal(pbuf, before, (size_t)psize);
+  free(buf), free(before), free(pbuf);
+  lowbit_optimizer_destroy(plain), lowbit_optimizer_destroy(with_momentum);
+}
+
 int main(void) {
   g_seed = (unsigned)lowbit_test_seed("test_checkpoint");
   const struct CMUnitTest tests[] = {
@@ -309,6 +395,7 @@ int main(void) {
       cmocka_unit_test(test_across_formats),
       cmocka_unit_test(test_file_round_trip),
       cmocka_unit_test(test_bad_files_change_nothing),
+      cmocka_unit_test(test_sgd_momentum_schedule_to_zero_resumes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
