@@ -222,7 +222,9 @@ typedef struct lowbit_optimizer_config {
   int32_t stochastic_rounding; /* default for 16-bit params: 0/1 */
   int32_t error_correction;    /* default for 16-bit params: 0/1 (wins over SR) */
   int32_t skip_nonfinite;      /* see "Non-finite gradients" above; default 1 */
-  int32_t num_threads;         /* CPU engine threads; 0 = all available */
+  int32_t num_threads;         /* CPU engine threads, 0..1024; 0 = all OpenMP threads
+                                  (omp_get_max_threads()); larger values are
+                                  LOWBIT_ERROR_INVALID_ARGUMENT */
   int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100) */
 } lowbit_optimizer_config_t;
 

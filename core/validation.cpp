@@ -61,6 +61,11 @@ void check_flag(int32_t value, const char* field, bool allow_default) {
                  " = ", value, allow_default ? " must be -1, 0 or 1" : " must be 0 or 1");
 }
 
+void check_num_threads(int32_t num_threads) {
+  LOWBIT_REQUIRE(num_threads >= 0 && num_threads <= kMaxNumThreads, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "num_threads = ", num_threads, " must be in [0, ", kMaxNumThreads, "] (0: all OpenMP threads)");
+}
+
 void check_config(const lowbit_optimizer_config_t& c) {
   check_struct_size(c.struct_size, sizeof(lowbit_optimizer_config_t), "config");
   check_algorithm(c.algorithm);
@@ -75,8 +80,7 @@ void check_config(const lowbit_optimizer_config_t& c) {
   check_flag(c.stochastic_rounding, "stochastic_rounding", false);
   check_flag(c.error_correction, "error_correction", false);
   check_flag(c.skip_nonfinite, "skip_nonfinite", false);
-  LOWBIT_REQUIRE(c.num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", c.num_threads,
-                 " must be >= 0");
+  check_num_threads(c.num_threads);
   LOWBIT_REQUIRE(c.freeze_step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "freeze_step = ", c.freeze_step,
                  " must be >= 0");
 }

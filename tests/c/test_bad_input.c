@@ -440,6 +440,53 @@ static void test_create(void** state) {
   lowbit_optimizer_destroy(out);
 }
 
+/* ------------------------------------------------------------------ num_threads */
+
+/* Issue 17 (4): num_threads is bounded (0..1024, lowbit.h): above it, create
+ * and lowbit_plan_param_state fail with INVALID_ARGUMENT naming num_threads
+ * and the value (before, 100000 crashed inside OpenMP at the first parallel
+ * step and INT32_MAX made OpenMP exit(1)); the bound itself is accepted. */
+static void test_num_threads_bound(void** state) {
+  (void)state;
+  const int32_t bad[] = {-1, 1025, 100000, INT32_MAX, INT32_MIN};
+  lowbit_optimizer_config_t oc;
+  lowbit_hparams_t h;
+  CHECK_OK(NULL, lowbit_optimizer_config_init(&oc, LOWBIT_ALGORITHM_ADAMW));
+  CHECK_OK(NULL, lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW));
+  lowbit_param_config_t pc;
+  CHECK_OK(NULL, lowbit_param_config_init(&pc));
+  pc.param.numel = 1 << 20;
+  pc.param.dtype = LOWBIT_DTYPE_FLOAT32;
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
+    char what[64], value[32];
+    snprintf(what, sizeof what, "create with num_threads = %d", (int)bad[k]);
+    snprintf(value, sizeof value, "num_threads = %d", (int)bad[k]);
+    oc.num_threads = bad[k];
+    lowbit_optimizer_t out = (lowbit_optimizer_t)(uintptr_t)0x1234;
+    EXPECT(lowbit_optimizer_create(&out, &oc, &h), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(), value, what);
+    assert_null(out);
+    lowbit_state_plan_t plan;
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan;
+    EXPECT(lowbit_plan_param_state(&oc, &h, &pc, &plan), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(), value,
+           "plan_param_state");
+  }
+  /* 1024 is allowed, and steps (a small param: the step stays on the calling
+   * thread, so the test does not depend on the machine's thread limits) */
+  oc.num_threads = 1024;
+  lowbit_optimizer_t opt = NULL;
+  CHECK_OK(NULL, lowbit_optimizer_create(&opt, &oc, &h));
+  float p[64] = {0}, g[64];
+  for (int i = 0; i < 64; ++i) g[i] = 0.01f * (float)(i - 32);
+  pc.param = make_tensor(p, 64, LOWBIT_DTYPE_FLOAT32);
+  pc.grad = make_tensor(g, 64, LOWBIT_DTYPE_FLOAT32);
+  int64_t id = -1;
+  CHECK_OK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  CHECK_OK(opt, lowbit_optimizer_step(opt, NULL));
+  assert_true(p[0] != 0.f);
+  lowbit_optimizer_destroy(opt);
+}
+
 /* ------------------------------------------------------------------ hyper-parameters on a live optimizer */
 
 static void test_hparams_on_live_optimizer(void** state) {
@@ -798,6 +845,7 @@ int main(void) {
       cmocka_unit_test(test_status_strings_and_version),
       cmocka_unit_test(test_destroy_null_and_null_handles),
       cmocka_unit_test(test_create),
+      cmocka_unit_test(test_num_threads_bound),
       cmocka_unit_test(test_hparams_on_live_optimizer),
       cmocka_unit_test(test_sgd_momentum_change),
       cmocka_unit_test(test_add_param),
