@@ -226,11 +226,16 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       LOWBIT_REQUIRE(raw_format >= LOWBIT_STATE_FP32 && raw_format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_CORRUPT_DATA,
                      "checkpoint param ", i, " moment ", m, " has unknown format ", raw_format);
       auto format = lowbit_state_format_t(raw_format);
-      LOWBIT_REQUIRE(block == block_size(format) &&
-                         data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
-                         scale_bytes == uint64_t(moment_scale_bytes(format, numel)),
-                     LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
-                     " has an inconsistent layout (format ", int(format), ", block ", block, ")");
+      bool layout_ok = block == block_size(format);
+      try {  // the sizes of `format` for numel, in checked arithmetic
+        layout_ok = layout_ok && data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
+                    scale_bytes == uint64_t(moment_scale_bytes(format, numel));
+      } catch (const Error&) {
+        layout_ok = false;  // too large to size: no file can hold it
+      }
+      LOWBIT_REQUIRE(layout_ok, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
+                     " has an inconsistent layout (format ", int(format), ", block ", block, ", ", data_bytes,
+                     " data bytes, ", scale_bytes, " scale bytes for ", numel, " elements)");
       uint8_t* src_data = const_cast<uint8_t*>(r.take(data_bytes, "moment data"));
       uint8_t* stored_scales = const_cast<uint8_t*>(r.take(scale_bytes, "moment scales"));
       MomentView src = lowbit::moment_view(format, m, src_data, reinterpret_cast<float*>(stored_scales));

@@ -43,6 +43,10 @@ int64_t block_size(lowbit_state_format_t format);
 int64_t num_blocks(lowbit_state_format_t format, int64_t numel);
 int64_t moment_data_bytes(lowbit_state_format_t format, int64_t numel);
 int64_t moment_scale_bytes(lowbit_state_format_t format, int64_t numel);
+// The size functions above are checked: numel < 0, or a size over INT64_MAX,
+// throws lowbit::Error (INVALID_ARGUMENT naming param.numel). a + b bytes of
+// the state of a param of `numel` elements, checked the same way.
+int64_t checked_add_bytes(int64_t a, int64_t b, int64_t numel);
 bool is_quantized(lowbit_state_format_t format);
 const char* format_name(lowbit_state_format_t format);
 const char* dtype_name(lowbit_dtype_t dtype);

@@ -85,6 +85,13 @@ void check_config(const lowbit_optimizer_config_t& c) {
                  " must be >= 0");
 }
 
+void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what) {
+  const int64_t elem = dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
+  int64_t bytes = 0;
+  LOWBIT_REQUIRE(!__builtin_mul_overflow(numel, elem, &bytes), LOWBIT_ERROR_INVALID_ARGUMENT, what, ".numel = ",
+                 numel, " is too large: ", numel, " elements of ", elem, " bytes take more than INT64_MAX bytes");
+}
+
 void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index) {
   LOWBIT_REQUIRE(t.data != nullptr, LOWBIT_ERROR_NULL_POINTER, what, ".data is NULL");
   LOWBIT_REQUIRE(t.numel > 0, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".numel = ", t.numel, " must be > 0");
@@ -95,6 +102,7 @@ void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t de
   LOWBIT_REQUIRE(t.device == device && (device == LOWBIT_DEVICE_CPU || t.device_index == device_index),
                  LOWBIT_ERROR_INVALID_ARGUMENT, what, " is on device ", int(t.device), ":", t.device_index,
                  " but the optimizer is on device ", int(device), ":", device_index);
+  check_tensor_bytes(t.numel, t.dtype, what);
   int64_t align = t.dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
   LOWBIT_REQUIRE(reinterpret_cast<uintptr_t>(t.data) % align == 0, LOWBIT_ERROR_INVALID_ARGUMENT, what,
                  ".data is not aligned to its element size ", align);

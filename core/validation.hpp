@@ -19,6 +19,8 @@ void check_config(const lowbit_optimizer_config_t& c);
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default);
 // A tensor on `device`; `what` names it in messages ("param", "grads[3]").
 void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index);
+// numel elements of a valid dtype fit in INT64_MAX bytes.
+void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what);
 void check_flag(int32_t value, const char* field, bool allow_default);
 // 0 (all OpenMP threads) .. kMaxNumThreads.
 void check_num_threads(int32_t num_threads);
