@@ -407,6 +407,10 @@ typedef enum lowbit_checkpoint_mode {
  * enqueued on `stream`, and return when done. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
                                                  int64_t capacity, int64_t* out_size, void* stream);
+/* Writes the checkpoint to a temporary file next to `path` (its name unique
+ * to the call) and renames it over `path`: a failed save leaves `path` as it
+ * was and removes the temporary file; concurrent saves to one path each
+ * write a whole checkpoint, and the last rename wins. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
                                                       const char* path, void* stream);
 /* Loads a checkpoint into an optimizer with the same params registered (same
@@ -414,6 +418,10 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lo
  * optimizer's formats. On any error the optimizer is left untouched. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size,
                                                  void* stream);
+/* Reads at most the size the file's checkpoint header announces, after
+ * checking that size against the file's own size (regular files) and the
+ * largest checkpoint this optimizer could load: a bad or impossible size, a
+ * shorter or longer file is LOWBIT_ERROR_CORRUPT_DATA before any large read. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path, void* stream);
 
 #ifdef __cplusplus

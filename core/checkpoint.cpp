@@ -151,6 +151,39 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
   return std::move(w.out);
 }
 
+uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
+  Reader r(head, kCheckpointHeadBytes);
+  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "not a lowbit checkpoint (bad magic)");
+  uint32_t version = r.get<uint32_t>("version");
+  LOWBIT_REQUIRE(version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ", version,
+                 " is not supported (this library reads version ", kVersion, ")");
+  r.get<uint32_t>("mode");
+  r.get<uint32_t>("algorithm");
+  const uint32_t num_groups = r.get<uint32_t>("num_groups");
+  const uint64_t total = r.get<uint64_t>("total_size");
+  // The largest checkpoint of this optimizer's params with num_groups groups:
+  // the header, the groups, and per param its record with every moment in
+  // the widest format (fp32) and error-correction bytes, then the checksum.
+  // Saturating: a sum past 2^64 only makes the bound larger.
+  auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
+  auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
+  const uint64_t fixed = 56, group = 36, record = 32 + 8 + 4, moment = 24;
+  uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
+  for (const ParamState& p : params_) {
+    const uint64_t n = uint64_t(p.param.numel);
+    largest = add(largest, add(record, n));
+    // fp32 data is the widest format except for tiny params, where one
+    // scale per block can outweigh it: bound both together.
+    largest = add(largest, mul(uint64_t(p.num_moments), add(add(moment, mul(4, n)), mul(4, n / 128 + 1))));
+  }
+  const uint64_t smallest = fixed + 4;
+  LOWBIT_REQUIRE(total >= smallest && total <= largest, LOWBIT_ERROR_CORRUPT_DATA,
+                 "checkpoint header announces ", total, " bytes; a checkpoint of this optimizer's ", params_.size(),
+                 " params with ", num_groups, " groups takes ", smallest, " to ", largest, " bytes");
+  return total;
+}
+
 void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
   LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
