@@ -170,7 +170,16 @@ typedef enum lowbit_algorithm {
  * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0.
  * One exception: a positive second moment never stores as 0 (8BIT: it takes
  * the smallest positive code; FP8: the smallest subnormal), so the Adam
- * denominator cannot collapse to eps while the first moment is non-zero. */
+ * denominator cannot collapse to eps while the first moment is non-zero.
+ * Steps use absmax = the block's largest |x|. Values given as fp32 (loading a
+ * checkpoint of another format or mode, lowbit_optimizer_write_moment) use
+ * the same codes but, for a block whose largest magnitude is a negative x,
+ * the smallest absmax with which the map's most negative value (8BIT:
+ * -0.99297, 4BIT: -0.8875) decodes to x or beyond (FP8: for every block, the
+ * smallest scale s with 448 s >= the largest |x|, in float): the signed maps
+ * have no -1, and with absmax = |x| each materialise / load cycle would
+ * shrink such a block. So a state materialised (fp32 or bf16) and loaded
+ * again keeps its codes and scales from the first load on. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -341,7 +350,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, 
 
 /* Replaces one moment of a param by `values` (numel fp32 on the host); the
  * library encodes them into the param's state format (quantized formats:
- * blockwise, as a step would). Values must be finite, and a second moment
+ * blockwise, exactly as loading a materialised checkpoint of these values
+ * does; see lowbit_state_format_t). Values must be finite, and a second moment
  * (Adam's variance) >= 0; otherwise LOWBIT_ERROR_NONFINITE /
  * LOWBIT_ERROR_INVALID_ARGUMENT name the first bad element and nothing
  * changes. Blocking, after the work on `stream`. */

@@ -56,4 +56,14 @@ const QMap* moment_map(lowbit_state_format_t format, int moment);
 // The view of moment 0 or 1 stored in `format` at data / scales.
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
 
+// Encodes fp32 values that came from a stored moment (a materialised
+// checkpoint, another format, read_moment) into `mv` so that decoding and
+// re-encoding is a fixed point (checkpoint.cpp). Like a step's encoder except
+// for the scale of a quantized block whose largest magnitude is a negative x:
+// the smallest scale with which the map's most negative value decodes to x
+// or beyond. A step's scale |x| decodes x as vmin * |x| (the signed maps have
+// no -1: 8-bit x0.99297, 4-bit x0.8875), so each materialise / load cycle
+// shrank such blocks by that factor.
+void reencode_moment(const MomentView& mv, int64_t numel, const float* values);
+
 }  // namespace lowbit
