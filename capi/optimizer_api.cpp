@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -302,13 +303,20 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, co
       throw lowbit::Error(e.status(), lowbit::concat("path = \"", path, "\": ", e.what()));
     }
     struct stat st;
-    if (fstat(fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode))
+    const bool regular = fstat(fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode);
+    if (regular)
       LOWBIT_REQUIRE(uint64_t(st.st_size) == total, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path, "\": the file has ",
                      int64_t(st.st_size), " bytes but its checkpoint header announces ", total);
-    bytes.resize(size_t(total));
-    const size_t rest = read_into(bytes.data() + head_bytes, size_t(total) - head_bytes);
-    LOWBIT_REQUIRE(rest == size_t(total) - head_bytes, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path,
-                   "\": the checkpoint is truncated: ", head_bytes + rest, " bytes, its header announces ", total);
+    // A regular file has the bytes it announces; a stream grows the buffer
+    // only as data arrives (a header may announce more than ever comes).
+    const size_t step = regular ? size_t(total) : size_t(1) << 24;
+    while (bytes.size() < total) {
+      const size_t have = bytes.size(), want = std::min<size_t>(step, size_t(total) - have);
+      bytes.resize(have + want);
+      const size_t got = read_into(bytes.data() + have, want);
+      LOWBIT_REQUIRE(got == want, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path, "\": the checkpoint is truncated: ",
+                     have + got, " bytes, its header announces ", total);
+    }
     uint8_t extra;
     LOWBIT_REQUIRE(read_into(&extra, 1) == 0, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path,
                    "\": the file continues past the ", total, " bytes its checkpoint header announces");

@@ -98,9 +98,8 @@ float fit_scale(float a, float v) {
 // The scale of one block for reencode_moment(), from the map's largest and
 // most negative values (`vmax`, `vmin`; vmin >= 0 for a map without negative
 // values): the smallest that reaches the block's extreme with the map value
-// of its sign. Blocks with
-// non-finite values keep the step encoder's scale: the largest |x| (its
-// bits, so NaN wins) / `absmax_divisor` (FP8: 448).
+// of its sign. Blocks with non-finite values keep the step encoder's scale:
+// the largest |x| (its bits, so NaN wins) / `absmax_divisor` (FP8: 448).
 float fitted_block_scale(const float* x, int n, float vmax, float vmin, float absmax_divisor = 1.f) {
   float pos = 0.f, neg = 0.f;
   uint32_t absmax_bits = 0;
