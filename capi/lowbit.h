@@ -170,7 +170,16 @@ typedef enum lowbit_algorithm {
  * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0.
  * One exception: a positive second moment never stores as 0 (8BIT: it takes
  * the smallest positive code; FP8: the smallest subnormal), so the Adam
- * denominator cannot collapse to eps while the first moment is non-zero. */
+ * denominator cannot collapse to eps while the first moment is non-zero.
+ * Steps use absmax = the block's largest |x|. Values given as fp32 (loading a
+ * checkpoint of another format or mode, lowbit_optimizer_write_moment) use
+ * the same codes but, for a block whose largest magnitude is a negative x,
+ * the smallest absmax with which the map's most negative value (8BIT:
+ * -0.99297, 4BIT: -0.8875) decodes to x or beyond (FP8: for every block, the
+ * smallest scale s with 448 s >= the largest |x|, in float): the signed maps
+ * have no -1, and with absmax = |x| each materialise / load cycle would
+ * shrink such a block. So a state materialised (fp32 or bf16) and loaded
+ * again keeps its codes and scales from the first load on. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -222,7 +231,9 @@ typedef struct lowbit_optimizer_config {
   int32_t stochastic_rounding; /* default for 16-bit params: 0/1 */
   int32_t error_correction;    /* default for 16-bit params: 0/1 (wins over SR) */
   int32_t skip_nonfinite;      /* see "Non-finite gradients" above; default 1 */
-  int32_t num_threads;         /* CPU engine threads; 0 = all available */
+  int32_t num_threads;         /* CPU engine threads, 0..1024; 0 = all OpenMP threads
+                                  (omp_get_max_threads()); larger values are
+                                  LOWBIT_ERROR_INVALID_ARGUMENT */
   int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100) */
 } lowbit_optimizer_config_t;
 
@@ -339,7 +350,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, 
 
 /* Replaces one moment of a param by `values` (numel fp32 on the host); the
  * library encodes them into the param's state format (quantized formats:
- * blockwise, as a step would). Values must be finite, and a second moment
+ * blockwise, exactly as loading a materialised checkpoint of these values
+ * does; see lowbit_state_format_t). Values must be finite, and a second moment
  * (Adam's variance) >= 0; otherwise LOWBIT_ERROR_NONFINITE /
  * LOWBIT_ERROR_INVALID_ARGUMENT name the first bad element and nothing
  * changes. Blocking, after the work on `stream`. */
@@ -405,6 +417,10 @@ typedef enum lowbit_checkpoint_mode {
  * enqueued on `stream`, and return when done. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_save(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode, void* buffer,
                                                  int64_t capacity, int64_t* out_size, void* stream);
+/* Writes the checkpoint to a temporary file next to `path` (its name unique
+ * to the call) and renames it over `path`: a failed save leaves `path` as it
+ * was and removes the temporary file; concurrent saves to one path each
+ * write a whole checkpoint, and the last rename wins. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lowbit_checkpoint_mode_t mode,
                                                       const char* path, void* stream);
 /* Loads a checkpoint into an optimizer with the same params registered (same
@@ -412,6 +428,10 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lo
  * optimizer's formats. On any error the optimizer is left untouched. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const void* buffer, int64_t size,
                                                  void* stream);
+/* Reads at most the size the file's checkpoint header announces, after
+ * checking that size against the file's own size (regular files) and the
+ * largest checkpoint this optimizer could load: a bad or impossible size, a
+ * shorter or longer file is LOWBIT_ERROR_CORRUPT_DATA before any large read. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path, void* stream);
 
 #ifdef __cplusplus

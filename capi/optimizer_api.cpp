@@ -1,8 +1,17 @@
 // lowbit_optimizer_* entry points: argument checks that need the C view,
 // then a call into lowbit::Optimizer inside guarded().
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "boundary.hpp"
@@ -222,16 +231,32 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_save_file(lowbit_optimizer_t opt, lo
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(path, "path");
     std::vector<uint8_t> bytes = o.save(mode, stream);
-    // Write a temporary file and rename it, so a failed save never clobbers a good checkpoint.
-    std::string tmp = std::string(path) + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    LOWBIT_REQUIRE(f, LOWBIT_ERROR_IO, "path = \"", path, "\": cannot open \"", tmp, "\" for writing: ",
-                   std::strerror(errno));
+    // Write a temporary file next to `path` and rename it over `path`, so a
+    // failed save never clobbers a good checkpoint. The temporary name is
+    // unique to this call (process, thread, counter) and created exclusively,
+    // so concurrent saves to one path never write into each other's file:
+    // each renames a complete checkpoint, the last rename wins.
+    static std::atomic<uint64_t> counter{0};
+    const size_t thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    std::string tmp;
+    FILE* f = nullptr;
+    int open_errno = 0;
+    for (int attempt = 0; attempt < 16 && !f; ++attempt) {
+      tmp = lowbit::concat(path, ".tmp.", long(getpid()), ".", std::hex, thread, std::dec, ".",
+                           counter.fetch_add(1, std::memory_order_relaxed));
+      f = std::fopen(tmp.c_str(), "wbx");  // exclusive: never an existing file
+      open_errno = errno;
+      if (!f && open_errno != EEXIST) break;
+    }
+    LOWBIT_REQUIRE(f, LOWBIT_ERROR_IO, "path = \"", path, "\": cannot create \"", tmp, "\" for writing: ",
+                   std::strerror(open_errno));
     bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
     ok = (std::fclose(f) == 0) && ok;
+    const int write_errno = errno;
     if (!ok || std::rename(tmp.c_str(), path) != 0) {
+      const int err = ok ? errno : write_errno;
       std::remove(tmp.c_str());
-      lowbit::fail(LOWBIT_ERROR_IO, "path = \"", path, "\": writing the checkpoint failed");
+      lowbit::fail(LOWBIT_ERROR_IO, "path = \"", path, "\": writing the checkpoint failed: ", std::strerror(err));
     }
   });
 }
@@ -247,16 +272,55 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_load(lowbit_optimizer_t opt, const v
 LOWBIT_API lowbit_status_t lowbit_optimizer_load_file(lowbit_optimizer_t opt, const char* path, void* stream) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(path, "path");
-    FILE* f = std::fopen(path, "rb");
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path, "rb"), &std::fclose);
     LOWBIT_REQUIRE(f, LOWBIT_ERROR_IO, "path = \"", path, "\": cannot open for reading: ", std::strerror(errno));
-    std::vector<uint8_t> bytes;
-    uint8_t chunk[1 << 16];
-    size_t n;
-    while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) bytes.insert(bytes.end(), chunk, chunk + n);
-    bool read_error = std::ferror(f) != 0;
-    std::fclose(f);
-    LOWBIT_REQUIRE(!read_error, LOWBIT_ERROR_IO, "path = \"", path, "\": read error");
-    o.load(bytes.data(), int64_t(bytes.size()), stream);
+    // Read the header first: the size it announces is checked against what
+    // this optimizer could load and against the file's size (where the file
+    // has one), and bounds the read, so a corrupt header or an endless file
+    // (/dev/zero, a pipe) never makes a large allocation.
+    auto read_into = [&](uint8_t* dst, size_t n) {
+      size_t got = 0;
+      while (got < n) {
+        const size_t r = std::fread(dst + got, 1, n - got, f.get());
+        if (r == 0) break;
+        got += r;
+      }
+      LOWBIT_REQUIRE(!std::ferror(f.get()), LOWBIT_ERROR_IO, "path = \"", path, "\": read error: ",
+                     std::strerror(errno));
+      return got;
+    };
+    const size_t head_bytes = lowbit::Optimizer::kCheckpointHeadBytes;
+    std::vector<uint8_t> bytes(head_bytes);
+    const size_t head = read_into(bytes.data(), head_bytes);
+    if (head < head_bytes) {  // too short to hold a header: the parser says what is missing
+      o.load(bytes.data(), int64_t(head), stream);
+      lowbit::fail(LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path, "\": ", head, " bytes are not a checkpoint");
+    }
+    uint64_t total;
+    try {
+      total = o.checkpoint_size(bytes.data());
+    } catch (const lowbit::Error& e) {
+      throw lowbit::Error(e.status(), lowbit::concat("path = \"", path, "\": ", e.what()));
+    }
+    struct stat st;
+    const bool regular = fstat(fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode);
+    if (regular)
+      LOWBIT_REQUIRE(uint64_t(st.st_size) == total, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path, "\": the file has ",
+                     int64_t(st.st_size), " bytes but its checkpoint header announces ", total);
+    // A regular file has the bytes it announces; a stream grows the buffer
+    // only as data arrives (a header may announce more than ever comes).
+    const size_t step = regular ? size_t(total) : size_t(1) << 24;
+    while (bytes.size() < total) {
+      const size_t have = bytes.size(), want = std::min<size_t>(step, size_t(total) - have);
+      bytes.resize(have + want);
+      const size_t got = read_into(bytes.data() + have, want);
+      LOWBIT_REQUIRE(got == want, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path, "\": the checkpoint is truncated: ",
+                     have + got, " bytes, its header announces ", total);
+    }
+    uint8_t extra;
+    LOWBIT_REQUIRE(read_into(&extra, 1) == 0, LOWBIT_ERROR_CORRUPT_DATA, "path = \"", path,
+                   "\": the file continues past the ", total, " bytes its checkpoint header announces");
+    o.load(bytes.data(), int64_t(total), stream);
   });
 }
 

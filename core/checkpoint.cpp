@@ -9,6 +9,8 @@
 //   u32 crc32 of everything before it
 // Loading parses and checks the whole file and builds the new state on the
 // host before anything in the optimizer is replaced.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -18,6 +20,7 @@
 #include "error.hpp"
 #include "float16.hpp"
 #include "optimizer.hpp"
+#include "quant.hpp"
 #include "validation.hpp"
 
 namespace lowbit {
@@ -80,7 +83,90 @@ struct LoadedParam {
   std::vector<uint8_t> ecc;
 };
 
+// min { t >= 0 : fl(v t) >= a }, for a >= 0 and 0 < v: the smallest scale
+// whose map value v decodes (v * scale, in float, as the codecs do) to at
+// least a. a / v is within an ulp or two of it; the loops settle the rest.
+float fit_scale(float a, float v) {
+  if (!(a > 0.f)) return 0.f;
+  float t = a / v;
+  if (!std::isfinite(t)) return t;
+  while (v * t < a) t = std::nextafter(t, INFINITY);
+  for (float d = std::nextafter(t, 0.f); t > 0.f && v * d >= a; d = std::nextafter(t, 0.f)) t = d;
+  return t;
+}
+
+// The scale of one block for reencode_moment(), from the map's largest and
+// most negative values (`vmax`, `vmin`; vmin >= 0 for a map without negative
+// values): the smallest that reaches the block's extreme with the map value
+// of its sign. Blocks with non-finite values keep the step encoder's scale:
+// the largest |x| (its bits, so NaN wins) / `absmax_divisor` (FP8: 448).
+float fitted_block_scale(const float* x, int n, float vmax, float vmin, float absmax_divisor = 1.f) {
+  float pos = 0.f, neg = 0.f;
+  uint32_t absmax_bits = 0;
+  for (int i = 0; i < n; ++i) {
+    pos = x[i] > pos ? x[i] : pos;
+    neg = -x[i] > neg ? -x[i] : neg;
+    const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
+    absmax_bits = a > absmax_bits ? a : absmax_bits;
+  }
+  const float absmax = bits_float(absmax_bits);
+  if (!std::isfinite(absmax)) return absmax / absmax_divisor;
+  // A block whose largest magnitude is positive keeps the step's scale (its
+  // extreme decodes exactly with the map's largest value 1). Otherwise the
+  // negative extreme, ties included, sets it: e.g. a bf16 checkpoint rounds
+  // a positive vmax-coded value and a negative vmin-coded one apart, and a
+  // rule that looked at both would let that rounding move the scale again
+  // at the next cycle.
+  const float s = pos > neg ? fit_scale(pos, vmax)
+                            : std::max(fit_scale(pos, vmax), vmin < 0.f ? fit_scale(neg, -vmin) : neg);
+  return std::isfinite(s) ? s : absmax / absmax_divisor;
+}
+
 }  // namespace
+
+void reencode_moment(const MomentView& mv, int64_t numel, const float* values) {
+  if (mv.format == LOWBIT_STATE_8BIT || mv.format == LOWBIT_STATE_4BIT) {
+    const QMap& map = *mv.map;
+    const int block = int(block_size(mv.format));
+    const float vmax = map.values[map.n - 1], vmin = map.values[0];
+    uint8_t* out = static_cast<uint8_t*>(mv.data);
+    for (int64_t b = 0; b < numel; b += block) {
+      const int n = int(std::min<int64_t>(block, numel - b));
+      const float scale = fitted_block_scale(values + b, n, vmax, vmin);
+      mv.scales[b / block] = scale;
+      for (int i = 0; i < n; ++i) {  // the code search of the codecs, given the scale
+        const float xn = normalize(values[b + i], scale);
+        int c = bucket_code(map, xn);
+        if (mv.second) c = floor_positive(map, c, xn);
+        if (mv.format == LOWBIT_STATE_8BIT) {
+          out[b + i] = uint8_t(c);
+        } else {
+          const int64_t e = b + i;
+          uint8_t& byte = out[e / 2];
+          byte = (e & 1) ? uint8_t((byte & 0x0F) | (c << 4)) : uint8_t((byte & 0xF0) | c);
+        }
+      }
+      if (mv.format == LOWBIT_STATE_4BIT && (n & 1)) out[(b + n) / 2] &= 0x0F;  // odd tail: high nibble 0
+    }
+    return;
+  }
+  if (mv.format == LOWBIT_STATE_FP8) {
+    uint8_t* out = static_cast<uint8_t*>(mv.data);
+    for (int64_t b = 0; b < numel; b += kBlock8) {
+      const int n = int(std::min<int64_t>(kBlock8, numel - b));
+      // 448 (either sign) is the extreme code: fitted, 448 s reaches the
+      // block's largest |x|; a non-finite block keeps the codec's absmax / 448.
+      const float s = fitted_block_scale(values + b, n, kFp8Max, -kFp8Max, kFp8Max);
+      mv.scales[b / kBlock8] = s;
+      for (int i = 0; i < n; ++i) {
+        uint8_t c = s > 0.f ? float_to_e4m3(values[b + i] / s) : uint8_t(0);
+        out[b + i] = mv.second ? floor_positive_e4m3(c, values[b + i]) : c;
+      }
+    }
+    return;
+  }
+  encode_moment(mv, numel, values);  // fp32, bf16: exact or round to nearest, nothing to fit
+}
 
 std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream) const {
   LOWBIT_REQUIRE(mode >= LOWBIT_CHECKPOINT_COMPRESSED && mode <= LOWBIT_CHECKPOINT_MATERIALIZED_BF16,
@@ -151,6 +237,39 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
   return std::move(w.out);
 }
 
+uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
+  Reader r(head, kCheckpointHeadBytes);
+  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "not a lowbit checkpoint (bad magic)");
+  uint32_t version = r.get<uint32_t>("version");
+  LOWBIT_REQUIRE(version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ", version,
+                 " is not supported (this library reads version ", kVersion, ")");
+  r.get<uint32_t>("mode");
+  r.get<uint32_t>("algorithm");
+  const uint32_t num_groups = r.get<uint32_t>("num_groups");
+  const uint64_t total = r.get<uint64_t>("total_size");
+  // The largest checkpoint of this optimizer's params with num_groups groups:
+  // the header, the groups, and per param its record with every moment in
+  // the widest format (fp32) and error-correction bytes, then the checksum.
+  // Saturating: a sum past 2^64 only makes the bound larger.
+  auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
+  auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
+  const uint64_t fixed = 56, group = 36, record = 32 + 8 + 4, moment = 24;
+  uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
+  for (const ParamState& p : params_) {
+    const uint64_t n = uint64_t(p.param.numel);
+    largest = add(largest, add(record, n));
+    // fp32 data is the widest format except for tiny params, where one
+    // scale per block can outweigh it: bound both together.
+    largest = add(largest, mul(uint64_t(p.num_moments), add(add(moment, mul(4, n)), mul(4, n / 128 + 1))));
+  }
+  const uint64_t smallest = fixed + 4;
+  LOWBIT_REQUIRE(total >= smallest && total <= largest, LOWBIT_ERROR_CORRUPT_DATA,
+                 "checkpoint header announces ", total, " bytes; a checkpoint of this optimizer's ", params_.size(),
+                 " params with ", num_groups, " groups takes ", smallest, " to ", largest, " bytes");
+  return total;
+}
+
 void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
   LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
@@ -213,7 +332,11 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     r.get<uint32_t>("rounding");
     uint32_t num_moments = r.get<uint32_t>("num_moments");
     LOWBIT_REQUIRE(num_moments == uint32_t(p.num_moments), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i,
-                   " keeps ", num_moments, " moments, the registered param keeps ", p.num_moments);
+                   " keeps ", num_moments, " moments, the registered param keeps ", p.num_moments,
+                   config_.algorithm == LOWBIT_ALGORITHM_SGD
+                       ? " (SGD keeps a momentum buffer when the param's group has momentum != 0 at registration: "
+                         "register it in a group with the momentum the saved optimizer was created with)"
+                       : "");
     for (int m = 0; m < p.num_moments; ++m) {
       uint32_t raw_format = r.get<uint32_t>("format");
       uint32_t block = r.get<uint32_t>("block");
@@ -222,11 +345,16 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       LOWBIT_REQUIRE(raw_format >= LOWBIT_STATE_FP32 && raw_format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_CORRUPT_DATA,
                      "checkpoint param ", i, " moment ", m, " has unknown format ", raw_format);
       auto format = lowbit_state_format_t(raw_format);
-      LOWBIT_REQUIRE(block == block_size(format) &&
-                         data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
-                         scale_bytes == uint64_t(moment_scale_bytes(format, numel)),
-                     LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
-                     " has an inconsistent layout (format ", int(format), ", block ", block, ")");
+      bool layout_ok = block == block_size(format);
+      try {  // the sizes of `format` for numel, in checked arithmetic
+        layout_ok = layout_ok && data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
+                    scale_bytes == uint64_t(moment_scale_bytes(format, numel));
+      } catch (const Error&) {
+        layout_ok = false;  // too large to size: no file can hold it
+      }
+      LOWBIT_REQUIRE(layout_ok, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
+                     " has an inconsistent layout (format ", int(format), ", block ", block, ", ", data_bytes,
+                     " data bytes, ", scale_bytes, " scale bytes for ", numel, " elements)");
       uint8_t* src_data = const_cast<uint8_t*>(r.take(data_bytes, "moment data"));
       uint8_t* stored_scales = const_cast<uint8_t*>(r.take(scale_bytes, "moment scales"));
       MomentView src = lowbit::moment_view(format, m, src_data, reinterpret_cast<float*>(stored_scales));
@@ -248,7 +376,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       MomentView target = moment_view(p, m);
       target.data = out.moment[m].data.data();
       target.scales = reinterpret_cast<float*>(out.moment[m].scales.data());
-      encode_moment(target, numel, values.data());
+      reencode_moment(target, numel, values.data());
     }
     uint64_t ecc_bytes = r.get<uint64_t>("ecc_bytes");
     LOWBIT_REQUIRE(ecc_bytes == 0 || ecc_bytes == uint64_t(numel), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
@@ -262,11 +390,18 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   }
   r.get<uint32_t>("checksum");
   LOWBIT_REQUIRE(r.pos() == size_t(size), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes");
-  for (size_t i = 0; i < params_.size(); ++i)
-    LOWBIT_REQUIRE(size_t(loaded[i].group) < groups.size() &&
-                       (config_.algorithm != LOWBIT_ALGORITHM_SGD ||
-                        (groups[size_t(loaded[i].group)].momentum != 0.f) == (params_[i].num_moments == 1)),
-                   LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, ": SGD momentum does not match its state");
+  // SGD: whether a param has a momentum buffer was decided when it was
+  // registered (and the checkpoint's moment count matched it above), not by
+  // the momentum its group has now: a group may set momentum to 0 and keep
+  // its buffers (a schedule ending at 0 resumes). Only a param without a
+  // buffer cannot take a group with momentum, as in set_hparams.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const float momentum = groups[size_t(loaded[i].group)].momentum;
+    LOWBIT_REQUIRE(config_.algorithm != LOWBIT_ALGORITHM_SGD || params_[i].num_moments == 1 || momentum == 0.f,
+                   LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, " is in group ", loaded[i].group,
+                   " with momentum = ", momentum, ", but the param was registered without momentum, so it has no "
+                   "momentum buffer");
+  }
 
   // Commit: nothing below can fail on the CPU engine.
   std::vector<int64_t> step_counts(params_.size());

@@ -20,6 +20,7 @@
 #include "rounding.hpp"
 #include "simd.hpp"
 #include "step_scalars.hpp"
+#include "validation.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -108,6 +109,7 @@ int32_t layout_format(const ParamView& v, int m) { return m < v.num_moments ? in
 class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(int num_threads) : num_threads_(num_threads) {
+    check_num_threads(num_threads);  // every way in (optimizer config, JAX handlers)
 #ifdef _OPENMP
     if (num_threads_ <= 0) num_threads_ = omp_get_max_threads();
 #else

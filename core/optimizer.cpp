@@ -268,7 +268,7 @@ void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_
   MomentView host = moment_view(p, moment);
   host.data = data.data();
   host.scales = reinterpret_cast<float*>(scales.data());
-  encode_moment(host, numel, values);
+  reencode_moment(host, numel, values);  // the same encoding as loading a materialised checkpoint
   engine_->copy_from_host(ms.data.data(), data.data(), data.size(), stream);
   engine_->copy_from_host(ms.scales.data(), scales.data(), scales.size(), stream);
 }

@@ -107,6 +107,12 @@ class Optimizer {
   // Checkpoints (checkpoint.cpp).
   std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode, void* stream) const;
   void load(const uint8_t* data, int64_t size, void* stream);
+  // The first kCheckpointHeadBytes bytes of a checkpoint announce its total
+  // size: checked (magic, version) and returned when this optimizer could
+  // load a checkpoint of that size, else CORRUPT_DATA (so a reader never
+  // allocates for a corrupt size).
+  static constexpr size_t kCheckpointHeadBytes = 32;
+  uint64_t checkpoint_size(const uint8_t* head) const;
 
   const lowbit_optimizer_config_t& config() const { return config_; }
 

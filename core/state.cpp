@@ -1,5 +1,7 @@
 #include "state.hpp"
 
+#include "error.hpp"
+
 namespace lowbit {
 
 bool is_quantized(lowbit_state_format_t format) {
@@ -15,25 +17,54 @@ int64_t block_size(lowbit_state_format_t format) {
   }
 }
 
+namespace {
+
+// Sizes are computed in checked int64 arithmetic: a numel whose state would
+// take more than INT64_MAX bytes is an error, never a wrapped size.
+[[noreturn]] void too_large(lowbit_state_format_t format, int64_t numel) {
+  fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " is too large: its ", format_name(format),
+       " state would take more than INT64_MAX bytes");
+}
+
+void check_numel(int64_t numel) {
+  LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " must be >= 0");
+}
+
+}  // namespace
+
 int64_t num_blocks(lowbit_state_format_t format, int64_t numel) {
+  check_numel(numel);
   if (!is_quantized(format)) return 0;
-  int64_t b = block_size(format);
-  return (numel + b - 1) / b;
+  const int64_t b = block_size(format);
+  return numel / b + (numel % b != 0);  // ceil, without numel + b - 1
 }
 
 int64_t moment_data_bytes(lowbit_state_format_t format, int64_t numel) {
+  check_numel(numel);
+  int64_t bytes = 0;
   switch (format) {
-    case LOWBIT_STATE_FP32: return 4 * numel;
-    case LOWBIT_STATE_BF16: return 2 * numel;
+    case LOWBIT_STATE_FP32:
+      if (__builtin_mul_overflow(numel, int64_t(4), &bytes)) too_large(format, numel);
+      return bytes;
+    case LOWBIT_STATE_BF16:
+      if (__builtin_mul_overflow(numel, int64_t(2), &bytes)) too_large(format, numel);
+      return bytes;
     case LOWBIT_STATE_8BIT:
     case LOWBIT_STATE_FP8: return numel;
-    case LOWBIT_STATE_4BIT: return (numel + 1) / 2;
+    case LOWBIT_STATE_4BIT: return numel / 2 + numel % 2;  // ceil, without numel + 1
     default: return 0;
   }
 }
 
 int64_t moment_scale_bytes(lowbit_state_format_t format, int64_t numel) {
-  return 4 * num_blocks(format, numel);
+  return 4 * num_blocks(format, numel);  // at most 4 * ceil(INT64_MAX / 128)
+}
+
+int64_t checked_add_bytes(int64_t a, int64_t b, int64_t numel) {
+  int64_t sum = 0;
+  LOWBIT_REQUIRE(!__builtin_add_overflow(a, b, &sum), LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel,
+                 " is too large: its state would take more than INT64_MAX bytes");
+  return sum;
 }
 
 const char* format_name(lowbit_state_format_t format) {

@@ -43,6 +43,10 @@ int64_t block_size(lowbit_state_format_t format);
 int64_t num_blocks(lowbit_state_format_t format, int64_t numel);
 int64_t moment_data_bytes(lowbit_state_format_t format, int64_t numel);
 int64_t moment_scale_bytes(lowbit_state_format_t format, int64_t numel);
+// The size functions above are checked: numel < 0, or a size over INT64_MAX,
+// throws lowbit::Error (INVALID_ARGUMENT naming param.numel). a + b bytes of
+// the state of a param of `numel` elements, checked the same way.
+int64_t checked_add_bytes(int64_t a, int64_t b, int64_t numel);
 bool is_quantized(lowbit_state_format_t format);
 const char* format_name(lowbit_state_format_t format);
 const char* dtype_name(lowbit_dtype_t dtype);
@@ -51,5 +55,15 @@ int64_t dtype_bytes(lowbit_dtype_t dtype);
 const QMap* moment_map(lowbit_state_format_t format, int moment);
 // The view of moment 0 or 1 stored in `format` at data / scales.
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
+
+// Encodes fp32 values that came from a stored moment (a materialised
+// checkpoint, another format, read_moment) into `mv` so that decoding and
+// re-encoding is a fixed point (checkpoint.cpp). Like a step's encoder except
+// for the scale of a quantized block whose largest magnitude is a negative x:
+// the smallest scale with which the map's most negative value decodes to x
+// or beyond. A step's scale |x| decodes x as vmin * |x| (the signed maps have
+// no -1: 8-bit x0.99297, 4-bit x0.8875), so each materialise / load cycle
+// shrank such blocks by that factor.
+void reencode_moment(const MomentView& mv, int64_t numel, const float* values);
 
 }  // namespace lowbit

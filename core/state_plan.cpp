@@ -21,7 +21,8 @@ lowbit_state_format_t resolve(lowbit_state_format_t requested, lowbit_state_form
 
 int64_t StatePlan::state_bytes(int64_t numel) const {
   int64_t bytes = ecc_bytes(numel);
-  for (int m = 0; m < num_moments; ++m) bytes += data_bytes(m, numel) + scale_bytes(m, numel);
+  for (int m = 0; m < num_moments; ++m)
+    bytes = checked_add_bytes(bytes, checked_add_bytes(data_bytes(m, numel), scale_bytes(m, numel), numel), numel);
   return bytes;
 }
 
@@ -37,6 +38,7 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param.numel = ", numel, " must be >= 0");
   LOWBIT_REQUIRE(c.param.dtype >= LOWBIT_DTYPE_FLOAT32 && c.param.dtype <= LOWBIT_DTYPE_FLOAT16,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "param.dtype = ", int(c.param.dtype), " is not a lowbit_dtype_t value");
+  check_tensor_bytes(numel, c.param.dtype, "param");
 
   StatePlan plan;
   plan.num_moments = moment_count(config.algorithm, hparams.momentum);
@@ -66,6 +68,7 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
     else if (sr)
       plan.rounding = WeightRounding::Stochastic;
   }
+  plan.state_bytes(numel);  // sizes every part in checked arithmetic: a state too large to size fails here
   return plan;
 }
 

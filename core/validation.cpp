@@ -61,6 +61,11 @@ void check_flag(int32_t value, const char* field, bool allow_default) {
                  " = ", value, allow_default ? " must be -1, 0 or 1" : " must be 0 or 1");
 }
 
+void check_num_threads(int32_t num_threads) {
+  LOWBIT_REQUIRE(num_threads >= 0 && num_threads <= kMaxNumThreads, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "num_threads = ", num_threads, " must be in [0, ", kMaxNumThreads, "] (0: all OpenMP threads)");
+}
+
 void check_config(const lowbit_optimizer_config_t& c) {
   check_struct_size(c.struct_size, sizeof(lowbit_optimizer_config_t), "config");
   check_algorithm(c.algorithm);
@@ -75,10 +80,16 @@ void check_config(const lowbit_optimizer_config_t& c) {
   check_flag(c.stochastic_rounding, "stochastic_rounding", false);
   check_flag(c.error_correction, "error_correction", false);
   check_flag(c.skip_nonfinite, "skip_nonfinite", false);
-  LOWBIT_REQUIRE(c.num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", c.num_threads,
-                 " must be >= 0");
+  check_num_threads(c.num_threads);
   LOWBIT_REQUIRE(c.freeze_step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "freeze_step = ", c.freeze_step,
                  " must be >= 0");
+}
+
+void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what) {
+  const int64_t elem = dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
+  int64_t bytes = 0;
+  LOWBIT_REQUIRE(!__builtin_mul_overflow(numel, elem, &bytes), LOWBIT_ERROR_INVALID_ARGUMENT, what, ".numel = ",
+                 numel, " is too large: ", numel, " elements of ", elem, " bytes take more than INT64_MAX bytes");
 }
 
 void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index) {
@@ -91,6 +102,7 @@ void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t de
   LOWBIT_REQUIRE(t.device == device && (device == LOWBIT_DEVICE_CPU || t.device_index == device_index),
                  LOWBIT_ERROR_INVALID_ARGUMENT, what, " is on device ", int(t.device), ":", t.device_index,
                  " but the optimizer is on device ", int(device), ":", device_index);
+  check_tensor_bytes(t.numel, t.dtype, what);
   int64_t align = t.dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
   LOWBIT_REQUIRE(reinterpret_cast<uintptr_t>(t.data) % align == 0, LOWBIT_ERROR_INVALID_ARGUMENT, what,
                  ".data is not aligned to its element size ", align);

@@ -1,9 +1,16 @@
 // Checks of caller-provided structs. Each throws lowbit::Error naming the
 // field and the value at fault; none has side effects.
 #pragma once
+#include <cstdint>
+
 #include "lowbit.h"
 
 namespace lowbit {
+
+// The most CPU engine threads a caller may ask for (lowbit.h, num_threads).
+// OpenMP itself has no safe upper bound: a team of 100000 threads crashes
+// inside the runtime and INT32_MAX makes it exit(1).
+constexpr int32_t kMaxNumThreads = 1024;
 
 void check_struct_size(size_t got, size_t expected, const char* what);
 void check_algorithm(lowbit_algorithm_t algorithm);
@@ -12,6 +19,10 @@ void check_config(const lowbit_optimizer_config_t& c);
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default);
 // A tensor on `device`; `what` names it in messages ("param", "grads[3]").
 void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t device, int32_t device_index);
+// numel elements of a valid dtype fit in INT64_MAX bytes.
+void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what);
 void check_flag(int32_t value, const char* field, bool allow_default);
+// 0 (all OpenMP threads) .. kMaxNumThreads.
+void check_num_threads(int32_t num_threads);
 
 }  // namespace lowbit

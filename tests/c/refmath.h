@@ -14,6 +14,18 @@
  * REF_K * u * scale of the float64 value. REF_K = 16 covers the at most ~8
  * roundings of the longest chain (decay, moment, sqrt, scale, +eps, divide,
  * multiply, subtract) with a factor 2 of margin; it is a bound, not a fit.
+ *
+ * Gradual underflow: a product, quotient or square root whose result falls
+ * below the smallest normal float FLT_MIN = 2^-126 is a subnormal, rounded to
+ * a multiple of 2^-149: its error is up to u * FLT_MIN = 2^-150 absolute, not
+ * u relative (IEEE 754 with subnormals; the library runs without flush-to-
+ * zero). So each such operation adds REF_TINY (= FLT_MIN) to the scale of its
+ * result, and the scale carries it on like any other term: e.g. the product
+ * step_size * m of a subnormal m is divided by the Adam denominator, which
+ * can turn its 2^-150 into a visible error of a normal-sized result (issue
+ * 17: adam/4bit/bf16-params, step 90, a bf16 weight near 2^-124; the library
+ * was the exact fp32 evaluation, the reference's bound missed the term).
+ * Sums and differences of subnormals are exact and add nothing.
  */
 #ifndef LOWBIT_TEST_REFMATH_H
 #define LOWBIT_TEST_REFMATH_H
@@ -32,6 +44,7 @@
 
 #define REF_U (0x1p-24)
 #define REF_K 16.0
+#define REF_TINY (0x1p-126) /* FLT_MIN: REF_U * REF_TINY bounds the error of a subnormal result */
 
 /* ------------------------------------------------------------------ rng */
 
@@ -522,15 +535,17 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
   switch (h->algo) {
     case LOWBIT_ALGORITHM_ADAMW:
     case LOWBIT_ALGORITHM_ADAM: {
-      double gs = fabs(g), pd = p0;
+      const double T = REF_TINY;
+      double gs = fabs(g), pd = p0, ps = 0;
       if (h->algo == LOWBIT_ALGORITHM_ADAM) {
         g += h->wd * p0;
-        gs += h->wd * fabs(p0);
+        gs += h->wd * fabs(p0) + T; /* the product wd p */
       } else {
         pd = p0 * (1.0 - h->lr * h->wd);
+        ps += T; /* the product p (1 - lr wd) */
       }
-      double ms = h->b1 * fabs(*m) + (1 - h->b1) * gs;
-      double vs = h->b2 * fabs(*v) + (1 - h->b2) * gs * gs;
+      double ms = h->b1 * fabs(*m) + (1 - h->b1) * gs + 2 * T;           /* b1 m, (1 - b1) g */
+      double vs = h->b2 * fabs(*v) + (1 - h->b2) * gs * gs + 3 * T;      /* g g, (1 - b2) g^2, b2 v */
       *m = h->b1 * *m + (1 - h->b1) * g;
       *v = h->b2 * *v + (1 - h->b2) * g * g;
       double ss = k->ss, ib = k->ib;
@@ -539,24 +554,33 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
       *p = pd - upd;
       s->m = ms;
       s->v = vs;
-      s->p = fabs(pd) + ss * ms / denom + fabs(upd);
+      /* the underflow of v (3 u T absolute) moves sqrt(v) by at most
+       * min(3 u T / (2 sqrt v), sqrt(3 u T)), and the update in proportion */
+      double dv = 3 * REF_U * T, sv = sqrt(*v);
+      double dsqrt = sv > 0 ? fmin(dv / (2 * sv), sqrt(dv)) : sqrt(dv);
+      s->p = fabs(pd) + ss * ms / denom + fabs(upd) + ps
+             + T / denom                                     /* the product step_size m, then divided */
+             + T                                             /* the quotient */
+             + fabs(upd) * ib * dsqrt / (denom * REF_U);     /* v's underflow through the denominator */
       break;
     }
     case LOWBIT_ALGORITHM_LION: {
+      const double T = REF_TINY;
       double c = h->b1 * *m + (1 - h->b1) * g;
-      double cs = h->b1 * fabs(*m) + (1 - h->b1) * fabs(g);
+      double cs = h->b1 * fabs(*m) + (1 - h->b1) * fabs(g) + 2 * T;
       double sg = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
       s->sign_ambiguous = fabs(c) <= REF_K * REF_U * cs;
       s->lion_base = p0 * (1.0 - h->lr * h->wd);
       *p = s->lion_base - h->lr * sg;
-      s->m = h->b2 * fabs(*m) + (1 - h->b2) * fabs(g);
+      s->m = h->b2 * fabs(*m) + (1 - h->b2) * fabs(g) + 2 * T;
       *m = h->b2 * *m + (1 - h->b2) * g;
       s->v = 0;
-      s->p = fabs(p0) + h->lr;
+      s->p = fabs(p0) + h->lr + T; /* the decay product */
       break;
     }
     case LOWBIT_ALGORITHM_SGD: {
-      double gs = fabs(g) + h->wd * fabs(p0);
+      const double T = REF_TINY;
+      double gs = fabs(g) + h->wd * fabs(p0) + T; /* the product wd p */
       g += h->wd * p0;
       double us = gs;
       s->m = 0;
@@ -566,13 +590,13 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
           *m = g;
           bs = gs;
         } else {
-          bs = h->mom * fabs(*m) + (1 - h->damp) * gs;
+          bs = h->mom * fabs(*m) + (1 - h->damp) * gs + 2 * T; /* momentum m, (1 - dampening) g */
           *m = h->mom * *m + (1 - h->damp) * g;
         }
         s->m = bs;
         if (h->nesterov) {
           g = g + h->mom * *m;
-          us = gs + h->mom * bs;
+          us = gs + h->mom * bs + T; /* momentum m */
         } else {
           g = *m;
           us = bs;
@@ -580,7 +604,7 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
       }
       *p = p0 - h->lr * g;
       s->v = 0;
-      s->p = fabs(p0) + h->lr * us;
+      s->p = fabs(p0) + h->lr * us + T; /* the product lr g */
       break;
     }
     default: break;

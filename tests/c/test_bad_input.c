@@ -440,6 +440,158 @@ static void test_create(void** state) {
   lowbit_optimizer_destroy(out);
 }
 
+/* ------------------------------------------------------------------ num_threads */
+
+/* Issue 17 (4): num_threads is bounded (0..1024, lowbit.h): above it, create
+ * and lowbit_plan_param_state fail with INVALID_ARGUMENT naming num_threads
+ * and the value (before, 100000 crashed inside OpenMP at the first parallel
+ * step and INT32_MAX made OpenMP exit(1)); the bound itself is accepted. */
+static void test_num_threads_bound(void** state) {
+  (void)state;
+  const int32_t bad[] = {-1, 1025, 100000, INT32_MAX, INT32_MIN};
+  lowbit_optimizer_config_t oc;
+  lowbit_hparams_t h;
+  CHECK_OK(NULL, lowbit_optimizer_config_init(&oc, LOWBIT_ALGORITHM_ADAMW));
+  CHECK_OK(NULL, lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW));
+  lowbit_param_config_t pc;
+  CHECK_OK(NULL, lowbit_param_config_init(&pc));
+  pc.param.numel = 1 << 20;
+  pc.param.dtype = LOWBIT_DTYPE_FLOAT32;
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
+    char what[64], value[32];
+    snprintf(what, sizeof what, "create with num_threads = %d", (int)bad[k]);
+    snprintf(value, sizeof value, "num_threads = %d", (int)bad[k]);
+    oc.num_threads = bad[k];
+    lowbit_optimizer_t out = (lowbit_optimizer_t)(uintptr_t)0x1234;
+    EXPECT(lowbit_optimizer_create(&out, &oc, &h), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(), value, what);
+    assert_null(out);
+    lowbit_state_plan_t plan;
+    memset(&plan, 0, sizeof plan);
+    plan.struct_size = sizeof plan;
+    EXPECT(lowbit_plan_param_state(&oc, &h, &pc, &plan), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(), value,
+           "plan_param_state");
+  }
+  /* 1024 is allowed, and steps (a small param: the step stays on the calling
+   * thread, so the test does not depend on the machine's thread limits) */
+  oc.num_threads = 1024;
+  lowbit_optimizer_t opt = NULL;
+  CHECK_OK(NULL, lowbit_optimizer_create(&opt, &oc, &h));
+  float p[64] = {0}, g[64];
+  for (int i = 0; i < 64; ++i) g[i] = 0.01f * (float)(i - 32);
+  pc.param = make_tensor(p, 64, LOWBIT_DTYPE_FLOAT32);
+  pc.grad = make_tensor(g, 64, LOWBIT_DTYPE_FLOAT32);
+  int64_t id = -1;
+  CHECK_OK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  CHECK_OK(opt, lowbit_optimizer_step(opt, NULL));
+  assert_true(p[0] != 0.f);
+  lowbit_optimizer_destroy(opt);
+}
+
+/* ------------------------------------------------------------------ huge numel */
+
+/* Issue 17 (6): sizes computed from numel are checked, never wrapped (before,
+ * a numel of 2^62 planned an fp32 state of 0 bytes, and UBSan reported the
+ * signed overflow in core/state.cpp). A numel whose param or state cannot be
+ * sized in int64 is INVALID_ARGUMENT naming numel and its value; a legal but
+ * impossible size is OUT_OF_MEMORY at registration; nothing changes. */
+typedef struct {
+  int64_t numel;
+  lowbit_dtype_t dtype;
+  lowbit_state_format_t fmt;
+  int ecc;
+  lowbit_status_t want;
+  int64_t state_bytes; /* when want == SUCCESS */
+} huge_case_t;
+
+static void test_huge_numel(void** state) {
+  (void)state;
+  const int64_t P62 = (int64_t)1 << 62, P61 = (int64_t)1 << 61;
+  const huge_case_t cases[] = {
+      {INT64_MAX, LOWBIT_DTYPE_FLOAT32, LOWBIT_STATE_FP32, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      {INT64_MAX, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_4BIT, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      {INT64_MAX - 1, LOWBIT_DTYPE_FLOAT16, LOWBIT_STATE_8BIT, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      {P62, LOWBIT_DTYPE_FLOAT32, LOWBIT_STATE_FP32, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0}, /* was: 0 bytes */
+      {P62, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_8BIT, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0}, /* 2^63 param bytes */
+      {P62 - 1, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_FP32, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      {P61, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_BF16, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0}, /* 2 x 2^62 */
+      {P61, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_FP32, 0, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      /* 2 x (2^61 + 2^56) + 2^62 error-correction bytes > INT64_MAX */
+      {P62 - 1, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_4BIT, 1, LOWBIT_ERROR_INVALID_ARGUMENT, 0},
+      /* representable: planned exactly */
+      {P62 - 1, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_4BIT, 0, LOWBIT_SUCCESS, 2 * (((int64_t)1 << 61) + ((int64_t)1 << 57))},
+      {P61, LOWBIT_DTYPE_BFLOAT16, LOWBIT_STATE_8BIT, 1, LOWBIT_SUCCESS, 2 * (P61 + ((int64_t)1 << 55)) + P61},
+      {(int64_t)1 << 60, LOWBIT_DTYPE_FLOAT32, LOWBIT_STATE_BF16, 0, LOWBIT_SUCCESS, (int64_t)1 << 62},
+  };
+  lowbit_optimizer_config_t oc;
+  lowbit_hparams_t h;
+  CHECK_OK(NULL, lowbit_optimizer_config_init(&oc, LOWBIT_ALGORITHM_ADAMW));
+  CHECK_OK(NULL, lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW));
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+    const huge_case_t* c = &cases[k];
+    lowbit_param_config_t pc;
+    CHECK_OK(NULL, lowbit_param_config_init(&pc));
+    pc.param.numel = c->numel;
+    pc.param.dtype = c->dtype;
+    pc.state_format = c->fmt;
+    pc.error_correction = c->ecc;
+    lowbit_state_plan_t plan;
+    memset(&plan, 0x5A, sizeof plan);
+    plan.struct_size = sizeof plan;
+    char what[96], value[64];
+    snprintf(what, sizeof what, "plan of numel %lld (case %d)", (long long)c->numel, (int)k);
+    snprintf(value, sizeof value, "numel = %lld", (long long)c->numel);
+    lowbit_status_t st = lowbit_plan_param_state(&oc, &h, &pc, &plan);
+    if (c->want != LOWBIT_SUCCESS) {
+      expect_error(st, c->want, lowbit_last_error(), value, what);
+      continue;
+    }
+    if (st != LOWBIT_SUCCESS) fail_msg("%s: %d (%s)", what, (int)st, lowbit_last_error());
+    if (plan.state_bytes != c->state_bytes)
+      fail_msg("%s: state_bytes %lld, expected %lld", what, (long long)plan.state_bytes, (long long)c->state_bytes);
+    for (int m = 0; m < 2; ++m) assert_true(plan.data_bytes[m] > 0 && plan.scale_count[m] >= 0);
+  }
+
+  /* Through add_param on an optimizer with one param: too large to size is
+   * INVALID_ARGUMENT, a representable but impossible state (2^56 bytes, over
+   * any address space) OUT_OF_MEMORY; the optimizer is unchanged and works. */
+  lowbit_optimizer_t opt = NULL;
+  CHECK_OK(NULL, lowbit_optimizer_create(&opt, &oc, &h));
+  float p[256], g[256];
+  for (int i = 0; i < 256; ++i) p[i] = 0.f, g[i] = 0.01f * (float)(i % 9 - 4);
+  lowbit_param_config_t pc;
+  CHECK_OK(NULL, lowbit_param_config_init(&pc));
+  pc.param = make_tensor(p, 256, LOWBIT_DTYPE_FLOAT32);
+  pc.grad = make_tensor(g, 256, LOWBIT_DTYPE_FLOAT32);
+  int64_t id = -1;
+  float big[8];
+  lowbit_param_config_t hc;
+  CHECK_OK(NULL, lowbit_param_config_init(&hc));
+  /* first, with no other param whose memory its range could overlap */
+  hc.param = make_tensor(big, (int64_t)1 << 56, LOWBIT_DTYPE_BFLOAT16);
+  hc.state_format = LOWBIT_STATE_8BIT;
+  EXPECT(lowbit_optimizer_add_param(opt, &hc, &id), LOWBIT_ERROR_OUT_OF_MEMORY, lowbit_optimizer_last_error(opt),
+         "bytes|memory", "add_param of 2^56 elements");
+  CHECK_OK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  assert_int_equal(id, 0);
+  const int64_t bad_numel[] = {P62, INT64_MAX, P61 + 1};
+  for (int k = 0; k < 3; ++k) {
+    hc.param = make_tensor(big, bad_numel[k], LOWBIT_DTYPE_FLOAT32);
+    hc.state_format = k == 2 ? LOWBIT_STATE_FP32 : LOWBIT_STATE_DEFAULT;
+    char value[64];
+    snprintf(value, sizeof value, "numel = %lld", (long long)bad_numel[k]);
+    EXPECT(lowbit_optimizer_add_param(opt, &hc, &id), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_optimizer_last_error(opt),
+           value, "add_param with a huge numel");
+  }
+  int64_t n = -1, bytes = -1;
+  CHECK_OK(opt, lowbit_optimizer_num_params(opt, &n));
+  assert_int_equal(n, 1);
+  CHECK_OK(opt, lowbit_optimizer_state_bytes(opt, -1, &bytes));
+  assert_int_equal(bytes, 2 * 256 * 4);
+  CHECK_OK(opt, lowbit_optimizer_step(opt, NULL));
+  assert_true(p[0] != 0.f);
+  lowbit_optimizer_destroy(opt);
+}
+
 /* ------------------------------------------------------------------ hyper-parameters on a live optimizer */
 
 static void test_hparams_on_live_optimizer(void** state) {
@@ -798,6 +950,8 @@ int main(void) {
       cmocka_unit_test(test_status_strings_and_version),
       cmocka_unit_test(test_destroy_null_and_null_handles),
       cmocka_unit_test(test_create),
+      cmocka_unit_test(test_num_threads_bound),
+      cmocka_unit_test(test_huge_numel),
       cmocka_unit_test(test_hparams_on_live_optimizer),
       cmocka_unit_test(test_sgd_momentum_change),
       cmocka_unit_test(test_add_param),
