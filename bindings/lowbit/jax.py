@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._capi import Algorithm, Dtype, StateFormat
+from ._ffi import Algorithm, Dtype, StateFormat
 from ._optimizer import resolve_num_threads
 from ._plan import plan_param_state
 
