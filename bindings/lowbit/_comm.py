@@ -18,14 +18,13 @@ _CUDA_AWARE = {"auto": CommCudaAware.AUTO, "never": CommCudaAware.NEVER, "always
 _ERR = "lowbit_comm_last_error"
 
 
-def _destroy(handle_value, users):
-    # Optimizers still using the communicator go first (at interpreter exit,
-    # or when a reference cycle holds both, finalizers run in any order):
+def _destroy(handle_value, user_finalizers):
+    # Optimizers still using the communicator are destroyed first (at
+    # interpreter exit, or when a reference cycle holds both, finalizers run
+    # in any order, and weak references to the optimizers are already gone):
     # the library never holds a freed communicator.
-    for opt in list(users):
-        fin = getattr(opt, "_finalizer", None)
-        if fin is not None:
-            fin()
+    for fin in list(user_finalizers.values()):
+        fin()
     if handle_value:
         try:
             LIB.fn("lowbit_comm_destroy")(ffi.cast("lowbit_comm_t", handle_value))
@@ -62,7 +61,9 @@ class Communicator:
         self._handle = handle
         self._keep = keepalive
         self._users = weakref.WeakSet()  # open optimizers that use this communicator
-        self._finalizer = weakref.finalize(self, _destroy, int(ffi.cast("uintptr_t", handle)), self._users)
+        self._user_finalizers = {}  # id(optimizer) -> its handle's finalizer (alive while the handle is)
+        self._finalizer = weakref.finalize(self, _destroy, int(ffi.cast("uintptr_t", handle)),
+                                           self._user_finalizers)
         self._i32 = ffi.new("int32_t *")
         self._i64 = ffi.new("int64_t[2]")
 
@@ -134,10 +135,14 @@ class Communicator:
         return self._handle is None
 
     def _attach(self, opt) -> None:
+        for key in [k for k, fin in self._user_finalizers.items() if not fin.alive]:
+            del self._user_finalizers[key]
         self._users.add(opt)
+        self._user_finalizers[id(opt)] = opt._finalizer
 
     def _detach(self, opt) -> None:
         self._users.discard(opt)
+        self._user_finalizers.pop(id(opt), None)
 
     def __copy__(self):
         raise TypeError("a lowbit.Communicator cannot be copied: it is one member of a collective group (a copy "

@@ -24,7 +24,8 @@ class LowbitError(Exception):
         text = message
         if function:
             text = f"{function}: {text}"
-        status_name = getattr(self.status, "name", str(self.status))
+        status_name = getattr(self.status, "name", None) or (
+            self._status if status is None else str(self.status))  # before the Status enum is bound
         super().__init__(f"{text} [{status_name}]")
 
 
@@ -119,6 +120,8 @@ _BY_STATUS_CLASSES = (
     CommunicationError,
     InternalError,
 )
+for _cls in (LowbitError, ArrayError, LibraryNotFoundError) + _BY_STATUS_CLASSES:
+    _cls.__module__ = "lowbit"  # as exported: lowbit.InvalidArgumentError, ...
 ERRORS_BY_STATUS: dict = {}
 _Status = None
 
