@@ -81,9 +81,11 @@ def find_library() -> str:
 
 def cdef_candidates(library: str) -> list:
     """Where the declarations of `library` may be: beside it (a build tree,
-    the Python package), or in <prefix>/share/lowbit (a C install)."""
+    the Python package), or in <prefix>/share/lowbit (a C install, libdir
+    lib, lib64 or lib/<multiarch>)."""
     d = os.path.dirname(os.path.realpath(library))
-    dirs = [os.path.dirname(os.path.abspath(library)), d, os.path.join(d, os.pardir, "share", "lowbit")]
+    dirs = [os.path.dirname(os.path.abspath(library)), d, os.path.join(d, os.pardir, "share", "lowbit"),
+            os.path.join(d, os.pardir, os.pardir, "share", "lowbit")]
     out = []
     for x in dirs:
         p = os.path.normpath(os.path.join(x, CDEF_NAME))
