@@ -15,28 +15,12 @@ import json
 import os
 import sys
 
-JAX_LIBRARY_ENV = "LOWBIT_JAX_LIBRARY"
-JAX_MODULE_NAME = "liblowbit_jax.so"  # CMake names MODULE libraries .so on Linux and macOS
-
-
-def jax_module_candidates(library_path: str) -> list:
-    """Where lowbit.jax looks for the FFI handlers: LOWBIT_JAX_LIBRARY, else
-    beside LOWBIT_LIBRARY, else inside the package (lowbit/jax.py)."""
-    env = os.environ.get(JAX_LIBRARY_ENV)
-    if env:
-        return [env]
-    out = []
-    lib = os.environ.get("LOWBIT_LIBRARY")
-    if lib:
-        out.append(os.path.join(os.path.dirname(os.path.abspath(lib)), JAX_MODULE_NAME))
-    out.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), JAX_MODULE_NAME))
-    return out
-
-
 def jax_handlers(library_path: str) -> dict:
     """The JAX FFI module lowbit.jax would load: its path and protocol
     version (read with ctypes; jax itself is not imported)."""
-    for path in jax_module_candidates(library_path):
+    from ._lib import jax_module_candidates
+
+    for path, _source in jax_module_candidates():
         if os.path.exists(path):
             try:
                 mod = ctypes.CDLL(path)
@@ -71,7 +55,9 @@ def format_report(info: dict) -> str:
     elif jm.get("path"):
         jax_found = f"{jm['path']} (could not be loaded: {jm['error']})"
     else:
-        jax_found = "not found (" + ", ".join(jax_module_candidates(info["library"])) + ")"
+        from ._lib import jax_module_candidates
+
+        jax_found = "not found (" + ", ".join(p for p, _ in jax_module_candidates()) + ")"
     codecs = "AVX-512" if info["cpu_avx512_codecs"] else "portable"
     if not info["cpu_avx512_codecs"] and os.environ.get("LOWBIT_CPU_KERNELS") == "generic":
         codecs += " (LOWBIT_CPU_KERNELS=generic)"

@@ -3,6 +3,8 @@ exceptions."""
 
 from __future__ import annotations
 
+import os
+
 from . import _ffi
 from ._errors import (  # noqa: F401  (re-exported: the package's exceptions live here for callers)
     ERRORS_BY_STATUS,
@@ -100,3 +102,22 @@ def status_string(status: int) -> str:
 
 def library_path() -> str:
     return LIB.path
+
+
+JAX_LIBRARY_ENV = "LOWBIT_JAX_LIBRARY"
+JAX_MODULE_NAME = "liblowbit_jax.so"  # CMake names MODULE libraries .so on Linux and macOS
+
+
+def jax_module_candidates() -> list:
+    """Where the JAX FFI handlers (liblowbit_jax) are looked for, as (path,
+    source): $LOWBIT_JAX_LIBRARY alone when set, else beside $LOWBIT_LIBRARY,
+    then inside the package."""
+    env = os.environ.get(JAX_LIBRARY_ENV)
+    if env:
+        return [(env, JAX_LIBRARY_ENV)]
+    out = []
+    lib = os.environ.get(LIBRARY_ENV)
+    if lib:
+        out.append((os.path.join(os.path.dirname(os.path.abspath(lib)), JAX_MODULE_NAME), LIBRARY_ENV))
+    out.append((os.path.join(os.path.dirname(os.path.abspath(__file__)), JAX_MODULE_NAME), None))
+    return out
