@@ -115,6 +115,35 @@ LOWBIT_API int lowbit_has_cuda(void);
 LOWBIT_API int lowbit_has_mpi(void);
 LOWBIT_API int lowbit_has_nccl(void);
 
+/* What this library was built with, from the facts CMake found at configure
+ * time (and, for cpu_avx512_codecs, the CPU it runs on). Strings are static
+ * and never NULL ("" when unknown or not applicable). */
+typedef struct lowbit_build_info {
+  size_t struct_size;  /* set by the caller */
+  int32_t version;     /* LOWBIT_VERSION of this library */
+  int32_t has_cuda;    /* the CUDA engine is built in */
+  /* SHA-256 (hex) of lowbit_cdef.h, the declarations of these headers that
+   * the Python package reads (bindings/gen_cdef.py); "" when the build had no
+   * Python to generate them. */
+  const char* cdef_fingerprint;
+  const char* cuda_architectures; /* CMAKE_CUDA_ARCHITECTURES, e.g. "80;90" */
+  const char* cuda_version;       /* version of the CUDA toolkit built against */
+  int32_t has_mpi;                /* the MPI transport is built in */
+  int32_t has_nccl;               /* the NCCL transport is built in (libnccl is loaded at run time) */
+  int32_t has_openmp;             /* CPU steps run on OpenMP threads */
+  int32_t has_jax_handlers;       /* this build also made liblowbit_jax (the XLA FFI handlers, a separate module) */
+  /* 1 if the CPU engine's codecs run their AVX-512 forms in this process:
+   * built in, the CPU has AVX-512 F/BW/VL/DQ/VBMI, and LOWBIT_CPU_KERNELS is
+   * not "generic". */
+  int32_t cpu_avx512_codecs;
+  int32_t reserved0;              /* 0 */
+  const char* compiler;           /* C++ compiler id and version */
+  const char* build_type;         /* CMAKE_BUILD_TYPE */
+} lowbit_build_info_t;
+
+/* Fills *out (out->struct_size must be set). */
+LOWBIT_API lowbit_status_t lowbit_build_info(lowbit_build_info_t* out);
+
 /* ---------------------------------------------------------------- tensors */
 
 typedef enum lowbit_dtype {

@@ -6,6 +6,10 @@ install(TARGETS lowbit EXPORT lowbitTargets
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES capi/lowbit.h capi/lowbit_comm.h ${LOWBIT_GENERATED_INCLUDE_DIR}/lowbit_version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+if(LOWBIT_HAVE_CDEF)
+  # For the Python package pointed at this install (LOWBIT_LIBRARY=<prefix>/lib/liblowbit.so).
+  install(FILES ${LOWBIT_CDEF_FILE} DESTINATION ${CMAKE_INSTALL_DATADIR}/lowbit)
+endif()
 install(EXPORT lowbitTargets NAMESPACE lowbit:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/lowbit)
 
 configure_package_config_file(cmake/lowbitConfig.cmake.in ${PROJECT_BINARY_DIR}/lowbitConfig.cmake

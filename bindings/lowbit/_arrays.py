@@ -22,8 +22,8 @@ import ctypes
 from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
 from . import _cuda
-from ._capi import Device, Dtype, Tensor
-from ._lib import ArrayError
+from ._errors import ArrayError
+from ._ffi import Device, Dtype, Tensor, ffi
 
 try:  # numpy is a hard dependency of the package, but keep import errors readable
     import numpy as np
@@ -62,16 +62,28 @@ def device_string(device: Device, index: int) -> str:
     return "cpu" if device == Device.CPU else f"cuda:{index}"
 
 
-class ArrayRef:
-    """A validated array: the descriptor plus what keeps the memory alive."""
+_new = ffi.new
+_cast = ffi.cast
 
-    __slots__ = ("tensor", "shape", "owner", "dtype", "device", "device_index")
+
+class ArrayRef:
+    """A validated array: its lowbit_tensor_t descriptor (``desc``, a cffi
+    ``lowbit_tensor_t *``) plus what keeps the memory alive (``owner``)."""
+
+    __slots__ = ("desc", "numel", "shape", "owner", "dtype", "device", "device_index")
 
     def __init__(self, data, shape, dtype, device, device_index, owner):
         numel = 1
         for d in shape:
             numel *= int(d)
-        self.tensor = Tensor(data=data, numel=numel, dtype=int(dtype), device=int(device), device_index=device_index)
+        desc = _new("lowbit_tensor_t *")
+        desc.data = _cast("void *", data or 0)
+        desc.numel = numel
+        desc.dtype = int(dtype)
+        desc.device = int(device)
+        desc.device_index = int(device_index)
+        self.desc = desc
+        self.numel = numel
         self.shape = tuple(int(d) for d in shape)
         self.dtype = Dtype(dtype)
         self.device = Device(device)
@@ -79,8 +91,48 @@ class ArrayRef:
         self.owner = owner
 
     @property
-    def numel(self):
-        return self.tensor.numel
+    def tensor(self):
+        """The descriptor as a ctypes lowbit_tensor_t (a copy), for code that
+        keeps descriptor arrays in ctypes memory."""
+        return Tensor.from_buffer_copy(ffi.buffer(self.desc))
+
+
+def _tensor_record_dtype():
+    """A numpy record dtype laid out as lowbit_tensor_t (from the declarations),
+    to fill many descriptors with one vectorised assignment per field."""
+    tp = ffi.typeof("lowbit_tensor_t")
+    names, formats, offsets = [], [], []
+    for name, f in tp.fields:
+        size = ffi.sizeof(f.type)
+        names.append(name)
+        formats.append(np.uintp if f.type.kind == "pointer" else {1: "i1", 2: "i2", 4: "i4", 8: "i8"}[size])
+        offsets.append(f.offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": ffi.sizeof(tp)})
+
+
+TENSOR_RECORD = _tensor_record_dtype()
+
+
+class TensorArray:
+    """``n`` lowbit_tensor_t descriptors in one cffi allocation, made once
+    and reused from step to step: ``cdata`` (a ``lowbit_tensor_t[n]``, what
+    lowbit_optimizer_step_with_grads takes) and ``records``, a numpy record
+    view of the same memory (fields data, numel, dtype, device,
+    device_index) for vectorised fills."""
+
+    __slots__ = ("cdata", "records", "n")
+
+    def __init__(self, n: int):
+        self.n = int(n)
+        self.cdata = _new("lowbit_tensor_t[]", max(self.n, 1))
+        self.records = np.frombuffer(ffi.buffer(self.cdata), dtype=TENSOR_RECORD, count=max(self.n, 1))[: self.n]
+
+    def __len__(self):
+        return self.n
+
+    def clear(self, i: int) -> None:
+        """Descriptor i: no tensor (data NULL)."""
+        self.cdata[i].data = ffi.NULL
 
 
 def _kind(obj) -> str:

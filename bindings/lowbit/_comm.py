@@ -3,15 +3,13 @@ feedback over MPI (mpi4py communicators) or NCCL."""
 
 from __future__ import annotations
 
-import ctypes
 import weakref
-from ctypes import byref, c_float, c_int32, c_int64, c_void_p
 
 import numpy as np
 
-from . import _capi
 from ._arrays import ArrayRef, as_array_ref
-from ._capi import CommBackend, CommCudaAware, Device, Dtype
+from ._ffi import NCCL_UNIQUE_ID_BYTES, NULL, CommBackend, CommCudaAware, Device, Dtype, Status, ffi, struct_fields
+from ._ffi import void_p
 from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call
 from ._optimizer import stream_pointer
 
@@ -20,17 +18,23 @@ _CUDA_AWARE = {"auto": CommCudaAware.AUTO, "never": CommCudaAware.NEVER, "always
 _ERR = "lowbit_comm_last_error"
 
 
-def _destroy(handle_value):
+def _destroy(handle_value, user_finalizers):
+    # Optimizers still using the communicator are destroyed first (at
+    # interpreter exit, or when a reference cycle holds both, finalizers run
+    # in any order, and weak references to the optimizers are already gone):
+    # the library never holds a freed communicator.
+    for fin in list(user_finalizers.values()):
+        fin()
     if handle_value:
         try:
-            LIB.fn("lowbit_comm_destroy")(c_void_p(handle_value))
+            LIB.fn("lowbit_comm_destroy")(ffi.cast("lowbit_comm_t", handle_value))
         except Exception:
             pass
 
 
 def _config(cuda_aware):
-    cfg = _capi.CommConfig()
-    call("lowbit_comm_config_init", byref(cfg))
+    cfg = ffi.new("lowbit_comm_config_t *")
+    call("lowbit_comm_config_init", cfg)
     if cuda_aware not in _CUDA_AWARE:
         raise InvalidArgumentError(f"cuda_aware={cuda_aware!r} is not 'auto', 'never' or 'always'")
     cfg.cuda_aware_mpi = int(_CUDA_AWARE[cuda_aware])
@@ -45,12 +49,23 @@ class Communicator:
 
     Tensors are float32 and contiguous: numpy arrays on the host, DLPack or
     ``__cuda_array_interface__`` objects on CUDA; they are reduced in place.
+
+    An optimizer given this communicator (:meth:`lowbit.Optimizer.set_comm`)
+    holds it: :meth:`close` raises InvalidStateError, naming the optimizers,
+    while any of them is open (destroying a communicator is collective over
+    MPI, so it is never deferred to whenever the last user goes). A
+    communicator cannot be copied or pickled (TypeError).
     """
 
-    def __init__(self, handle: c_void_p, keepalive=None):
+    def __init__(self, handle, keepalive=None):
         self._handle = handle
         self._keep = keepalive
-        self._finalizer = weakref.finalize(self, _destroy, handle.value)
+        self._users = weakref.WeakSet()  # open optimizers that use this communicator
+        self._user_finalizers = {}  # id(optimizer) -> its handle's finalizer (alive while the handle is)
+        self._finalizer = weakref.finalize(self, _destroy, int(ffi.cast("uintptr_t", handle)),
+                                           self._user_finalizers)
+        self._i32 = ffi.new("int32_t *")
+        self._i64 = ffi.new("int64_t[2]")
 
     # -- creation
 
@@ -63,53 +78,82 @@ class Communicator:
 
             comm = MPI.COMM_WORLD
         cfg = _config(cuda_aware)
-        h = c_void_p()
+        h = ffi.new("lowbit_comm_t *")
         if isinstance(comm, int):
             fhandle = comm
         elif hasattr(comm, "py2f"):
             fhandle = comm.py2f()
         else:
             raise InvalidArgumentError(f"comm={comm!r} is not an mpi4py communicator or a Fortran handle")
-        call("lowbit_comm_create_mpi_fortran", byref(h), c_int64(fhandle), byref(cfg))
-        return cls(h, comm)
+        call("lowbit_comm_create_mpi_fortran", h, int(fhandle), cfg)
+        return cls(h[0], comm)
 
     @staticmethod
     def nccl_unique_id() -> bytes:
         """A fresh ncclUniqueId for rank 0 to send to the others."""
-        buf = ctypes.create_string_buffer(_capi.NCCL_UNIQUE_ID_BYTES)
-        call("lowbit_comm_nccl_unique_id", buf, c_int64(len(buf)))
-        return buf.raw
+        buf = ffi.new("char[]", NCCL_UNIQUE_ID_BYTES)
+        call("lowbit_comm_nccl_unique_id", buf, NCCL_UNIQUE_ID_BYTES)
+        return ffi.buffer(buf)[:]
 
     @classmethod
     def from_nccl(cls, unique_id: bytes, rank: int, world_size: int, device_index: int = 0) -> "Communicator":
         """Over a new NCCL communicator (collective over the ranks holding
         `unique_id`); this rank uses CUDA device `device_index`."""
         uid = bytes(unique_id)
-        if len(uid) != _capi.NCCL_UNIQUE_ID_BYTES:
-            raise InvalidArgumentError(f"unique_id has {len(uid)} bytes, expected {_capi.NCCL_UNIQUE_ID_BYTES}")
-        h = c_void_p()
-        call("lowbit_comm_create_nccl", byref(h), uid, c_int32(rank), c_int32(world_size), c_int32(device_index),
-             None)
-        return cls(h)
+        if len(uid) != NCCL_UNIQUE_ID_BYTES:
+            raise InvalidArgumentError(f"unique_id has {len(uid)} bytes, expected {NCCL_UNIQUE_ID_BYTES}")
+        h = ffi.new("lowbit_comm_t *")
+        call("lowbit_comm_create_nccl", h, ffi.from_buffer(uid), int(rank), int(world_size), int(device_index), NULL)
+        return cls(h[0])
 
     @classmethod
     def from_nccl_comm(cls, nccl_comm: int) -> "Communicator":
         """Over an existing ncclComm_t (as an int); the caller keeps it and
         destroys it after this communicator."""
-        h = c_void_p()
-        call("lowbit_comm_create_nccl_comm", byref(h), c_void_p(nccl_comm), None)
-        return cls(h)
+        h = ffi.new("lowbit_comm_t *")
+        call("lowbit_comm_create_nccl_comm", h, void_p(nccl_comm), NULL)
+        return cls(h[0])
 
     # -- lifetime
 
     def close(self) -> None:
+        """Free the communicator (collective over MPI: every rank, before
+        MPI_Finalize). Idempotent. Raises InvalidStateError while an open
+        optimizer uses it: close the optimizer first."""
+        users = [opt for opt in self._users if not opt.closed]
+        if users and not self.closed:
+            names = ", ".join(repr(opt) for opt in users)
+            raise InvalidStateError(
+                f"the communicator is in use by {len(users)} open optimizer(s): {names}; close them first "
+                "(an optimizer holds its communicator until it is closed)", Status.ERROR_INVALID_STATE)
         if self._finalizer is not None:
             self._finalizer()
-        self._handle = c_void_p()
+        self._handle = None
 
     @property
     def closed(self) -> bool:
-        return not self._handle.value
+        return self._handle is None
+
+    def _attach(self, opt) -> None:
+        for key in [k for k, fin in self._user_finalizers.items() if not fin.alive]:
+            del self._user_finalizers[key]
+        self._users.add(opt)
+        self._user_finalizers[id(opt)] = opt._finalizer
+
+    def _detach(self, opt) -> None:
+        self._users.discard(opt)
+        self._user_finalizers.pop(id(opt), None)
+
+    def __copy__(self):
+        raise TypeError("a lowbit.Communicator cannot be copied: it is one member of a collective group (a copy "
+                        "would share, and could free, the library handle)")
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a lowbit.Communicator cannot be copied: it is one member of a collective group; create "
+                        "another one collectively with Communicator.from_mpi / from_nccl")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a lowbit.Communicator cannot be pickled; save its errors with save_errors()")
 
     def __enter__(self):
         return self
@@ -119,46 +163,45 @@ class Communicator:
         return False
 
     def _h(self):
-        if not self._handle.value:
-            raise InvalidStateError("the communicator is closed", _capi.Status.ERROR_INVALID_STATE)
-        return self._handle
+        h = self._handle
+        if h is None:
+            raise InvalidStateError("the communicator is closed", Status.ERROR_INVALID_STATE)
+        return h
 
     def _call(self, name, *args):
         call(name, self._h(), *args, handle=self._handle, error_fn=_ERR)
 
     @property
     def handle(self) -> int:
-        """The raw lowbit_comm_t (for Optimizer.set_comm and other C code)."""
-        return self._h().value
+        """The raw lowbit_comm_t as an int (for other C code)."""
+        return int(ffi.cast("uintptr_t", self._h()))
 
     # -- queries
 
     @property
     def rank(self) -> int:
-        out = c_int32()
-        self._call("lowbit_comm_rank", byref(out))
-        return out.value
+        self._call("lowbit_comm_rank", self._i32)
+        return self._i32[0]
 
     @property
     def world_size(self) -> int:
-        out = c_int32()
-        self._call("lowbit_comm_world_size", byref(out))
-        return out.value
+        self._call("lowbit_comm_world_size", self._i32)
+        return self._i32[0]
 
     def info(self) -> dict:
-        info = _capi.CommInfo()
-        info.struct_size = ctypes.sizeof(info)
-        self._call("lowbit_comm_get_info", byref(info))
-        out = {name: getattr(info, name) for _t, name in _capi.STRUCT_DECLS["lowbit_comm_info_t"][1:]}
+        info = ffi.new("lowbit_comm_info_t *")
+        info.struct_size = ffi.sizeof("lowbit_comm_info_t")
+        self._call("lowbit_comm_get_info", info)
+        out = {name: getattr(info, name) for name in struct_fields("lowbit_comm_info_t")[1:]}
         out["backend"] = CommBackend(info.backend).name.lower()
         out["bound_device"] = "cuda" if info.bound_device == Device.CUDA else "cpu"
         return out
 
     def stats(self) -> dict:
-        st = _capi.CommStats()
-        st.struct_size = ctypes.sizeof(st)
-        self._call("lowbit_comm_get_stats", byref(st))
-        return {name: getattr(st, name) for _t, name in _capi.STRUCT_DECLS["lowbit_comm_stats_t"][1:]}
+        st = ffi.new("lowbit_comm_stats_t *")
+        st.struct_size = ffi.sizeof("lowbit_comm_stats_t")
+        self._call("lowbit_comm_get_stats", st)
+        return {name: getattr(st, name) for name in struct_fields("lowbit_comm_stats_t")[1:]}
 
     def reset_stats(self) -> None:
         self._call("lowbit_comm_reset_stats")
@@ -178,51 +221,49 @@ class Communicator:
         see :attr:`last_nonfinite`."""
         s = stream_pointer(stream)
         ref = self._tensor(array, s)
-        self._call("lowbit_comm_compressed_allreduce", byref(ref.tensor), c_void_p(s))
+        self._call("lowbit_comm_compressed_allreduce", ref.desc, void_p(s))
 
     def allreduce_mean(self, array, *, stream=None) -> None:
         """In place: array <- (sum over ranks) / world_size, uncompressed."""
         s = stream_pointer(stream)
         ref = self._tensor(array, s)
-        self._call("lowbit_comm_allreduce_mean", byref(ref.tensor), c_void_p(s))
+        self._call("lowbit_comm_allreduce_mean", ref.desc, void_p(s))
 
     @property
     def last_nonfinite(self) -> bool:
-        out = c_int32()
-        self._call("lowbit_comm_last_nonfinite", byref(out))
-        return bool(out.value)
+        self._call("lowbit_comm_last_nonfinite", self._i32)
+        return bool(self._i32[0])
 
     # -- error-feedback buffers
 
     def error_numel(self) -> tuple:
-        w, s = c_int64(), c_int64()
-        self._call("lowbit_comm_error_numel", byref(w), byref(s))
-        return w.value, s.value
+        self._call("lowbit_comm_error_numel", self._i64, self._i64 + 1)
+        return self._i64[0], self._i64[1]
 
     def read_errors(self, *, stream=None):
         """(worker error, server error) of this rank as float32 numpy arrays."""
         nw, ns = self.error_numel()
         worker = np.zeros(nw, np.float32)
         server = np.zeros(ns, np.float32)
-        fp = ctypes.POINTER(c_float)
-        self._call("lowbit_comm_read_errors", worker.ctypes.data_as(fp), c_int64(nw), server.ctypes.data_as(fp),
-                   c_int64(ns), c_void_p(stream_pointer(stream)))
+        self._call("lowbit_comm_read_errors", ffi.from_buffer("float[]", worker), nw,
+                   ffi.from_buffer("float[]", server), ns, void_p(stream_pointer(stream)))
         return worker, server
 
     def save_errors(self, *, stream=None) -> bytes:
-        s = c_void_p(stream_pointer(stream))
-        size = c_int64()
-        self._call("lowbit_comm_save_errors", None, c_int64(0), byref(size), s)
-        buf = ctypes.create_string_buffer(max(size.value, 1))
-        self._call("lowbit_comm_save_errors", buf, c_int64(size.value), byref(size), s)
-        return buf.raw[: size.value]
+        s = void_p(stream_pointer(stream))
+        self._call("lowbit_comm_save_errors", NULL, 0, self._i64, s)
+        size = self._i64[0]
+        buf = ffi.new("char[]", max(size, 1))
+        self._call("lowbit_comm_save_errors", buf, size, self._i64, s)
+        return ffi.buffer(buf, self._i64[0])[:]
 
     def load_errors(self, data, *, stream=None) -> None:
         blob = bytes(data)
-        self._call("lowbit_comm_load_errors", blob, c_int64(len(blob)), c_void_p(stream_pointer(stream)))
+        self._call("lowbit_comm_load_errors", ffi.from_buffer(blob) if blob else ffi.new("char[]", 1), len(blob),
+                   void_p(stream_pointer(stream)))
 
     def reset_errors(self, *, stream=None) -> None:
-        self._call("lowbit_comm_reset_errors", c_void_p(stream_pointer(stream)))
+        self._call("lowbit_comm_reset_errors", void_p(stream_pointer(stream)))
 
     def __repr__(self):
         if self.closed:

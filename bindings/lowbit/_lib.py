@@ -1,238 +1,123 @@
-"""Finding and loading liblowbit, and turning statuses into exceptions."""
+"""Calling liblowbit (loaded by :mod:`._ffi`) and turning statuses into
+exceptions."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-import threading
 
-from . import _capi
-from ._capi import Status
+from . import _ffi
+from ._errors import (  # noqa: F401  (re-exported: the package's exceptions live here for callers)
+    ERRORS_BY_STATUS,
+    ArrayError,
+    BufferTooSmallError,
+    CommunicationError,
+    CorruptDataError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    InvalidStateError,
+    LibraryNotFoundError,
+    LowbitError,
+    LowbitIOError,
+    NonFiniteError,
+    NullPointerError,
+    OutOfMemoryError,
+    StateMismatchError,
+    UnsupportedError,
+    VersionMismatchError,
+    error_for,
+)
+from ._ffi import LIBRARY_ENV, NULL, Status, ffi  # noqa: F401
 
-LIBRARY_ENV = "LOWBIT_LIBRARY"
-
-if sys.platform == "darwin":
-    _LIB_NAMES = ("liblowbit.dylib",)
-elif sys.platform == "win32":
-    _LIB_NAMES = ("lowbit.dll", "liblowbit.dll")
-else:
-    _LIB_NAMES = ("liblowbit.so",)
-
-
-# ----------------------------------------------------------------- exceptions
-
-
-class LowbitError(Exception):
-    """A lowbit call failed. ``status`` is the library's status code (a
-    :class:`lowbit.Status`), ``message`` the library's (or the binding's) message."""
-
-    status = Status.ERROR_INTERNAL
-
-    def __init__(self, message: str, status: Status | int | None = None, function: str | None = None):
-        if status is not None:
-            try:
-                self.status = Status(status)
-            except ValueError:
-                self.status = int(status)
-        self.message = message
-        self.function = function
-        text = message
-        if function:
-            text = f"{function}: {text}"
-        status_name = self.status.name if isinstance(self.status, Status) else str(self.status)
-        super().__init__(f"{text} [{status_name}]")
-
-
-class InvalidArgumentError(LowbitError, ValueError):
-    status = Status.ERROR_INVALID_ARGUMENT
-
-
-class NullPointerError(LowbitError, ValueError):
-    status = Status.ERROR_NULL_POINTER
-
-
-class UnsupportedError(LowbitError, NotImplementedError):
-    status = Status.ERROR_UNSUPPORTED
-
-
-class OutOfMemoryError(LowbitError, MemoryError):
-    status = Status.ERROR_OUT_OF_MEMORY
-
-
-class InvalidStateError(LowbitError, RuntimeError):
-    status = Status.ERROR_INVALID_STATE
-
-
-class CudaError(LowbitError, RuntimeError):
-    status = Status.ERROR_CUDA
-
-
-class LowbitIOError(LowbitError, OSError):
-    status = Status.ERROR_IO
-
-    def __init__(self, message, status=None, function=None):
-        LowbitError.__init__(self, message, status, function)
-
-    def __str__(self):  # OSError's own __str__ would hide the message
-        return LowbitError.__str__(self)
-
-
-class CorruptDataError(LowbitError, ValueError):
-    status = Status.ERROR_CORRUPT_DATA
-
-
-class VersionMismatchError(LowbitError, ValueError):
-    status = Status.ERROR_VERSION_MISMATCH
-
-
-class StateMismatchError(LowbitError, ValueError):
-    status = Status.ERROR_STATE_MISMATCH
-
-
-class BufferTooSmallError(LowbitError, ValueError):
-    status = Status.ERROR_BUFFER_TOO_SMALL
-
-
-class NonFiniteError(LowbitError, FloatingPointError):
-    status = Status.ERROR_NONFINITE
-
-
-class CommunicationError(LowbitError, RuntimeError):
-    status = Status.ERROR_COMMUNICATION
-
-
-class InternalError(LowbitError, RuntimeError):
-    status = Status.ERROR_INTERNAL
-
-
-class ArrayError(InvalidArgumentError, TypeError):
-    """An array was rejected by the binding before reaching the library (wrong
-    dtype, wrong device, not contiguous, read-only, unknown array type)."""
-
-
-class LibraryNotFoundError(LowbitError, ImportError):
-    status = Status.ERROR_UNSUPPORTED
-
-
-ERRORS_BY_STATUS = {
-    cls.status: cls
-    for cls in (
-        InvalidArgumentError,
-        NullPointerError,
-        UnsupportedError,
-        OutOfMemoryError,
-        InvalidStateError,
-        CudaError,
-        LowbitIOError,
-        CorruptDataError,
-        VersionMismatchError,
-        StateMismatchError,
-        BufferTooSmallError,
-        NonFiniteError,
-        CommunicationError,
-        InternalError,
-    )
-}
-
-
-def error_for(status: int, message: str, function: str | None = None) -> LowbitError:
-    cls = ERRORS_BY_STATUS.get(status, LowbitError)
-    return cls(message, status, function)
-
-
-# ----------------------------------------------------------------- loading
-
-
-def _candidates():
-    env = os.environ.get(LIBRARY_ENV)
-    if env:
-        yield env, True
-        return
-    # Every directory of the package: the installed one, and, for an
-    # editable install, the source tree and the site-packages copy.
-    pkg = sys.modules.get(__package__)
-    dirs = list(getattr(pkg, "__path__", []) or []) or [os.path.dirname(os.path.abspath(__file__))]
-    for d in dirs:
-        for name in _LIB_NAMES:
-            yield os.path.join(d, name), False
+_lib = _ffi.lib
 
 
 class _Library:
+    """The loaded library: ``fn(name)`` is the declared C function, raising
+    UnsupportedError when the library does not export it."""
+
     def __init__(self):
-        self._lock = threading.Lock()
-        self._lib = None
-        self.path = None
-        self.missing = []
+        self.path = _ffi.library_path
+        self.cdef_path = _ffi.cdef_path
+        self._fns: dict = {}
 
     def load(self):
-        if self._lib is not None:
-            return self._lib
-        with self._lock:
-            if self._lib is not None:
-                return self._lib
-            tried = []
-            for path, from_env in _candidates():
-                if from_env and not os.path.exists(path):
-                    raise LibraryNotFoundError(
-                        f"{LIBRARY_ENV}={path!r} does not exist (it must name the liblowbit shared library, "
-                        "e.g. build/liblowbit.so)"
-                    )
-                if not os.path.exists(path):
-                    tried.append(path)
-                    continue
-                try:
-                    lib = ctypes.CDLL(path)
-                except OSError as e:
-                    raise LibraryNotFoundError(f"could not load {path}: {e}") from e
-                self.missing = _capi.bind(lib)
-                self.path = path
-                self._lib = lib
-                return lib
-            raise LibraryNotFoundError(
-                "liblowbit was not found (looked for " + ", ".join(tried) + "). Install the package with "
-                f"`pip install .`, or point {LIBRARY_ENV} at a built liblowbit.so "
-                "(`make -f Makefile.python lib` builds one)."
-            )
+        return _lib
 
     def fn(self, name):
-        lib = self.load()
-        if name in self.missing:
-            raise UnsupportedError(f"{name} is not exported by {self.path} (library older than the bindings?)",
-                                   Status.ERROR_UNSUPPORTED)
-        return getattr(lib, name)
+        f = self._fns.get(name)
+        if f is None:
+            try:
+                f = getattr(_lib, name)
+            except AttributeError:
+                raise UnsupportedError(f"{name} is not exported by {self.path} (or not declared in "
+                                       f"{self.cdef_path})", Status.ERROR_UNSUPPORTED) from None
+            self._fns[name] = f
+        return f
 
 
 LIB = _Library()
+
+
+def c_string(p) -> str:
+    if p == NULL:
+        return ""
+    return ffi.string(p).decode("utf-8", "replace")
 
 
 def call(name: str, *args, handle=None, error_fn: str = "lowbit_optimizer_last_error"):
     """Call `name`; on failure raise the matching LowbitError carrying the
     library's message: the handle's (read with `error_fn`) when `handle` is
     given, else the thread-local lowbit_last_error()."""
-    status = LIB.fn(name)(*args)
-    if status != Status.SUCCESS:
-        msg = last_error(handle, error_fn)
-        if not msg:
-            msg = status_string(status)
-        raise error_for(status, msg, name)
+    fn = LIB.fn(name)
+    try:
+        status = fn(*args)
+    except TypeError:
+        if None not in args:
+            raise
+        # None stands for NULL, as with ctypes (cffi wants ffi.NULL)
+        status = fn(*(NULL if a is None else a for a in args))
+    if status != 0:
+        raise failure(name, status, handle, error_fn)
+
+
+def failure(name: str, status: int, handle=None, error_fn: str = "lowbit_optimizer_last_error") -> LowbitError:
+    msg = last_error(handle, error_fn) or status_string(status)
+    return error_for(status, msg, name)
 
 
 def last_error(handle=None, error_fn: str = "lowbit_optimizer_last_error") -> str:
-    if handle:
-        msg = LIB.fn(error_fn)(handle)
-    else:
-        msg = LIB.fn("lowbit_last_error")()
-    if not msg:
-        return ""
-    return msg.decode("utf-8", "replace")
+    """The library's last message: of `handle` (a cdata handle or an int
+    address) through `error_fn`, else this thread's lowbit_last_error()."""
+    if handle is not None and handle != 0 and handle != NULL:
+        if not isinstance(handle, ffi.CData):
+            handle = ffi.cast("void *", handle)
+        return c_string(LIB.fn(error_fn)(handle))
+    return c_string(LIB.fn("lowbit_last_error")())
 
 
 def status_string(status: int) -> str:
-    s = LIB.fn("lowbit_status_string")(int(status))
-    return s.decode("utf-8", "replace") if s else ""
+    return c_string(LIB.fn("lowbit_status_string")(int(status)))
 
 
 def library_path() -> str:
-    LIB.load()
     return LIB.path
+
+
+JAX_LIBRARY_ENV = "LOWBIT_JAX_LIBRARY"
+JAX_MODULE_NAME = "liblowbit_jax.so"  # CMake names MODULE libraries .so on Linux and macOS
+
+
+def jax_module_candidates() -> list:
+    """Where the JAX FFI handlers (liblowbit_jax) are looked for, as (path,
+    source): $LOWBIT_JAX_LIBRARY alone when set, else beside $LOWBIT_LIBRARY,
+    then inside the package."""
+    env = os.environ.get(JAX_LIBRARY_ENV)
+    if env:
+        return [(env, JAX_LIBRARY_ENV)]
+    out = []
+    lib = os.environ.get(LIBRARY_ENV)
+    if lib:
+        out.append((os.path.join(os.path.dirname(os.path.abspath(lib)), JAX_MODULE_NAME), LIBRARY_ENV))
+    out.append((os.path.join(os.path.dirname(os.path.abspath(__file__)), JAX_MODULE_NAME), None))
+    return out

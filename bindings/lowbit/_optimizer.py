@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import ctypes
+import copy as _copy
 import os
 import weakref
-from ctypes import byref, c_float, c_int32, c_int64, c_void_p
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _capi
-from ._arrays import DTYPE_NAMES, ArrayRef, as_array_ref, device_string, parse_dtype
-from ._capi import Algorithm, CheckpointMode, Device, Dtype, StateFormat
-from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call
+from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string
+from ._ffi import NULL, Algorithm, CData, CheckpointMode, Device, Dtype, StateFormat, Status, ffi, void_p
+from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call, failure
 
 # ----------------------------------------------------------------- names
 
@@ -163,7 +161,8 @@ def stream_pointer(stream) -> int | None:
 # ----------------------------------------------------------------- hparams
 
 
-def _fill_hparams(hp: _capi.Hparams, kw: dict) -> None:
+def _fill_hparams(hp, kw: dict) -> None:
+    """Write hyper-parameters given by name into a cffi lowbit_hparams_t."""
     for name, value in kw.items():
         if value is None:
             continue
@@ -178,7 +177,7 @@ def _fill_hparams(hp: _capi.Hparams, kw: dict) -> None:
             raise InvalidArgumentError(f"unknown hyper-parameter {name!r}; known: {', '.join(HPARAM_NAMES)}")
 
 
-def hparams_to_dict(hp: _capi.Hparams) -> dict:
+def hparams_to_dict(hp) -> dict:
     return {
         "lr": hp.lr,
         "betas": (hp.beta1, hp.beta2),
@@ -209,9 +208,22 @@ class ParamInfo:
 def _destroy(handle_value):
     if handle_value:
         try:
-            LIB.fn("lowbit_optimizer_destroy")(c_void_p(handle_value))
+            LIB.fn("lowbit_optimizer_destroy")(ffi.cast("lowbit_optimizer_t", handle_value))
         except Exception:  # interpreter shutdown: nothing sensible left to do
             pass
+
+
+def new_hparams(algorithm):
+    """A cffi lowbit_hparams_t with the algorithm's defaults."""
+    hp = ffi.new("lowbit_hparams_t *")
+    call("lowbit_hparams_init", hp, int(algorithm))
+    return hp
+
+
+_step_with_grads = LIB.fn("lowbit_optimizer_step_with_grads")
+_step = LIB.fn("lowbit_optimizer_step")
+_last_step_skipped = LIB.fn("lowbit_optimizer_last_step_skipped")
+_tensor_array_type = ffi.typeof("lowbit_tensor_t[]")
 
 
 # ----------------------------------------------------------------- Optimizer
@@ -240,6 +252,12 @@ class Optimizer:
     variable ``LOWBIT_NUM_THREADS``, else 0. Fixed at creation (the
     :attr:`num_threads` property). Steps of fewer than 2^18 elements in all
     run on the calling thread whatever the count.
+
+    Copies: ``copy.deepcopy(opt)`` is an independent optimizer (a new library
+    handle, the same settings, groups and state, loaded from a checkpoint of
+    this one) over deep copies of the registered arrays (with the same memo,
+    so ``copy.deepcopy((params, opt))`` keeps them paired). ``copy.copy`` and
+    pickling raise TypeError: a shallow copy would share the library handle.
     """
 
     def __init__(
@@ -267,14 +285,15 @@ class Optimizer:
         device_index=None,
         stream=None,
     ):
-        self._handle = c_void_p()
+        self._handle = None
         self._finalizer = None
+        self._comm = None
         self.algorithm = parse_algorithm(algorithm)
         self.device, self.device_index = parse_device(device, device_index)
         self.stream = stream_pointer(stream)
 
-        cfg = _capi.OptimizerConfig()
-        call("lowbit_optimizer_config_init", byref(cfg), int(self.algorithm))
+        cfg = ffi.new("lowbit_optimizer_config_t *")
+        call("lowbit_optimizer_config_init", cfg, int(self.algorithm))
         cfg.device = int(self.device)
         cfg.device_index = self.device_index
         cfg.state_format = int(parse_state_format(state, "state"))
@@ -289,14 +308,27 @@ class Optimizer:
         if freeze_step is not None:
             cfg.freeze_step = int(freeze_step)
 
-        hp = _capi.Hparams()
-        call("lowbit_hparams_init", byref(hp), int(self.algorithm))
+        hp = new_hparams(self.algorithm)
         _fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                dampening=dampening, nesterov=nesterov, bias_correction=bias_correction))
-        call("lowbit_optimizer_create", byref(self._handle), byref(cfg), byref(hp))
-        self._finalizer = weakref.finalize(self, _destroy, self._handle.value)
+        out = ffi.new("lowbit_optimizer_t *")
+        call("lowbit_optimizer_create", out, cfg, hp)
+        self._handle = out[0]
+        self._finalizer = weakref.finalize(self, _destroy, self.handle)
+        # What a deep copy needs to build the same optimizer.
+        self._config = dict(state=StateFormat(cfg.state_format), second_state=StateFormat(cfg.second_state_format),
+                            min_quantized_numel=cfg.min_quantized_numel, seed=cfg.seed,
+                            stochastic_rounding=bool(cfg.stochastic_rounding),
+                            error_correction=bool(cfg.error_correction), skip_nonfinite=bool(cfg.skip_nonfinite),
+                            num_threads=cfg.num_threads, freeze_step=cfg.freeze_step, device=self.device,
+                            device_index=self.device_index, stream=self.stream)
+        self._stream_arg = void_p(self.stream)
+        self._i32 = ffi.new("int32_t *")  # out-params, reused
+        self._i64 = ffi.new("int64_t *")
         self._params: list[ArrayRef] = []
         self._grads: list[ArrayRef | None] = []
+        self._step_grads: TensorArray | None = None  # descriptors of step(grads), reused
+        self._has_masks = False
         self._num_groups = 1
 
     # -- lifetime
@@ -305,12 +337,15 @@ class Optimizer:
         """Free the library handle now (idempotent)."""
         if self._finalizer is not None:
             self._finalizer()
-        self._handle = c_void_p()
-        self._params, self._grads = [], []
+        self._handle = None
+        self._params, self._grads, self._step_grads = [], [], None
+        if self._comm is not None:
+            self._comm._detach(self)
+            self._comm = None
 
     @property
     def closed(self) -> bool:
-        return not self._handle.value
+        return self._handle is None
 
     def __enter__(self):
         return self
@@ -319,10 +354,52 @@ class Optimizer:
         self.close()
         return False
 
+    def __copy__(self):
+        raise TypeError("copy.copy() of a lowbit.Optimizer would share its library handle (closing one would free "
+                        "the other's); use copy.deepcopy() for an independent optimizer over copies of its arrays, "
+                        "or save() / load()")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a lowbit.Optimizer cannot be pickled (it holds a library handle and caller arrays); "
+                        "pickle save()'s checkpoint bytes and load() them into an optimizer with the same params")
+
+    def __deepcopy__(self, memo):
+        """An independent optimizer over deep copies of the registered arrays
+        (through `memo`), with this one's settings, groups, state and step
+        counts (a checkpoint of this one, loaded into the copy)."""
+        self._h()
+        if self._comm is not None:
+            raise TypeError("a lowbit.Optimizer with a communicator (1-bit Adam) cannot be copied: a copy would "
+                            "interleave its collectives with this one's on the same communicator")
+        if self._has_masks:
+            raise TypeError("a lowbit.Optimizer with momentum masks cannot be copied (the library does not give "
+                            "them back); build the copy and set its masks yourself")
+        new = Optimizer(self.algorithm, **self._config)
+        memo[id(self)] = new
+        try:
+            new.set_hparams(0, **self.get_hparams(0))
+            for g in range(1, self._num_groups):
+                new.add_group(**self.get_hparams(g))
+            for pid, (p, g) in enumerate(zip(self._params, self._grads)):
+                info = self.param_info(pid)
+                p2 = _copy.deepcopy(_owner(p), memo)
+                g2 = None if g is None else _copy.deepcopy(_owner(g), memo)
+                new.add_param(p2, g2, group=info.group, state=info.state_format,
+                              second_state=info.second_state_format, stochastic_rounding=info.stochastic_rounding,
+                              error_correction=info.error_correction, dtype=p.dtype,
+                              grad_dtype=None if g is None else g.dtype)
+            if self._params:
+                new.load(self.save("compressed"))
+        except BaseException:
+            new.close()
+            raise
+        return new
+
     def _h(self):
-        if not self._handle.value:
-            raise InvalidStateError("the optimizer is closed", _capi.Status.ERROR_INVALID_STATE)
-        return self._handle
+        h = self._handle
+        if h is None:
+            raise InvalidStateError("the optimizer is closed", Status.ERROR_INVALID_STATE)
+        return h
 
     def _call(self, name, *args):
         call(name, self._h(), *args, handle=self._handle)
@@ -336,8 +413,8 @@ class Optimizer:
 
     @property
     def handle(self) -> int:
-        """The raw lowbit_optimizer_t, for other C code (valid until close)."""
-        return self._h().value
+        """The raw lowbit_optimizer_t as an int, for other C code (valid until close)."""
+        return int(ffi.cast("uintptr_t", self._h()))
 
     def __repr__(self):
         state = "closed" if self.closed else f"{len(self._params)} params"
@@ -352,33 +429,33 @@ class Optimizer:
 
     def add_group(self, **hparams) -> int:
         """Add a parameter group; unspecified hparams take the algorithm's defaults."""
-        hp = _capi.Hparams()
-        call("lowbit_hparams_init", byref(hp), int(self.algorithm))
+        hp = new_hparams(self.algorithm)
         _fill_hparams(hp, hparams)
-        out = c_int32(-1)
-        self._call("lowbit_optimizer_add_group", byref(hp), byref(out))
-        self._num_groups = max(self._num_groups, out.value + 1)
-        return out.value
+        self._call("lowbit_optimizer_add_group", hp, self._i32)
+        group = self._i32[0]
+        self._num_groups = max(self._num_groups, group + 1)
+        return group
+
+    def _get_hparams(self, group: int):
+        hp = ffi.new("lowbit_hparams_t *")
+        hp.struct_size = ffi.sizeof("lowbit_hparams_t")
+        self._call("lowbit_optimizer_get_hparams", int(group), hp)
+        return hp
 
     def get_hparams(self, group: int = 0) -> dict:
-        hp = _capi.Hparams()
-        hp.struct_size = ctypes.sizeof(hp)
-        self._call("lowbit_optimizer_get_hparams", c_int32(group), byref(hp))
-        return hparams_to_dict(hp)
+        return hparams_to_dict(self._get_hparams(group))
 
     def set_hparams(self, group: int = 0, **hparams) -> None:
         """Change some hyper-parameters of a group (the others keep their values)."""
-        hp = _capi.Hparams()
-        hp.struct_size = ctypes.sizeof(hp)
-        self._call("lowbit_optimizer_get_hparams", c_int32(group), byref(hp))
+        hp = self._get_hparams(group)
         _fill_hparams(hp, hparams)
-        self._call("lowbit_optimizer_set_hparams", c_int32(group), byref(hp))
+        self._call("lowbit_optimizer_set_hparams", int(group), hp)
 
     def set_lr(self, lr: float, group: int | None = None) -> None:
         """Set the learning rate of one group, or of every group when group is None."""
         groups = range(self._num_groups) if group is None else [group]
         for g in groups:
-            self._call("lowbit_optimizer_set_lr", c_int32(g), c_float(lr))
+            self._call("lowbit_optimizer_set_lr", int(g), float(lr))
 
     @property
     def lr(self) -> float:
@@ -419,11 +496,11 @@ class Optimizer:
                        stochastic_rounding=None, error_correction=None) -> int:
         if g is not None and g.numel != p.numel:
             raise ArrayError(f"grad: has {g.numel} elements but param has {p.numel}")
-        pc = _capi.ParamConfig()
-        call("lowbit_param_config_init", byref(pc))
-        pc.param = p.tensor
+        pc = ffi.new("lowbit_param_config_t *")
+        call("lowbit_param_config_init", pc)
+        pc.param = p.desc[0]
         if g is not None:
-            pc.grad = g.tensor
+            pc.grad = g.desc[0]
         pc.group = int(group)
         pc.state_format = int(parse_state_format(state, "state"))
         pc.second_state_format = int(parse_state_format(second_state, "second_state"))
@@ -431,12 +508,13 @@ class Optimizer:
             pc.stochastic_rounding = int(bool(stochastic_rounding))
         if error_correction is not None:
             pc.error_correction = int(bool(error_correction))
-        out = c_int64(-1)
-        self._call("lowbit_optimizer_add_param", byref(pc), byref(out))
-        assert out.value == len(self._params), "library param ids must be 0, 1, 2, ..."
+        self._call("lowbit_optimizer_add_param", pc, self._i64)
+        pid = self._i64[0]
+        assert pid == len(self._params), "library param ids must be 0, 1, 2, ..."
         self._params.append(p)
         self._grads.append(g)
-        return out.value
+        self._step_grads = None
+        return pid
 
     def _pid(self, param_id) -> int:
         pid = int(param_id)
@@ -450,18 +528,17 @@ class Optimizer:
         alone by later steps)."""
         pid = int(param_id)
         if grad is None:
-            self._call("lowbit_optimizer_set_grad", c_int64(pid), None)
+            self._call("lowbit_optimizer_set_grad", pid, NULL)
             self._grads[self._pid(pid)] = None
             return
         g = self._ref(grad, "grad", False, grad_dtype)
-        self._call("lowbit_optimizer_set_grad", c_int64(pid), byref(g.tensor))
+        self._call("lowbit_optimizer_set_grad", pid, g.desc)
         self._grads[self._pid(pid)] = g
 
     @property
     def num_params(self) -> int:
-        out = c_int64()
-        self._call("lowbit_optimizer_num_params", byref(out))
-        return out.value
+        self._call("lowbit_optimizer_num_params", self._i64)
+        return self._i64[0]
 
     # -- stepping
 
@@ -475,69 +552,93 @@ class Optimizer:
         value reads the flag, which is only valid once the stream has
         reached the step; use ``last_step_skipped`` after synchronising.
         """
-        s = self.stream if stream is None else stream_pointer(stream)
+        h = self._h()
         if grads is None:
-            self._call("lowbit_optimizer_step", c_void_p(s))
+            s = self._stream_arg if stream is None else void_p(stream_pointer(stream))
+            status = _step(h, s)
+            if status:
+                raise failure("lowbit_optimizer_step", status, h)
         else:
+            s = self.stream if stream is None else stream_pointer(stream)
             grads = list(grads)
             n = len(self._params)
             if len(grads) != n:
                 raise InvalidArgumentError(f"grads: got {len(grads)} gradients for {n} registered params")
-            arr = (_capi.Tensor * max(n, 1))()
+            arr = self._step_grads
+            if arr is None:
+                arr = self._step_grads = TensorArray(n)
+            cdata = arr.cdata
             keep = []
             for i, g in enumerate(grads):
                 if g is None:
+                    cdata[i].data = NULL
                     continue
                 ref = as_array_ref(g, role=f"grads[{i}]", writable=False, device=self.device,
                                    device_index=self.device_index, stream=s)
                 if ref.numel != self._params[i].numel:
                     raise ArrayError(f"grads[{i}]: has {ref.numel} elements but param {i} has "
                                      f"{self._params[i].numel}")
-                arr[i] = ref.tensor
+                cdata[i] = ref.desc[0]
                 keep.append(ref)
-            self._step_tensors(arr, len(grads), s)
+            self._step_tensors(cdata, n, s)
             del keep
         if self.device == Device.CPU:
-            return not self.last_step_skipped
+            status = _last_step_skipped(h, self._i32)
+            if status:
+                raise failure("lowbit_optimizer_last_step_skipped", status, h)
+            return not self._i32[0]
         return True
 
     def _step_tensors(self, grads_array, n: int, stream) -> None:
-        """step_with_grads on an already-built lowbit_tensor_t array."""
-        self._call("lowbit_optimizer_step_with_grads", grads_array, c_int64(n), c_void_p(stream))
+        """step_with_grads on an already-built array of n lowbit_tensor_t: a
+        cffi ``lowbit_tensor_t[]`` (TensorArray.cdata), or any buffer laid out
+        as one (a ctypes array of lowbit._ffi.Tensor)."""
+        h = self._h()
+        if not isinstance(grads_array, CData):
+            grads_array = ffi.from_buffer(_tensor_array_type, grads_array)
+        if n > len(grads_array):
+            raise InvalidArgumentError(f"grads: {n} descriptors asked for, the array holds {len(grads_array)}")
+        status = _step_with_grads(h, grads_array, n, void_p(stream))
+        if status:
+            raise failure("lowbit_optimizer_step_with_grads", status, h)
 
     # -- 1-bit Adam
 
     def set_comm(self, comm) -> None:
         """1-bit Adam: the lowbit.Communicator that averages gradients during
         warm-up and compressed momentum after freeze_step. The optimizer keeps
-        a reference to it, but does not own it: close the optimizer before
-        closing the communicator."""
-        handle = None if comm is None else c_void_p(comm.handle)
-        self._call("lowbit_optimizer_set_comm", handle)
+        the communicator referenced and registers itself with it: closing the
+        communicator while this optimizer is open raises InvalidStateError
+        (close the optimizer first)."""
+        # None reaches the library as NULL, which refuses it (NullPointerError):
+        # a communicator is not removed from an optimizer, the optimizer is closed.
+        self._call("lowbit_optimizer_set_comm", NULL if comm is None else comm._h())
+        if self._comm is not None and self._comm is not comm:
+            self._comm._detach(self)
         self._comm = comm
+        comm._attach(self)
 
     def set_momentum_mask(self, param_id: int, mask) -> None:
         """1-bit Adam: elements where `mask` (numel values, host) is 0 keep a
         momentum of exactly zero. None removes the mask."""
         if mask is None:
-            self._call("lowbit_optimizer_set_momentum_mask", c_int64(int(param_id)), None, c_int64(0))
+            self._call("lowbit_optimizer_set_momentum_mask", int(param_id), NULL, 0)
             return
         m = np.ascontiguousarray(np.asarray(mask) != 0, dtype=np.uint8).reshape(-1)
-        self._call("lowbit_optimizer_set_momentum_mask", c_int64(int(param_id)),
-                   m.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), c_int64(m.size))
+        self._call("lowbit_optimizer_set_momentum_mask", int(param_id), ffi.from_buffer("uint8_t[]", m), m.size)
+        self._has_masks = True
 
     @property
     def last_step_skipped(self) -> bool:
-        out = c_int32(0)
-        self._call("lowbit_optimizer_last_step_skipped", byref(out))
-        return bool(out.value)
+        self._call("lowbit_optimizer_last_step_skipped", self._i32)
+        return bool(self._i32[0])
 
     # -- inspection
 
     def param_info(self, param_id: int) -> ParamInfo:
-        info = _capi.ParamInfo()
-        info.struct_size = ctypes.sizeof(info)
-        self._call("lowbit_optimizer_param_info", c_int64(int(param_id)), byref(info))
+        info = ffi.new("lowbit_param_info_t *")
+        info.struct_size = ffi.sizeof("lowbit_param_info_t")
+        self._call("lowbit_optimizer_param_info", int(param_id), info)
         second = StateFormat(info.second_state_format)
         return ParamInfo(
             numel=info.numel,
@@ -553,9 +654,8 @@ class Optimizer:
 
     def state_bytes(self, param_id: int | None = None) -> int:
         """Bytes of optimizer state of one param, or of all params."""
-        out = c_int64()
-        self._call("lowbit_optimizer_state_bytes", c_int64(-1 if param_id is None else int(param_id)), byref(out))
-        return out.value
+        self._call("lowbit_optimizer_state_bytes", -1 if param_id is None else int(param_id), self._i64)
+        return self._i64[0]
 
     def read_moment(self, param_id: int, moment: int = 0) -> np.ndarray:
         """A dequantized float32 copy of moment 0 (first) or 1 (second) of a
@@ -563,8 +663,8 @@ class Optimizer:
         pid = self._pid(param_id)
         p = self._params[pid]
         out = np.empty(p.shape, dtype=np.float32)
-        self._call("lowbit_optimizer_read_moment", c_int64(pid), c_int32(int(moment)),
-                   out.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(out.size), c_void_p(self.stream))
+        self._call("lowbit_optimizer_read_moment", pid, int(moment), ffi.from_buffer("float[]", out), out.size,
+                   self._stream_arg)
         return out
 
     def write_moment(self, param_id: int, moment, values) -> None:
@@ -574,19 +674,18 @@ class Optimizer:
         finite, and a second moment >= 0; on error nothing changes."""
         pid = self._pid(param_id)
         v = np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
-        self._call("lowbit_optimizer_write_moment", c_int64(pid), c_int32(int(moment)),
-                   v.ctypes.data_as(ctypes.POINTER(c_float)), c_int64(v.size), c_void_p(self.stream))
+        self._call("lowbit_optimizer_write_moment", pid, int(moment), ffi.from_buffer("float[]", v), v.size,
+                   self._stream_arg)
 
     def set_step(self, step: int, param_id: int | None = None) -> None:
         """Set the number of steps applied to one param, or to every param
         (bias corrections and stochastic-rounding bits follow it)."""
         pid = -1 if param_id is None else self._pid(param_id)
-        self._call("lowbit_optimizer_set_step", c_int64(pid), c_int64(int(step)), c_void_p(self.stream))
+        self._call("lowbit_optimizer_set_step", pid, int(step), self._stream_arg)
 
     def param(self, param_id: int):
         """The array registered as param `param_id`."""
-        ref = self._params[self._pid(param_id)]
-        return ref.owner[0] if isinstance(ref.owner, tuple) else ref.owner
+        return _owner(self._params[self._pid(param_id)])
 
     # -- checkpoints
 
@@ -594,29 +693,40 @@ class Optimizer:
         """The whole optimizer state as bytes. mode: 'compressed' (as stored),
         'fp32' or 'bf16' (materialised moments)."""
         m = int(parse_checkpoint_mode(mode))
-        size = c_int64(0)
-        self._call("lowbit_optimizer_save", m, None, c_int64(0), byref(size), c_void_p(self.stream))
-        buf = ctypes.create_string_buffer(max(size.value, 1))
-        written = c_int64(0)
-        self._call("lowbit_optimizer_save", m, buf, c_int64(size.value), byref(written), c_void_p(self.stream))
-        return buf.raw[: written.value]
+        self._call("lowbit_optimizer_save", m, NULL, 0, self._i64, self._stream_arg)
+        size = self._i64[0]
+        buf = ffi.new("char[]", max(size, 1))
+        self._call("lowbit_optimizer_save", m, buf, size, self._i64, self._stream_arg)
+        return ffi.buffer(buf, self._i64[0])[:]
 
     def save_file(self, path, mode="compressed") -> None:
         self._call("lowbit_optimizer_save_file", int(parse_checkpoint_mode(mode)), os.fsencode(path),
-                   c_void_p(self.stream))
+                   self._stream_arg)
 
     def load(self, data) -> None:
         """Load a checkpoint made by save() (any mode) into this optimizer,
         which must have the same params registered. On error nothing changes."""
-        if isinstance(data, bytes):
-            buf, n = data, len(data)  # ctypes passes a pointer to the bytes object's own buffer
-        else:
-            mv = memoryview(data)
-            if mv.readonly or not mv.c_contiguous or mv.nbytes == 0:
-                buf, n = mv.tobytes(), mv.nbytes
-            else:
-                buf, n = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B")), mv.nbytes
-        self._call("lowbit_optimizer_load", buf, c_int64(n), c_void_p(self.stream))
+        buf, n = _byte_buffer(data)
+        self._call("lowbit_optimizer_load", buf, n, self._stream_arg)
 
     def load_file(self, path) -> None:
-        self._call("lowbit_optimizer_load_file", os.fsencode(path), c_void_p(self.stream))
+        self._call("lowbit_optimizer_load_file", os.fsencode(path), self._stream_arg)
+
+
+def _owner(ref: ArrayRef):
+    """The caller's array behind an ArrayRef (DLPack refs keep (array, capsule))."""
+    return ref.owner[0] if isinstance(ref.owner, tuple) else ref.owner
+
+
+def _byte_buffer(data):
+    """(a `const void *` argument, its size in bytes) for any bytes-like
+    object, without a copy when it is contiguous."""
+    try:
+        mv = memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(f"data: {type(data).__name__} is not a bytes-like object") from None
+    if not mv.c_contiguous:
+        mv = memoryview(mv.tobytes())
+    if mv.nbytes == 0:
+        return ffi.new("char[]", 1), 0  # a valid pointer to nothing: the library names the size
+    return ffi.from_buffer(mv), mv.nbytes

@@ -5,13 +5,10 @@ Used by lowbit.jax, which keeps the state itself."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from ctypes import byref
 from dataclasses import dataclass
 
-from . import _capi
-from ._capi import Algorithm, Dtype, Rounding, StateFormat
+from ._ffi import Algorithm, Dtype, Rounding, StateFormat, ffi
 from ._lib import call
 
 
@@ -35,23 +32,23 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     """The state of a param of `numel` elements and `dtype` in an optimizer
     with these settings (the optimizer-wide ones of lowbit_optimizer_config_t;
     `momentum` is SGD's, which decides whether it keeps a moment)."""
-    cfg = _capi.OptimizerConfig()
-    call("lowbit_optimizer_config_init", byref(cfg), int(algorithm))
+    cfg = ffi.new("lowbit_optimizer_config_t *")
+    call("lowbit_optimizer_config_init", cfg, int(algorithm))
     cfg.state_format = int(state_format)
     cfg.second_state_format = int(second_state_format)
     cfg.min_quantized_numel = int(min_quantized_numel)
     cfg.stochastic_rounding = int(bool(stochastic_rounding))
     cfg.error_correction = int(bool(error_correction))
-    hp = _capi.Hparams()
-    call("lowbit_hparams_init", byref(hp), int(algorithm))
+    hp = ffi.new("lowbit_hparams_t *")
+    call("lowbit_hparams_init", hp, int(algorithm))
     hp.momentum = float(momentum)
-    pc = _capi.ParamConfig()
-    call("lowbit_param_config_init", byref(pc))
+    pc = ffi.new("lowbit_param_config_t *")
+    call("lowbit_param_config_init", pc)
     pc.param.numel = int(numel)
     pc.param.dtype = int(dtype)
-    out = _capi.StatePlan()
-    out.struct_size = ctypes.sizeof(out)
-    call("lowbit_plan_param_state", byref(cfg), byref(hp), byref(pc), byref(out))
+    out = ffi.new("lowbit_state_plan_t *")
+    out.struct_size = ffi.sizeof("lowbit_state_plan_t")
+    call("lowbit_plan_param_state", cfg, hp, pc, out)
     return StatePlan(
         num_moments=out.num_moments,
         formats=tuple(StateFormat(f) for f in out.format),

@@ -53,7 +53,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._capi import Algorithm, Dtype, StateFormat
+from ._ffi import Algorithm, Dtype, StateFormat
+from ._lib import JAX_LIBRARY_ENV as LIBRARY_ENV
+from ._lib import jax_module_candidates
 from ._optimizer import resolve_num_threads
 from ._plan import plan_param_state
 
@@ -69,10 +71,7 @@ __all__ = [
     "sgd",
 ]
 
-LIBRARY_ENV = "LOWBIT_JAX_LIBRARY"
 PROTOCOL_VERSION = 1  # bindings/jax/step_common.hpp kProtocolVersion
-
-_MODULE_NAME = "liblowbit_jax.so"  # CMake names MODULE libraries .so on Linux and macOS
 
 _STEP_TARGET = "lowbit_step"
 _DECODE_TARGET = "lowbit_decode_moment"
@@ -103,14 +102,7 @@ class _Module:
         self.has_cuda = False
 
     def _candidates(self):
-        env = os.environ.get(LIBRARY_ENV)
-        if env:
-            yield env, LIBRARY_ENV
-            return
-        lib = os.environ.get("LOWBIT_LIBRARY")
-        if lib:
-            yield os.path.join(os.path.dirname(os.path.abspath(lib)), _MODULE_NAME), "LOWBIT_LIBRARY"
-        yield os.path.join(os.path.dirname(os.path.abspath(__file__)), _MODULE_NAME), None
+        return jax_module_candidates()  # shared with python -m lowbit
 
     def load(self):
         if self.lib is not None:

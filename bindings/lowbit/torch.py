@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from ._arrays import ArrayRef
-from ._capi import Algorithm, Device, Dtype, StateFormat, Tensor
+from ._ffi import Algorithm, Device, Dtype, StateFormat, Tensor
 from ._lib import ArrayError, InvalidArgumentError, StateMismatchError
 from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, resolve_num_threads
 

@@ -15,3 +15,18 @@ flags=$(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs lowbit)
 cc "$src/consumer.c" $flags -o "$tmp/pc_consumer"
 LD_LIBRARY_PATH="$tmp/prefix/lib:$tmp/prefix/lib64" "$tmp/pc_consumer"
 echo "install, find_package(lowbit) and pkg-config: ok"
+
+# The declarations for the Python package (built when the build had Python)
+# are installed in share/lowbit, where the package finds them for
+# LOWBIT_LIBRARY=<prefix>/<libdir>/liblowbit.so.
+if [ -f "$build/lowbit_cdef.h" ]; then
+  cdef="$tmp/prefix/share/lowbit/lowbit_cdef.h"
+  cmp -s "$build/lowbit_cdef.h" "$cdef" || { echo "check_install: $cdef is missing or differs from the build's"; exit 1; }
+  bindings=$(cd "$src/../../bindings" && pwd)
+  if python3 -c "import cffi, numpy" 2>/dev/null; then
+    lib=$(find "$tmp/prefix" -name liblowbit.so | head -1)
+    report=$(cd "$tmp" && LOWBIT_LIBRARY="$lib" PYTHONPATH="$bindings" python3 -m lowbit)
+    grep -q "^declarations: *$cdef " <<<"$report" || { echo "check_install: python -m lowbit did not use $cdef:"; echo "$report"; exit 1; }
+    echo "installed lowbit_cdef.h used by the Python package: ok"
+  fi
+fi

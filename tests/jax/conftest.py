@@ -1,6 +1,6 @@
 """Fixtures of the JAX tests: the repository's bindings on sys.path, the JAX
-FFI module (liblowbit_jax) and the C library (liblowbit, called through
-ctypes for the same-bits comparisons).
+FFI module (liblowbit_jax) and the C library (liblowbit, called through the
+package's CFFI declarations for the same-bits comparisons).
 
 Both libraries are found as lowbit finds them: LOWBIT_JAX_LIBRARY, else
 liblowbit_jax.so next to LOWBIT_LIBRARY, else inside the package. Where jax
@@ -22,7 +22,6 @@ The seed is in the pytest header and in the captured output of every test
 (np.random.default_rng(seed)); other streams come from seeding.rng(*salt).
 """
 
-import ctypes
 import os
 import pathlib
 import sys
@@ -58,14 +57,10 @@ def ljax():
 
 @pytest.fixture(scope="session")
 def capi():
-    """liblowbit through ctypes, with the signatures of lowbit._capi."""
-    from lowbit import _capi
-
-    path = os.environ.get("LOWBIT_LIBRARY") or str(ROOT / "bindings" / "lowbit" / "liblowbit.so")
-    if not os.path.exists(path):
-        _missing(f"liblowbit not found at {path} (set LOWBIT_LIBRARY)")
-    lib = ctypes.CDLL(path)
-    missing = _capi.bind(lib)
-    if missing:
-        _missing(f"{path} lacks {missing}")
-    return lib
+    """liblowbit through CFFI, as the package loads it (lowbit._ffi.lib: the
+    declarations of the headers it was built from)."""
+    try:
+        from lowbit import _ffi
+    except ImportError as e:
+        _missing(f"liblowbit is not available: {e}")
+    return _ffi.lib

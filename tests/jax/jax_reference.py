@@ -1,17 +1,17 @@
 """Independent references for the JAX tests besides the update rules (those
 are in tests/common/float64_reference.py, shared with tests/python): decoders
 of the state formats written from the header's description (with the golden
-maps of tests/c/qmaps_golden.h), and a ctypes driver of the C API
-(lowbit_optimizer_*), so that the JAX path can be compared with both."""
+maps of tests/c/qmaps_golden.h), and a driver of the raw C API
+(lowbit_optimizer_*, through the package's CFFI declarations), so that the JAX
+path can be compared with both."""
 
-import ctypes
 import pathlib
 import re
 
 import ml_dtypes
 import numpy as np
 
-from lowbit import _capi
+from lowbit._ffi import ffi
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -115,59 +115,59 @@ FORMATS = {"fp32": 1, "bf16": 2, "8bit": 3, "4bit": 4, "fp8": 5}
 
 
 def _tensor(a):
-    return _capi.Tensor(a.ctypes.data, a.size, _DTYPES[a.dtype], 1, 0)
+    return {"data": ffi.cast("void *", a.ctypes.data), "numel": a.size, "dtype": _DTYPES[a.dtype], "device": 1, "device_index": 0}
 
 
 class CapiOptimizer:
     """A lowbit_optimizer_t over copies of `params` (numpy arrays), driven
-    through ctypes; raises AssertionError with the library's message on
-    failure."""
+    through the raw C calls (CFFI, the package's declarations); raises
+    AssertionError with the library's message on failure."""
 
     def __init__(self, lib, algo, hparams, params, **config):
         self.lib = lib
-        cfg = _capi.OptimizerConfig()
-        self._ok(lib.lowbit_optimizer_config_init(ctypes.byref(cfg), ALGORITHMS[algo]))
+        cfg = ffi.new("lowbit_optimizer_config_t *")
+        self._ok(lib.lowbit_optimizer_config_init(cfg, ALGORITHMS[algo]))
         for k, v in config.items():
             setattr(cfg, k, FORMATS[v] if k.endswith("state_format") else v)
-        hp = _capi.Hparams()
-        self._ok(lib.lowbit_hparams_init(ctypes.byref(hp), ALGORITHMS[algo]))
+        hp = ffi.new("lowbit_hparams_t *")
+        self._ok(lib.lowbit_hparams_init(hp, ALGORITHMS[algo]))
         for k, v in hparams.items():
             setattr(hp, k, v)
-        handle = ctypes.c_void_p()
-        self._ok(lib.lowbit_optimizer_create(ctypes.byref(handle), ctypes.byref(cfg), ctypes.byref(hp)))
-        self.h = handle
+        handle = ffi.new("lowbit_optimizer_t *")
+        self._ok(lib.lowbit_optimizer_create(handle, cfg, hp))
+        self.h = handle[0]
         self.params = [np.array(p, copy=True, order="C").reshape(-1) for p in params]
         for p in self.params:
-            pc = _capi.ParamConfig()
-            self._ok(lib.lowbit_param_config_init(ctypes.byref(pc)))
+            pc = ffi.new("lowbit_param_config_t *")
+            self._ok(lib.lowbit_param_config_init(pc))
             pc.param = _tensor(p)
-            pid = ctypes.c_int64()
-            self._ok(lib.lowbit_optimizer_add_param(self.h, ctypes.byref(pc), ctypes.byref(pid)))
+            pid = ffi.new("int64_t *")
+            self._ok(lib.lowbit_optimizer_add_param(self.h, pc, pid))
 
     def _ok(self, status):
         if status != 0:
             h = getattr(self, "h", None)
             msg = self.lib.lowbit_optimizer_last_error(h) if h else self.lib.lowbit_last_error()
-            raise AssertionError(f"C API call failed with status {status}: {msg.decode()}")
+            raise AssertionError(f"C API call failed with status {status}: {ffi.string(msg).decode()}")
 
     def set_lr(self, lr):
         self._ok(self.lib.lowbit_optimizer_set_lr(self.h, 0, float(lr)))
 
     def step(self, grads):
         grads = [np.ascontiguousarray(g).reshape(-1) for g in grads]
-        arr = (_capi.Tensor * len(grads))(*[_tensor(g) for g in grads])
-        self._ok(self.lib.lowbit_optimizer_step_with_grads(self.h, arr, len(grads), None))
+        arr = ffi.new("lowbit_tensor_t[]", [_tensor(g) for g in grads])
+        self._ok(self.lib.lowbit_optimizer_step_with_grads(self.h, arr, len(grads), ffi.NULL))
 
     def read_moment(self, i, m):
         out = np.empty(self.params[i].size, np.float32)
-        self._ok(self.lib.lowbit_optimizer_read_moment(self.h, i, m, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                                       out.size, None))
+        self._ok(self.lib.lowbit_optimizer_read_moment(self.h, i, m, ffi.from_buffer("float[]", out), out.size,
+                                                       ffi.NULL))
         return out
 
     def info(self, i):
-        info = _capi.ParamInfo()
-        info.struct_size = ctypes.sizeof(info)
-        self._ok(self.lib.lowbit_optimizer_param_info(self.h, i, ctypes.byref(info)))
+        info = ffi.new("lowbit_param_info_t *")
+        info.struct_size = ffi.sizeof(info[0])
+        self._ok(self.lib.lowbit_optimizer_param_info(self.h, i, info))
         return info
 
     def close(self):

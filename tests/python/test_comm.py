@@ -4,7 +4,10 @@ the algorithm in lowbit_comm.h, error feedback, checkpoints of the errors,
 non-finite input, sub-communicators, 1-bit Adam); the wrapper's own
 behaviour is checked in process at world size 1."""
 
+import copy
+import gc
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -87,3 +90,65 @@ def test_onebit_adam_needs_its_communicator():
             assert opt.param_info(0).step == 1
             with pytest.raises(lowbit.InvalidArgumentError, match="numel"):
                 opt.set_momentum_mask(0, np.ones(3))
+
+
+@needs_mpi
+def test_communicator_cannot_be_copied():
+    with lowbit.Communicator.from_mpi(MPI.COMM_WORLD) as comm:
+        for make_copy in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="cannot be"):
+                make_copy(comm)
+        assert comm.world_size == MPI.COMM_WORLD.Get_size()  # untouched
+
+
+@needs_mpi
+def test_close_refuses_while_an_optimizer_holds_the_communicator():
+    """Destroying a communicator is collective, so it is never deferred: close()
+    names the open optimizers that use it, and works once they are closed. An
+    optimizer with a communicator is not copied either."""
+    p = np.zeros(10, np.float32)
+    comm = lowbit.Communicator.from_mpi(MPI.COMM_WORLD)
+    opt = lowbit.Optimizer("onebit_adam", freeze_step=2)
+    opt.add_param(p)
+    opt.set_comm(comm)
+    with pytest.raises(lowbit.InvalidStateError, match=r"in use by 1 open optimizer.*onebit_adam"):
+        comm.close()
+    assert not comm.closed
+    with pytest.raises(TypeError, match="communicator"):
+        copy.deepcopy(opt)
+    for _ in range(3):
+        opt.step([np.ones(10, np.float32)])  # the communicator still works, past freeze_step
+    assert opt.param_info(0).step == 3
+    opt.close()
+    comm.close()
+    assert comm.closed
+    comm.close()  # idempotent
+
+
+@needs_mpi
+def test_unreachable_optimizer_and_communicator_free_optimizer_first(monkeypatch):
+    """When both are garbage (a reference cycle, or interpreter exit, where
+    finalizers run in any order), the optimizer is destroyed before its
+    communicator: the library never holds a freed communicator."""
+    import lowbit._comm as comm_mod
+    import lowbit._optimizer as opt_mod
+
+    order = []
+    real_opt, real_comm_destroy = opt_mod._destroy, comm_mod.LIB.fn("lowbit_comm_destroy")
+    monkeypatch.setattr(opt_mod, "_destroy", lambda h: (order.append("optimizer"), real_opt(h)))
+    comm = lowbit.Communicator.from_mpi(MPI.COMM_WORLD)
+    opt = lowbit.Optimizer("onebit_adam")
+    opt.add_param(np.zeros(10, np.float32))
+    opt.set_comm(comm)
+    opt.cycle, comm.cycle = comm, opt
+    real_fn = comm_mod.LIB.fn
+
+    def fn(name):
+        if name != "lowbit_comm_destroy":
+            return real_fn(name)
+        return lambda h: (order.append("communicator"), real_comm_destroy(h))[1]
+
+    monkeypatch.setattr(comm_mod.LIB, "fn", fn)
+    del opt, comm
+    gc.collect()
+    assert order == ["optimizer", "communicator"]

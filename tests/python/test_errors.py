@@ -4,16 +4,14 @@ the whole checkpoint are identical before and after). Also the raw C calls
 for the cases the Python layer cannot produce (NULL handles, unknown
 struct_size, unknown enum values), and handle lifetime."""
 
-import ctypes
 import gc
 import weakref
-from ctypes import byref, c_int32, c_int64, c_void_p
 
 import numpy as np
 import pytest
 
 import lowbit
-from lowbit import _capi
+from lowbit._ffi import ffi
 from lowbit._lib import LIB, error_for
 
 # ----------------------------------------------------------------- exception types
@@ -21,20 +19,20 @@ from lowbit._lib import LIB, error_for
 
 def test_exception_hierarchy_keyed_by_status():
     for status, base in [
-        (_capi.Status.ERROR_INVALID_ARGUMENT, ValueError),
-        (_capi.Status.ERROR_NULL_POINTER, ValueError),
-        (_capi.Status.ERROR_UNSUPPORTED, NotImplementedError),
-        (_capi.Status.ERROR_OUT_OF_MEMORY, MemoryError),
-        (_capi.Status.ERROR_INVALID_STATE, RuntimeError),
-        (_capi.Status.ERROR_CUDA, RuntimeError),
-        (_capi.Status.ERROR_IO, OSError),
-        (_capi.Status.ERROR_CORRUPT_DATA, ValueError),
-        (_capi.Status.ERROR_VERSION_MISMATCH, ValueError),
-        (_capi.Status.ERROR_STATE_MISMATCH, ValueError),
-        (_capi.Status.ERROR_BUFFER_TOO_SMALL, ValueError),
-        (_capi.Status.ERROR_NONFINITE, FloatingPointError),
-        (_capi.Status.ERROR_COMMUNICATION, RuntimeError),
-        (_capi.Status.ERROR_INTERNAL, RuntimeError),
+        (lowbit.Status.ERROR_INVALID_ARGUMENT, ValueError),
+        (lowbit.Status.ERROR_NULL_POINTER, ValueError),
+        (lowbit.Status.ERROR_UNSUPPORTED, NotImplementedError),
+        (lowbit.Status.ERROR_OUT_OF_MEMORY, MemoryError),
+        (lowbit.Status.ERROR_INVALID_STATE, RuntimeError),
+        (lowbit.Status.ERROR_CUDA, RuntimeError),
+        (lowbit.Status.ERROR_IO, OSError),
+        (lowbit.Status.ERROR_CORRUPT_DATA, ValueError),
+        (lowbit.Status.ERROR_VERSION_MISMATCH, ValueError),
+        (lowbit.Status.ERROR_STATE_MISMATCH, ValueError),
+        (lowbit.Status.ERROR_BUFFER_TOO_SMALL, ValueError),
+        (lowbit.Status.ERROR_NONFINITE, FloatingPointError),
+        (lowbit.Status.ERROR_COMMUNICATION, RuntimeError),
+        (lowbit.Status.ERROR_INTERNAL, RuntimeError),
     ]:
         e = error_for(status, "the message", "lowbit_x")
         assert isinstance(e, lowbit.LowbitError) and isinstance(e, base)
@@ -169,65 +167,68 @@ def _fn(name):
 
 
 def test_raw_null_pointers():
-    st = _fn("lowbit_optimizer_step")(None, None)
-    assert st == _capi.Status.ERROR_NULL_POINTER
-    cfg = _capi.OptimizerConfig()
-    hp = _capi.Hparams()
-    assert _fn("lowbit_optimizer_config_init")(byref(cfg), _capi.Algorithm.ADAMW) == 0
-    assert _fn("lowbit_hparams_init")(byref(hp), _capi.Algorithm.ADAMW) == 0
-    st = _fn("lowbit_optimizer_create")(None, byref(cfg), byref(hp))
-    assert st == _capi.Status.ERROR_NULL_POINTER and lowbit._lib.last_error()
-    h = c_void_p()
-    assert _fn("lowbit_optimizer_create")(byref(h), None, byref(hp)) == _capi.Status.ERROR_NULL_POINTER
+    st = _fn("lowbit_optimizer_step")(ffi.NULL, ffi.NULL)
+    assert st == lowbit.Status.ERROR_NULL_POINTER
+    cfg = ffi.new("lowbit_optimizer_config_t *")
+    hp = ffi.new("lowbit_hparams_t *")
+    assert _fn("lowbit_optimizer_config_init")(cfg, lowbit.Algorithm.ADAMW) == 0
+    assert _fn("lowbit_hparams_init")(hp, lowbit.Algorithm.ADAMW) == 0
+    st = _fn("lowbit_optimizer_create")(ffi.NULL, cfg, hp)
+    assert st == lowbit.Status.ERROR_NULL_POINTER and lowbit._lib.last_error()
+    h = ffi.new("lowbit_optimizer_t *")
+    assert _fn("lowbit_optimizer_create")(h, ffi.NULL, hp) == lowbit.Status.ERROR_NULL_POINTER
     assert "config" in lowbit._lib.last_error()
-    assert _fn("lowbit_optimizer_destroy")(None) == 0  # destroy accepts NULL
-    assert _fn("lowbit_optimizer_last_error")(None) is not None
+    assert _fn("lowbit_optimizer_destroy")(ffi.NULL) == 0  # destroy accepts NULL
+    assert _fn("lowbit_optimizer_last_error")(ffi.NULL) != ffi.NULL
+    assert _fn("lowbit_build_info")(ffi.NULL) == lowbit.Status.ERROR_NULL_POINTER
+
+
+def _copy_struct(ctype, src):
+    dst = ffi.new(ctype)
+    ffi.memmove(dst, src, ffi.sizeof(src[0]))
+    return dst
 
 
 def test_raw_unknown_struct_size_and_enum():
-    cfg = _capi.OptimizerConfig()
-    hp = _capi.Hparams()
-    _fn("lowbit_optimizer_config_init")(byref(cfg), _capi.Algorithm.ADAMW)
-    _fn("lowbit_hparams_init")(byref(hp), _capi.Algorithm.ADAMW)
-    assert cfg.struct_size == ctypes.sizeof(cfg) and hp.struct_size == ctypes.sizeof(hp)
-    h = c_void_p()
-    bad = _capi.OptimizerConfig.from_buffer_copy(cfg)
-    bad.struct_size = 3
-    assert _fn("lowbit_optimizer_create")(byref(h), byref(bad), byref(hp)) == _capi.Status.ERROR_INVALID_ARGUMENT
-    assert "struct_size" in lowbit._lib.last_error() and not h.value
-    bad = _capi.OptimizerConfig.from_buffer_copy(cfg)
-    bad.algorithm = 42
-    assert _fn("lowbit_optimizer_create")(byref(h), byref(bad), byref(hp)) == _capi.Status.ERROR_INVALID_ARGUMENT
-    assert "algorithm" in lowbit._lib.last_error()
-    bad = _capi.OptimizerConfig.from_buffer_copy(cfg)
-    bad.state_format = 42
-    assert _fn("lowbit_optimizer_create")(byref(h), byref(bad), byref(hp)) == _capi.Status.ERROR_INVALID_ARGUMENT
-    assert "state_format" in lowbit._lib.last_error()
-    bad = _capi.OptimizerConfig.from_buffer_copy(cfg)
-    bad.device = 7
-    assert _fn("lowbit_optimizer_create")(byref(h), byref(bad), byref(hp)) == _capi.Status.ERROR_INVALID_ARGUMENT
-    assert "device" in lowbit._lib.last_error()
+    cfg = ffi.new("lowbit_optimizer_config_t *")
+    hp = ffi.new("lowbit_hparams_t *")
+    _fn("lowbit_optimizer_config_init")(cfg, lowbit.Algorithm.ADAMW)
+    _fn("lowbit_hparams_init")(hp, lowbit.Algorithm.ADAMW)
+    assert cfg.struct_size == ffi.sizeof(cfg[0]) and hp.struct_size == ffi.sizeof(hp[0])
+    h = ffi.new("lowbit_optimizer_t *")
+    create = _fn("lowbit_optimizer_create")
+    for field, value in [("struct_size", 3), ("algorithm", 42), ("state_format", 42), ("device", 7)]:
+        bad = _copy_struct("lowbit_optimizer_config_t *", cfg)
+        setattr(bad, field, value)
+        assert create(h, bad, hp) == lowbit.Status.ERROR_INVALID_ARGUMENT
+        assert field in lowbit._lib.last_error() and h[0] == ffi.NULL
+    info = ffi.new("lowbit_build_info_t *")
+    info.struct_size = ffi.sizeof(info[0]) + 8
+    assert _fn("lowbit_build_info")(info) == lowbit.Status.ERROR_INVALID_ARGUMENT
+    assert "struct_size" in lowbit._lib.last_error()
 
     with lowbit.Optimizer("adamw") as opt:
-        pc = _capi.ParamConfig()
-        _fn("lowbit_param_config_init")(byref(pc))
+        pc = ffi.new("lowbit_param_config_t *")
+        _fn("lowbit_param_config_init")(pc)
         arr = np.zeros(8, np.float32)
-        pc.param = _capi.Tensor(arr.ctypes.data, 8, 77, _capi.Device.CPU, 0)
-        out = c_int64(-1)
-        st = _fn("lowbit_optimizer_add_param")(c_void_p(opt.handle), byref(pc), byref(out))
-        assert st == _capi.Status.ERROR_INVALID_ARGUMENT
-        assert "dtype" in lowbit._lib.last_error(c_void_p(opt.handle))
-        pc.param = _capi.Tensor(None, 8, _capi.Dtype.FLOAT32, _capi.Device.CPU, 0)
-        st = _fn("lowbit_optimizer_add_param")(c_void_p(opt.handle), byref(pc), byref(out))
-        assert st == _capi.Status.ERROR_NULL_POINTER
-        pc.param = _capi.Tensor(arr.ctypes.data, 8, _capi.Dtype.FLOAT32, _capi.Device.CPU, 0)
+        data = ffi.cast("void *", arr.ctypes.data)
+        handle = ffi.cast("lowbit_optimizer_t", opt.handle)
+        out = ffi.new("int64_t *", -1)
+        pc.param = {"data": data, "numel": 8, "dtype": 77, "device": lowbit.Device.CPU, "device_index": 0}
+        st = _fn("lowbit_optimizer_add_param")(handle, pc, out)
+        assert st == lowbit.Status.ERROR_INVALID_ARGUMENT
+        assert "dtype" in lowbit._lib.last_error(opt.handle)
+        pc.param = {"data": ffi.NULL, "numel": 8, "dtype": lowbit.Dtype.FLOAT32, "device": lowbit.Device.CPU}
+        st = _fn("lowbit_optimizer_add_param")(handle, pc, out)
+        assert st == lowbit.Status.ERROR_NULL_POINTER
+        pc.param = {"data": data, "numel": 8, "dtype": lowbit.Dtype.FLOAT32, "device": lowbit.Device.CPU}
         pc.struct_size = 5
-        st = _fn("lowbit_optimizer_add_param")(c_void_p(opt.handle), byref(pc), byref(out))
-        assert st == _capi.Status.ERROR_INVALID_ARGUMENT
-        assert "struct_size" in lowbit._lib.last_error(c_void_p(opt.handle))
+        st = _fn("lowbit_optimizer_add_param")(handle, pc, out)
+        assert st == lowbit.Status.ERROR_INVALID_ARGUMENT
+        assert "struct_size" in lowbit._lib.last_error(handle)
         assert opt.num_params == 0
-        got = c_int32(-1)
-        assert _fn("lowbit_optimizer_last_step_skipped")(c_void_p(opt.handle), byref(got)) == 0 and got.value == 0
+        got = ffi.new("int32_t *", -1)
+        assert _fn("lowbit_optimizer_last_step_skipped")(handle, got) == 0 and got[0] == 0
 
 
 # ----------------------------------------------------------------- lifetime

@@ -22,7 +22,7 @@ def created(monkeypatch):
 
     def spy(name, *args, **kw):
         if name == "lowbit_optimizer_create":
-            seen.append(args[1]._obj.num_threads)  # byref(cfg)
+            seen.append(args[1].num_threads)  # the lowbit_optimizer_config_t *
         return real(name, *args, **kw)
 
     monkeypatch.setattr(_optimizer, "call", spy)

@@ -1,0 +1,25 @@
+# What lowbit_build_info() reports: configure-time facts written into
+# lowbit_build_config.h (private to liblowbit). Included at the end of the
+# top-level CMakeLists.txt, once every optional part has been found or not.
+if(LOWBIT_HAVE_CUDA)
+  set(LOWBIT_BUILD_CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}")
+  set(LOWBIT_BUILD_CUDA_VERSION "${CUDAToolkit_VERSION}")
+else()
+  set(LOWBIT_BUILD_CUDA_ARCHITECTURES "")
+  set(LOWBIT_BUILD_CUDA_VERSION "")
+endif()
+if(OpenMP_CXX_FOUND)
+  set(LOWBIT_BUILD_HAS_OPENMP 1)
+else()
+  set(LOWBIT_BUILD_HAS_OPENMP 0)
+endif()
+get_property(_lowbit_jax GLOBAL PROPERTY LOWBIT_HAVE_JAX)
+if(_lowbit_jax)
+  set(LOWBIT_BUILD_HAS_JAX_HANDLERS 1)
+else()
+  set(LOWBIT_BUILD_HAS_JAX_HANDLERS 0)
+endif()
+set(LOWBIT_BUILD_COMPILER "${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}")
+set(LOWBIT_BUILD_TYPE "${CMAKE_BUILD_TYPE}")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/lowbit_build_config.h.in
+               ${LOWBIT_GENERATED_INCLUDE_DIR}/lowbit_build_config.h @ONLY)

@@ -1,0 +1,78 @@
+"""`python -m lowbit` reports what the loaded library was built with, from
+lowbit_build_info (lowbit.build_info()) and the JAX module lowbit.jax would
+load; its lines are `key: value`, and --json gives the same as one object."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lowbit
+
+PACKAGE_PARENT = str(Path(lowbit.__file__).resolve().parents[1])
+
+
+def _run(*args, **env):
+    e = dict(os.environ, PYTHONPATH=PACKAGE_PARENT, **env)
+    return subprocess.run([sys.executable, "-m", "lowbit", *args], capture_output=True, text=True, env=e,
+                          timeout=120)
+
+
+def _lines(text):
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        assert sep, f"not a 'key: value' line: {line!r}"
+        out[key.strip()] = value.strip()
+    return out
+
+
+def test_report_lines():
+    proc = _run()
+    assert proc.returncode == 0, proc.stderr
+    rows = _lines(proc.stdout)
+    assert list(rows) == ["version", "library", "declarations", "compiler", "CUDA", "MPI", "NCCL", "OpenMP",
+                          "JAX handlers built", "JAX handlers found", "CPU codecs"]
+    assert rows["version"] == lowbit.version()
+    assert rows["library"] == lowbit.library_path()
+    info = lowbit.build_info()
+    assert rows["declarations"].startswith(info["cdef"]) and info["cdef_fingerprint"][:16] in rows["declarations"]
+    assert rows["CUDA"].split()[0] == ("yes" if lowbit.has_cuda() else "no")
+    if lowbit.has_cuda():
+        assert f"architectures {info['cuda_architectures']}" in rows["CUDA"] and info["cuda_architectures"]
+    assert rows["MPI"] == ("yes" if lowbit.has_mpi() else "no")
+    assert rows["NCCL"].split()[0] == ("yes" if lowbit.has_nccl() else "no")
+    assert rows["JAX handlers built"] in ("yes", "no")
+    assert rows["CPU codecs"] in ("AVX-512", "portable")
+    assert rows["compiler"].startswith(info["compiler"])
+
+
+def test_report_json_is_build_info():
+    proc = _run("--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    jax_module = got.pop("jax_module")
+    assert got == lowbit.build_info()
+    if jax_module:
+        assert Path(jax_module["path"]).name == "liblowbit_jax.so" and jax_module.get("protocol") == 1
+    assert isinstance(got["cuda"], bool) and got["version"].count(".") == 2
+
+
+def test_generic_kernels_turn_the_avx512_codecs_off():
+    proc = _run("--json", LOWBIT_CPU_KERNELS="generic")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["cpu_avx512_codecs"] is False
+    assert "portable (LOWBIT_CPU_KERNELS=generic)" in _run(LOWBIT_CPU_KERNELS="generic").stdout
+
+
+def test_jax_module_named_by_the_environment(tmp_path):
+    missing = tmp_path / "liblowbit_jax.so"
+    rows = _lines(_run(LOWBIT_JAX_LIBRARY=str(missing)).stdout)
+    assert rows["JAX handlers found"] == f"not found ({missing})"
+
+
+def test_missing_library_is_reported():
+    proc = _run(LOWBIT_LIBRARY="/nonexistent/liblowbit.so")
+    assert proc.returncode != 0
+    assert "LOWBIT_LIBRARY='/nonexistent/liblowbit.so' does not exist" in proc.stderr
