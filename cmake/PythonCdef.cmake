@@ -35,4 +35,8 @@ else()
   message(STATUS "lowbit: Python  declarations NOT generated (needs a Python interpreter and GCC or Clang): "
                  "the Python package cannot use this build")
 endif()
-target_sources(lowbit PRIVATE ${_lowbit_fp_header})
+# One target owns the generation; everything that compiles capi/common_api.cpp
+# (liblowbit, the emulated library of tests/cuda) depends on it, so a parallel
+# clean build never compiles it before the fingerprint header exists.
+add_custom_target(lowbit_cdef DEPENDS ${_lowbit_fp_header} $<$<BOOL:${LOWBIT_HAVE_CDEF}>:${LOWBIT_CDEF_FILE}>)
+add_dependencies(lowbit lowbit_cdef)
