@@ -205,10 +205,12 @@ LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* wo
                                                    float* server, int64_t server_numel, void* stream);
 
 /* Serialises this rank's errors (part of a checkpoint; one blob per rank).
- * Format (little-endian): "LBCOMMER", u32 version (1), u32 header bytes (64),
+ * Format (little-endian): "LBCOMMER", u32 version (2), u32 header bytes (64),
  * i32 world, i32 rank, i64 numel, i64 chunk_numel, i64 server_numel,
- * u64 FNV-1a-64 of the payload, u64 reserved 0, then numel + server_numel
- * fp32. An unbound communicator saves numel 0. With buffer == NULL only
+ * u64 checksum, u64 reserved (0), then numel + server_numel fp32. The
+ * checksum is the FNV-1a-64 of the whole blob, header included, with its own
+ * 8 bytes read as 0. (Version 1, which is still read, checksummed the payload
+ * only.) An unbound communicator saves numel 0. With buffer == NULL only
  * *out_size is set; otherwise capacity must be >= the size
  * (LOWBIT_ERROR_BUFFER_TOO_SMALL). Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buffer, int64_t capacity,
@@ -218,7 +220,8 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
  * world size. Bound with the same numel: copied in place; otherwise the
  * communicator is unbound and the errors wait (on the host) for the next
  * compressed allreduce, which must then have that numel. Errors:
- * CORRUPT_DATA (truncated, bad magic, checksum), VERSION_MISMATCH,
+ * CORRUPT_DATA (truncated, bad magic, checksum, non-zero reserved bytes,
+ * inconsistent header, non-finite values), VERSION_MISMATCH,
  * STATE_MISMATCH (other world size or rank). On any error nothing changes.
  * numel 0 is the same as lowbit_comm_reset_errors. Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
