@@ -164,6 +164,17 @@ LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const 
   });
 }
 
+LOWBIT_API lowbit_status_t lowbit_comm_set_timeout(lowbit_comm_t comm, int64_t timeout_ms) {
+  return lowbit::on_comm(comm, [&](Communicator& c) { c.set_timeout(timeout_ms); });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_get_timeout(lowbit_comm_t comm, int64_t* out_timeout_ms) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE_PTR(out_timeout_ms, "out_timeout_ms");
+    *out_timeout_ms = c.timeout_ms();
+  });
+}
+
 LOWBIT_API lowbit_status_t lowbit_comm_last_nonfinite(lowbit_comm_t comm, int32_t* out) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out, "out");

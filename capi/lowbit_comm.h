@@ -186,6 +186,16 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream);
 
+/* Collective over MPI (every rank, the same value, agreed like the arguments
+ * of a collective; on a mismatch every rank fails and nothing changes):
+ * from now on every collective call of this communicator waits at most
+ * `timeout_ms` milliseconds for each of its exchanges (0, the default: wait
+ * forever; at most 2147483647). See "Failures" above for what a timeout
+ * does. Over NCCL only 0 is accepted (LOWBIT_ERROR_UNSUPPORTED otherwise):
+ * NCCL collectives run on the stream, the host never waits in them. */
+LOWBIT_API lowbit_status_t lowbit_comm_set_timeout(lowbit_comm_t comm, int64_t timeout_ms);
+LOWBIT_API lowbit_status_t lowbit_comm_get_timeout(lowbit_comm_t comm, int64_t* out_timeout_ms);
+
 /* 1 if the last compressed allreduce found a NaN/Inf on some rank and changed
  * nothing, 0 if it was applied (and 0 before any call). For CUDA tensors,
  * valid once the stream has reached that call. */
