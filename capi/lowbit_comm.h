@@ -15,12 +15,64 @@
  *   lowbit_comm_compressed_allreduce and lowbit_comm_allreduce_mean are
  *   collective: every rank of the group calls them, in the same order, with
  *   the same numel. Over MPI, each call first agrees on its arguments with a
- *   32-byte allreduce, so a rank whose arguments are rejected makes every
- *   rank fail (LOWBIT_ERROR_INVALID_ARGUMENT on the ranks whose own arguments
- *   were fine, naming the rank at fault) instead of leaving them waiting.
+ *   128-byte allreduce: what decides the exchanges that follow (which call:
+ *   compressed_allreduce, allreduce_mean or set_timeout; numel, which fixes
+ *   the padding and chunking; dtype) and who calls (directly, or a 1-bit
+ *   Adam step with its stage, freeze_step, number of params and, on CPU, step
+ *   count). So a rank whose arguments are rejected makes every rank fail
+ *   (its own error here; LOWBIT_ERROR_INVALID_ARGUMENT on the other ranks,
+ *   "rank R rejected its arguments: <its message> [its status]"), and ranks
+ *   that make different calls all fail with a message naming both sides,
+ *   instead of deadlocking; in both cases nothing changes on any rank.
  *   Over NCCL there is no such agreement (device collectives cannot report to
  *   the host without a synchronisation): mismatched calls hang, as with any
  *   NCCL collective.
+ *
+ * Failures
+ *   - A bad call on one rank, or mismatched calls: see above (MPI).
+ *   - 1-bit Adam (lowbit_optimizer_step with a communicator set): the step
+ *     runs all its local checks (grads, step counts, stage) before any
+ *     collective; a failure on one rank joins the agreement of the others'
+ *     collective, so every rank fails with nothing changed (params, moments,
+ *     step counts, errors). A rank with NO communicator set cannot reach the
+ *     others: it fails at once (LOWBIT_ERROR_INVALID_STATE) and the others
+ *     wait in their step's agreement, forever or until their timeout.
+ *   - A rank that is stuck, gone or late: a collective waits for it forever,
+ *     unless lowbit_comm_set_timeout set a timeout (MPI): the call then
+ *     returns LOWBIT_ERROR_COMMUNICATION ("timed out") having changed
+ *     nothing, and the communicator is unusable for good: every later
+ *     collective on it fails at once, local calls (rank, save_errors) still
+ *     work, and lowbit_comm_destroy leaves its MPI communicator and buffers
+ *     allocated (an MPI collective cannot be cancelled; it may still write
+ *     them). Pick a timeout well above the longest normal skew between ranks
+ *     (uneven compute, checkpoint I/O): a rank that is merely late also times
+ *     out, on a communicator its peers already gave up. Under a timeout the
+ *     exchanges are nonblocking collectives polled with MPI_Test (sleeps of
+ *     up to 1 ms between polls), and allreduce_mean copies host tensors
+ *     through a buffer of its own. Creation and destruction (MPI_Comm_dup,
+ *     MPI_Comm_free) have no timeout.
+ *   - A rank killed (kill -9, OOM killer, crash): with Open MPI's mpirun
+ *     (4.1, measured), the runtime notices and kills every other rank of the
+ *     job ("mpirun noticed that process rank 1 ... exited on signal 9",
+ *     exit status 137): no call returns, nothing can be saved after the
+ *     fact. Checkpoint regularly (optimizer state and every rank's
+ *     lowbit_comm_save_errors) and restart the job from the last one. Where
+ *     the runtime keeps the job alive (mpirun --enable-recovery, some
+ *     schedulers), the survivors wait forever in the collective without a
+ *     timeout; with one they get LOWBIT_ERROR_COMMUNICATION after it, but
+ *     MPI_Finalize may then hang as well (Open MPI's TCP transport did):
+ *     save what you need, then end the job with MPI_Abort.
+ *   - lowbit_comm_create_mpi_fortran with a handle that is no communicator:
+ *     LOWBIT_ERROR_INVALID_ARGUMENT naming the handle. Open MPI maps such a
+ *     handle to a NULL communicator, which is refused before any MPI call;
+ *     every communicator (also through lowbit_comm_create_mpi) is then probed
+ *     (MPI_Comm_test_inter, MPI_Comm_size) with MPI_COMM_WORLD's error
+ *     handler set to MPI_ERRORS_RETURN for the two calls (then restored; do
+ *     not change MPI_COMM_WORLD's handler from another thread meanwhile).
+ *     With another MPI, a garbage handle is caught only if that MPI checks
+ *     its arguments (MPICH does unless built without error checking), and a
+ *     dangling or garbage MPI_Comm passed by pointer is undefined behaviour
+ *     in MPI itself.
  *
  * The 1-bit compressed allreduce (one flat fp32 buffer of n elements, the
  * same n on every rank; W ranks)
@@ -255,8 +307,9 @@ typedef struct lowbit_comm_stats {
   int64_t mean_bytes_sent; /* nominal: 2 * (W-1)/W * 4 * numel (ring allreduce) */
 } lowbit_comm_stats_t;
 
-/* Counters since creation or the last reset. The 32-byte argument agreement
- * of the MPI transport is not counted. */
+/* Counters since creation or the last reset. The 128-byte argument
+ * agreement of the MPI transport (and the 512-byte message that follows it
+ * when a rank failed) is not counted. */
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out);
 LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
 
