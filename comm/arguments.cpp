@@ -177,7 +177,9 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "rank ", root, " rejected its arguments: ", why,
          "; nothing was done on any rank");
   }
-  auto lo = [&](int i) { return -v[3 + 2 * i]; };
+  // Every rank reads the same reduced v, so every rank reaches the same
+  // verdict below (a field no rank had a say in is INT64_MIN in both words).
+  auto lo = [&](int i) { return v[3 + 2 * i] == INT64_MIN ? INT64_MIN : -v[3 + 2 * i]; };
   auto hi = [&](int i) { return v[2 + 2 * i]; };
   auto differs = [&](int i) { return lo(i) != hi(i); };
   const char* nothing = ". Nothing was done on any rank";
@@ -194,8 +196,9 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
          ", but some rank is in ", stage_name(other_end(who.stage, lo(2), hi(2))),
          "; the ranks hold different step counts (restore the same checkpoint on every rank, or set the same "
          "step with lowbit_optimizer_set_step)", nothing);
-  if (who.step >= 0 && differs(7))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is at step ", who.step,
+  if (differs(7))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is at step ",
+         who.step >= 0 ? std::to_string(who.step) : std::string("? (CUDA: not known to the host)"),
          ", but the ranks are at steps ", lo(7), " to ", hi(7),
          "; every rank must be at the same step (restore the same checkpoint on every rank, or set the same "
          "step with lowbit_optimizer_set_step)", nothing);

@@ -53,21 +53,6 @@ static void expect_load_fails(lowbit_comm_t comm, const unsigned char* blob, int
   free(after);
 }
 
-/* The version-2 checksum: FNV-1a-64 of the blob, bytes 48..55 read as 0. */
-static uint64_t blob_checksum(const unsigned char* blob, int64_t size) {
-  unsigned char* copy = (unsigned char*)xmalloc((size_t)size);
-  memcpy(copy, blob, (size_t)size);
-  memset(copy + 48, 0, 8);
-  const uint64_t h = fnv64(copy, (size_t)size);
-  free(copy);
-  return h;
-}
-
-static void fix_checksum(unsigned char* blob, int64_t size) {
-  const uint64_t h = blob_checksum(blob, size);
-  memcpy(blob + 48, &h, 8);
-}
-
 int main(int argc, char** argv) {
   harness_init(&argc, &argv);
   const int W = g_world;
@@ -148,7 +133,7 @@ int main(int argc, char** argv) {
     memcpy(bad, blob, (size_t)blob_size);
     bad[k] ^= (unsigned char)(1u << (k % 8));
     expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "reserved");
-    fix_checksum(bad, blob_size);
+    error_blob_fix_checksum(bad, blob_size);
     expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "reserved");
   }
   /* Version 2: reserved bytes 0, the checksum over the whole blob. */
@@ -160,7 +145,7 @@ int main(int argc, char** argv) {
     memcpy(&sum, blob + 48, 8);
     memcpy(&reserved, blob + 56, 8);
     CHECK(reserved == 0, "saved blob has reserved bytes 0x%llx", (unsigned long long)reserved);
-    CHECK(sum == blob_checksum(blob, blob_size), "the checksum does not cover the whole blob");
+    CHECK(sum == error_blob_checksum(blob, blob_size), "the checksum does not cover the whole blob");
   }
   /* A flipped checksum byte. */
   memcpy(bad, blob, (size_t)blob_size);
@@ -190,7 +175,7 @@ int main(int argc, char** argv) {
   {
     const float nan = NAN;
     memcpy(bad + 64 + 4 * 3, &nan, 4);
-    fix_checksum(bad, blob_size);
+    error_blob_fix_checksum(bad, blob_size);
   }
   expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "not finite");
   expect_load_fails(c, NULL, blob_size, LOWBIT_ERROR_NULL_POINTER, "buffer");
