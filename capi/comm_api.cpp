@@ -44,12 +44,16 @@ lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config) {
   return c;
 }
 
-lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make) {
+// `mpi`: the ranks then agree on LOWBIT_COMM_TIMEOUT_MS (collective, like
+// the creation itself).
+lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make,
+                       bool mpi = false) {
   if (out) *out = nullptr;
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(out, "out");
     auto h = std::make_unique<lowbit_comm>();
     h->impl = std::make_unique<Communicator>(make());
+    if (mpi) h->impl->set_timeout_from_env();
     *out = h.release();
   });
 }
@@ -86,7 +90,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config);
     return lowbit::make_mpi_transport(mpi_comm, c.cuda_aware_mpi);
-  });
+  }, true);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
@@ -94,7 +98,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, in
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config);
     return lowbit::make_mpi_transport_fortran(mpi_fortran_comm, c.cuda_aware_mpi);
-  });
+  }, true);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity) {
@@ -161,17 +165,6 @@ LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const 
                                                       void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
     c.allreduce_mean(tensor, stream);
-  });
-}
-
-LOWBIT_API lowbit_status_t lowbit_comm_set_timeout(lowbit_comm_t comm, int64_t timeout_ms) {
-  return lowbit::on_comm(comm, [&](Communicator& c) { c.set_timeout(timeout_ms); });
-}
-
-LOWBIT_API lowbit_status_t lowbit_comm_get_timeout(lowbit_comm_t comm, int64_t* out_timeout_ms) {
-  return lowbit::on_comm(comm, [&](Communicator& c) {
-    LOWBIT_REQUIRE_PTR(out_timeout_ms, "out_timeout_ms");
-    *out_timeout_ms = c.timeout_ms();
   });
 }
 

@@ -16,7 +16,7 @@
  *   collective: every rank of the group calls them, in the same order, with
  *   the same numel. Over MPI, each call first agrees on its arguments with a
  *   128-byte allreduce: what decides the exchanges that follow (which call:
- *   compressed_allreduce, allreduce_mean or set_timeout; numel, which fixes
+ *   compressed_allreduce or allreduce_mean; numel, which fixes
  *   the padding and chunking; dtype) and who calls (directly, or a 1-bit
  *   Adam step with its stage, freeze_step, number of params and, on CPU, step
  *   count). So a rank whose arguments are rejected makes every rank fail
@@ -38,9 +38,13 @@
  *     others: it fails at once (LOWBIT_ERROR_INVALID_STATE) and the others
  *     wait in their step's agreement, forever or until their timeout.
  *   - A rank that is stuck, gone or late: a collective waits for it forever,
- *     unless lowbit_comm_set_timeout set a timeout (MPI): the call then
- *     returns LOWBIT_ERROR_COMMUNICATION ("timed out") having changed
- *     nothing, and the communicator is unusable for good: every later
+ *     unless the environment variable LOWBIT_COMM_TIMEOUT_MS set a timeout
+ *     (MPI; read by lowbit_comm_create_mpi*, which fail on every rank unless
+ *     every rank has the same value; 0 or unset: none; at most 2147483647):
+ *     each exchange of a call then waits at most that many milliseconds,
+ *     and on expiry the call returns LOWBIT_ERROR_COMMUNICATION ("timed
+ *     out") having changed nothing, and the communicator is unusable for
+ *     good: every later
  *     collective on it fails at once, local calls (rank, save_errors) still
  *     work, and lowbit_comm_destroy leaves its MPI communicator and buffers
  *     allocated (an MPI collective cannot be cancelled; it may still write
@@ -50,7 +54,12 @@
  *     exchanges are nonblocking collectives polled with MPI_Test (sleeps of
  *     up to 1 ms between polls), and allreduce_mean copies host tensors
  *     through a buffer of its own. Creation and destruction (MPI_Comm_dup,
- *     MPI_Comm_free) have no timeout.
+ *     MPI_Comm_free) have no timeout. NCCL ignores the variable: its
+ *     collectives run on the stream, the host never waits in them. (An
+ *     environment variable rather than a lowbit_comm_config_t field:
+ *     lowbit_comm_config_init cannot know which size of the struct its
+ *     caller was compiled with, so a grown struct would be overrun in old
+ *     callers.)
  *   - A rank killed (kill -9, OOM killer, crash): with Open MPI's mpirun
  *     (4.1, measured), the runtime notices and kills every other rank of the
  *     job ("mpirun noticed that process rank 1 ... exited on signal 9",
@@ -173,7 +182,8 @@ typedef struct lowbit_comm_config {
 /* Fills struct_size and the defaults. */
 LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config);
 
-/* Creates a communicator over an MPI communicator (collective over it).
+/* Creates a communicator over an MPI communicator (collective over it; the
+ * ranks also agree on LOWBIT_COMM_TIMEOUT_MS, see "Failures").
  * `mpi_comm` points to the caller's MPI_Comm (e.g. &comm, or mpi4py's
  * MPI._addressof(comm)); the library duplicates it (MPI_Comm_dup), so the
  * caller's own traffic never mixes with ours. MPI must be initialised.
@@ -237,16 +247,6 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
  * largest numel seen. */
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream);
-
-/* Collective over MPI (every rank, the same value, agreed like the arguments
- * of a collective; on a mismatch every rank fails and nothing changes):
- * from now on every collective call of this communicator waits at most
- * `timeout_ms` milliseconds for each of its exchanges (0, the default: wait
- * forever; at most 2147483647). See "Failures" above for what a timeout
- * does. Over NCCL only 0 is accepted (LOWBIT_ERROR_UNSUPPORTED otherwise):
- * NCCL collectives run on the stream, the host never waits in them. */
-LOWBIT_API lowbit_status_t lowbit_comm_set_timeout(lowbit_comm_t comm, int64_t timeout_ms);
-LOWBIT_API lowbit_status_t lowbit_comm_get_timeout(lowbit_comm_t comm, int64_t* out_timeout_ms);
 
 /* 1 if the last compressed allreduce found a NaN/Inf on some rank and changed
  * nothing, 0 if it was applied (and 0 before any call). For CUDA tensors,

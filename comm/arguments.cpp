@@ -1,7 +1,9 @@
 // Argument checks of the collective calls, and their agreement over ranks.
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -100,7 +102,7 @@ const char* op_name(int64_t op) {
   switch (op) {
     case kOpCompressedAllreduce: return "lowbit_comm_compressed_allreduce";
     case kOpAllreduceMean: return "lowbit_comm_allreduce_mean";
-    case kOpSetTimeout: return "lowbit_comm_set_timeout";
+    case kOpSetTimeout: return "the timeout agreement of lowbit_comm_create_mpi*";
     default: break;
   }
   return "an unknown collective";
@@ -210,8 +212,9 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
          op_name(other_end(op, lo(4), hi(4))), ": every rank must make the same collective calls in the same order",
          nothing);
   if (differs(5) && op == kOpSetTimeout)
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "timeout_ms is ", n, " here, but the ranks passed from ", lo(5), " to ", hi(5),
-         "; every rank must pass the same timeout (they must all wait the same way). The timeout is unchanged");
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "the communicator timeout is ", n, " ms on this rank (", R,
+         "), but the ranks asked for ", lo(5), " to ", hi(5),
+         " ms; every rank must use the same (LOWBIT_COMM_TIMEOUT_MS; they must all wait the same way)");
   if (differs(5))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", lo(5),
          " to ", hi(5), "; every rank must pass the same numel", nothing);
@@ -222,16 +225,36 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
   return v[1] != 0 ? int(W - v[1]) : -1;
 }
 
+void Communicator::Impl::set_timeout(int64_t ms, lowbit_status_t status, const std::string& message) {
+  agree(status, message, kOpSetTimeout, ms, LOWBIT_DTYPE_FLOAT32, CollectiveCaller(), false);
+  t->set_timeout_ms(ms);
+}
+
 void Communicator::set_timeout(int64_t ms) {
-  Impl& I = *impl_;
-  lowbit_status_t st = LOWBIT_SUCCESS;
-  std::string msg;
-  if (ms < 0 || ms > INT32_MAX) {
-    st = LOWBIT_ERROR_INVALID_ARGUMENT;
-    msg = concat("timeout_ms is ", ms, " (expected 0 = wait forever, or 1 to ", INT32_MAX, " ms)");
+  if (ms < 0 || ms > INT32_MAX)
+    impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                       concat("timeout_ms is ", ms, " (expected 0 = wait forever, or 1 to ", INT32_MAX, " ms)"));
+  else
+    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+}
+
+void Communicator::set_timeout_from_env() {
+  const char* env = std::getenv("LOWBIT_COMM_TIMEOUT_MS");
+  int64_t ms = 0;
+  bool ok = true;
+  if (env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    ok = errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX;
+    ms = ok ? int64_t(v) : 0;
   }
-  I.agree(st, msg, kOpSetTimeout, ms, LOWBIT_DTYPE_FLOAT32, CollectiveCaller(), false);
-  I.t->set_timeout_ms(ms);
+  if (ok)
+    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+  else
+    impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                       concat("the environment variable LOWBIT_COMM_TIMEOUT_MS is \"", env,
+                              "\" (expected milliseconds: 0 = wait forever, or 1 to ", INT32_MAX, ")"));
 }
 
 int64_t Communicator::timeout_ms() const { return impl_->t->timeout_ms(); }

@@ -54,9 +54,15 @@ class Communicator {
   bool compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream,
                             const CollectiveCaller& who = CollectiveCaller());
 
-  // Collective: every later exchange waits at most `ms` milliseconds for
-  // the other ranks (0: forever); see lowbit_comm_set_timeout.
+  // Collective (MPI): every later exchange waits at most `ms` milliseconds
+  // for the other ranks (0: forever); see "Failures" in lowbit_comm.h. Agreed
+  // like a call's arguments: a bad or differing value fails on every rank,
+  // the timeout unchanged.
   void set_timeout(int64_t ms);
+  // The same with the value of the environment variable
+  // LOWBIT_COMM_TIMEOUT_MS (unset or empty: 0); lowbit_comm_create_mpi*
+  // calls it.
+  void set_timeout_from_env();
   int64_t timeout_ms() const;
 
   // For a caller whose own checks failed before it could start its

@@ -56,6 +56,8 @@ struct Communicator::Impl {
   // dtype; otherwise every rank throws). Returns the lowest rank whose input
   // was not finite, or -1. Over NCCL only a local failure is thrown.
   // (For kOpSetTimeout, n is the timeout.)
+  // The agreement of a timeout, then the change (status: a local failure).
+  void set_timeout(int64_t ms, lowbit_status_t status, const std::string& message);
   int agree(lowbit_status_t status, const std::string& message, CommOp op, int64_t n, lowbit_dtype_t dtype,
             const CollectiveCaller& who, bool nonfinite);
 

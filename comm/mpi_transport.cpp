@@ -1,6 +1,6 @@
 // MPI transport: a duplicate of the caller's communicator with
 // MPI_ERRORS_RETURN, so MPI failures become LOWBIT_ERROR_COMMUNICATION.
-// With a timeout (lowbit_comm_set_timeout) every exchange is a nonblocking collective
+// With a timeout (LOWBIT_COMM_TIMEOUT_MS) every exchange is a nonblocking collective
 // polled with MPI_Test until it completes or the timeout expires.
 #include "transport.hpp"
 
@@ -229,7 +229,7 @@ class MpiTransport final : public Transport {
       }
       if (done) return;
       if (Clock::now() >= deadline) {
-        broken_ = concat(what, " timed out after ", timeout_ms_, " ms (lowbit_comm_set_timeout)");
+        broken_ = concat(what, " timed out after ", timeout_ms_, " ms (LOWBIT_COMM_TIMEOUT_MS)");
         fail(LOWBIT_ERROR_COMMUNICATION, broken_,
              ": some rank did not join this collective (it failed, is stuck, or makes another call). Nothing was "
              "updated on this rank, but this communicator is now unusable: destroy it (its buffers are not "

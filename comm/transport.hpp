@@ -37,7 +37,7 @@ class Transport {
   virtual void broadcast(void* data, int64_t m, int root) = 0;
 
   // The host-side timeout of every exchange in ms (MPI,
-  // lowbit_comm_set_timeout), 0: none. Under a timeout, exchanges must use
+  // LOWBIT_COMM_TIMEOUT_MS), 0: none. Under a timeout, exchanges must use
   // buffers the communicator owns: one that timed out stays pending in MPI
   // and may still write them. set_timeout is local: the caller agrees on it
   // with the other ranks first (a nonblocking collective never matches a

@@ -105,7 +105,8 @@ typedef struct {
   float w[NW], b[C], gw[NW], gb[C];
 } Run;
 
-/* comm_timeout_ms > 0: the communicator times out; < 0: none is set on the optimizer. */
+/* comm_timeout_ms > 0: the communicator times out (LOWBIT_COMM_TIMEOUT_MS);
+ * set_comm == 0: the optimizer gets no communicator. */
 static void setup_ex(Run* r, int64_t freeze_step, const uint8_t* mask, int set_comm, int64_t comm_timeout_ms);
 static void setup(Run* r, int64_t freeze_step, const uint8_t* mask) { setup_ex(r, freeze_step, mask, 1, 0); }
 
@@ -114,8 +115,13 @@ static void setup_ex(Run* r, int64_t freeze_step, const uint8_t* mask, int set_c
   lowbit_comm_config_t cc;
   OK(lowbit_comm_config_init(&cc));
   MPI_Comm mc = MPI_COMM_WORLD;
+  if (comm_timeout_ms) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)comm_timeout_ms);
+    setenv("LOWBIT_COMM_TIMEOUT_MS", v, 1);
+  }
   OK(lowbit_comm_create_mpi(&r->comm, &mc, &cc));
-  if (comm_timeout_ms) OK(lowbit_comm_set_timeout(r->comm, comm_timeout_ms));
+  unsetenv("LOWBIT_COMM_TIMEOUT_MS");
   lowbit_optimizer_config_t c;
   lowbit_hparams_t h;
   OK(lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_ONEBIT_ADAM));
