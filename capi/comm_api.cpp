@@ -44,12 +44,16 @@ lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config) {
   return c;
 }
 
-lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make) {
+// `mpi`: the ranks then agree on LOWBIT_COMM_TIMEOUT_MS (collective, like
+// the creation itself).
+lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make,
+                       bool mpi = false) {
   if (out) *out = nullptr;
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(out, "out");
     auto h = std::make_unique<lowbit_comm>();
     h->impl = std::make_unique<Communicator>(make());
+    if (mpi) h->impl->set_timeout_from_env();
     *out = h.release();
   });
 }
@@ -86,7 +90,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config);
     return lowbit::make_mpi_transport(mpi_comm, c.cuda_aware_mpi);
-  });
+  }, true);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
@@ -94,7 +98,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, in
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config);
     return lowbit::make_mpi_transport_fortran(mpi_fortran_comm, c.cuda_aware_mpi);
-  });
+  }, true);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity) {

@@ -15,12 +15,73 @@
  *   lowbit_comm_compressed_allreduce and lowbit_comm_allreduce_mean are
  *   collective: every rank of the group calls them, in the same order, with
  *   the same numel. Over MPI, each call first agrees on its arguments with a
- *   32-byte allreduce, so a rank whose arguments are rejected makes every
- *   rank fail (LOWBIT_ERROR_INVALID_ARGUMENT on the ranks whose own arguments
- *   were fine, naming the rank at fault) instead of leaving them waiting.
+ *   128-byte allreduce: what decides the exchanges that follow (which call:
+ *   compressed_allreduce or allreduce_mean; numel, which fixes
+ *   the padding and chunking; dtype) and who calls (directly, or a 1-bit
+ *   Adam step with its stage, freeze_step, number of params and, on CPU, step
+ *   count). So a rank whose arguments are rejected makes every rank fail
+ *   (its own error here; LOWBIT_ERROR_INVALID_ARGUMENT on the other ranks,
+ *   "rank R rejected its arguments: <its message> [its status]"), and ranks
+ *   that make different calls all fail with a message naming both sides,
+ *   instead of deadlocking; in both cases nothing changes on any rank.
  *   Over NCCL there is no such agreement (device collectives cannot report to
  *   the host without a synchronisation): mismatched calls hang, as with any
  *   NCCL collective.
+ *
+ * Failures
+ *   - A bad call on one rank, or mismatched calls: see above (MPI).
+ *   - 1-bit Adam (lowbit_optimizer_step with a communicator set): the step
+ *     runs all its local checks (grads, step counts, stage) before any
+ *     collective; a failure on one rank joins the agreement of the others'
+ *     collective, so every rank fails with nothing changed (params, moments,
+ *     step counts, errors). A rank with NO communicator set cannot reach the
+ *     others: it fails at once (LOWBIT_ERROR_INVALID_STATE) and the others
+ *     wait in their step's agreement, forever or until their timeout.
+ *   - A rank that is stuck, gone or late: a collective waits for it forever,
+ *     unless the environment variable LOWBIT_COMM_TIMEOUT_MS set a timeout
+ *     (MPI; read by lowbit_comm_create_mpi*, which fail on every rank unless
+ *     every rank has the same value; 0 or unset: none; at most 2147483647):
+ *     each exchange of a call then waits at most that many milliseconds,
+ *     and on expiry the call returns LOWBIT_ERROR_COMMUNICATION ("timed
+ *     out") having changed nothing, and the communicator is unusable for
+ *     good: every later
+ *     collective on it fails at once, local calls (rank, save_errors) still
+ *     work, and lowbit_comm_destroy leaves its MPI communicator and buffers
+ *     allocated (an MPI collective cannot be cancelled; it may still write
+ *     them). Pick a timeout well above the longest normal skew between ranks
+ *     (uneven compute, checkpoint I/O): a rank that is merely late also times
+ *     out, on a communicator its peers already gave up. Under a timeout the
+ *     exchanges are nonblocking collectives polled with MPI_Test (sleeps of
+ *     up to 1 ms between polls), and allreduce_mean copies host tensors
+ *     through a buffer of its own. Creation and destruction (MPI_Comm_dup,
+ *     MPI_Comm_free) have no timeout. NCCL ignores the variable: its
+ *     collectives run on the stream, the host never waits in them. (An
+ *     environment variable rather than a lowbit_comm_config_t field:
+ *     lowbit_comm_config_init cannot know which size of the struct its
+ *     caller was compiled with, so a grown struct would be overrun in old
+ *     callers.)
+ *   - A rank killed (kill -9, OOM killer, crash): with Open MPI's mpirun
+ *     (4.1, measured), the runtime notices and kills every other rank of the
+ *     job ("mpirun noticed that process rank 1 ... exited on signal 9",
+ *     exit status 137): no call returns, nothing can be saved after the
+ *     fact. Checkpoint regularly (optimizer state and every rank's
+ *     lowbit_comm_save_errors) and restart the job from the last one. Where
+ *     the runtime keeps the job alive (mpirun --enable-recovery, some
+ *     schedulers), the survivors wait forever in the collective without a
+ *     timeout; with one they get LOWBIT_ERROR_COMMUNICATION after it, but
+ *     MPI_Finalize may then hang as well (Open MPI's TCP transport did):
+ *     save what you need, then end the job with MPI_Abort.
+ *   - lowbit_comm_create_mpi_fortran with a handle that is no communicator:
+ *     LOWBIT_ERROR_INVALID_ARGUMENT naming the handle. Open MPI maps such a
+ *     handle to a NULL communicator, which is refused before any MPI call;
+ *     every communicator (also through lowbit_comm_create_mpi) is then probed
+ *     (MPI_Comm_test_inter, MPI_Comm_size) with MPI_COMM_WORLD's error
+ *     handler set to MPI_ERRORS_RETURN for the two calls (then restored; do
+ *     not change MPI_COMM_WORLD's handler from another thread meanwhile).
+ *     With another MPI, a garbage handle is caught only if that MPI checks
+ *     its arguments (MPICH does unless built without error checking), and a
+ *     dangling or garbage MPI_Comm passed by pointer is undefined behaviour
+ *     in MPI itself.
  *
  * The 1-bit compressed allreduce (one flat fp32 buffer of n elements, the
  * same n on every rank; W ranks)
@@ -122,7 +183,8 @@ typedef struct lowbit_comm_config {
 /* Fills struct_size and the defaults. */
 LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config);
 
-/* Creates a communicator over an MPI communicator (collective over it).
+/* Creates a communicator over an MPI communicator (collective over it; the
+ * ranks also agree on LOWBIT_COMM_TIMEOUT_MS, see "Failures").
  * `mpi_comm` points to the caller's MPI_Comm (e.g. &comm, or mpi4py's
  * MPI._addressof(comm)); the library duplicates it (MPI_Comm_dup), so the
  * caller's own traffic never mixes with ours. MPI must be initialised.
@@ -206,10 +268,12 @@ LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* wo
                                                    float* server, int64_t server_numel, void* stream);
 
 /* Serialises this rank's errors (part of a checkpoint; one blob per rank).
- * Format (little-endian): "LBCOMMER", u32 version (1), u32 header bytes (64),
+ * Format (little-endian): "LBCOMMER", u32 version (2), u32 header bytes (64),
  * i32 world, i32 rank, i64 numel, i64 chunk_numel, i64 server_numel,
- * u64 FNV-1a-64 of the payload, u64 reserved 0, then numel + server_numel
- * fp32. An unbound communicator saves numel 0. With buffer == NULL only
+ * u64 checksum, u64 reserved (0), then numel + server_numel fp32. The
+ * checksum is the FNV-1a-64 of the whole blob, header included, with its own
+ * 8 bytes read as 0. (Version 1, which is still read, checksummed the payload
+ * only.) An unbound communicator saves numel 0. With buffer == NULL only
  * *out_size is set; otherwise capacity must be >= the size
  * (LOWBIT_ERROR_BUFFER_TOO_SMALL). Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buffer, int64_t capacity,
@@ -219,7 +283,8 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
  * world size. Bound with the same numel: copied in place; otherwise the
  * communicator is unbound and the errors wait (on the host) for the next
  * compressed allreduce, which must then have that numel. Errors:
- * CORRUPT_DATA (truncated, bad magic, checksum), VERSION_MISMATCH,
+ * CORRUPT_DATA (truncated, bad magic, checksum, non-zero reserved bytes,
+ * inconsistent header, non-finite values), VERSION_MISMATCH,
  * STATE_MISMATCH (other world size or rank). On any error nothing changes.
  * numel 0 is the same as lowbit_comm_reset_errors. Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
@@ -243,8 +308,9 @@ typedef struct lowbit_comm_stats {
   int64_t mean_bytes_sent; /* nominal: 2 * (W-1)/W * 4 * numel (ring allreduce) */
 } lowbit_comm_stats_t;
 
-/* Counters since creation or the last reset. The 32-byte argument agreement
- * of the MPI transport is not counted. */
+/* Counters since creation or the last reset. The 128-byte argument
+ * agreement of the MPI transport (and the 512-byte message that follows it
+ * when a rank failed) is not counted. */
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out);
 LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
 

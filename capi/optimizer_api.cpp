@@ -129,10 +129,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* s
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t opt, const lowbit_tensor_t* grads,
                                                             int64_t num_grads, void* stream) {
-  return on_handle(opt, [&](lowbit::Optimizer& o) {
-    LOWBIT_REQUIRE_PTR(grads, "grads");
-    o.step(grads, num_grads, stream);
-  });
+  // grads == NULL is checked by the optimizer: a 1-bit Adam step reports it
+  // to the other ranks too.
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.step(grads, num_grads, stream, true); });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm) {

@@ -1,6 +1,10 @@
 // Argument checks of the collective calls, and their agreement over ranks.
+#include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "communicator_impl.hpp"
@@ -77,25 +81,188 @@ CommArg Communicator::Impl::check_tensor(const lowbit_tensor_t* tensor) const {
   return a;
 }
 
+namespace {
+
+const char* status_name(lowbit_status_t s) {
+  switch (s) {
+    case LOWBIT_ERROR_INVALID_ARGUMENT: return "LOWBIT_ERROR_INVALID_ARGUMENT";
+    case LOWBIT_ERROR_NULL_POINTER: return "LOWBIT_ERROR_NULL_POINTER";
+    case LOWBIT_ERROR_UNSUPPORTED: return "LOWBIT_ERROR_UNSUPPORTED";
+    case LOWBIT_ERROR_OUT_OF_MEMORY: return "LOWBIT_ERROR_OUT_OF_MEMORY";
+    case LOWBIT_ERROR_INVALID_STATE: return "LOWBIT_ERROR_INVALID_STATE";
+    case LOWBIT_ERROR_CUDA: return "LOWBIT_ERROR_CUDA";
+    case LOWBIT_ERROR_NONFINITE: return "LOWBIT_ERROR_NONFINITE";
+    case LOWBIT_ERROR_COMMUNICATION: return "LOWBIT_ERROR_COMMUNICATION";
+    default: break;
+  }
+  return "error";
+}
+
+const char* op_name(int64_t op) {
+  switch (op) {
+    case kOpCompressedAllreduce: return "lowbit_comm_compressed_allreduce";
+    case kOpAllreduceMean: return "lowbit_comm_allreduce_mean";
+    case kOpSetTimeout: return "the timeout agreement of lowbit_comm_create_mpi*";
+    default: break;
+  }
+  return "an unknown collective";
+}
+
+const char* caller_name(int64_t kind) {
+  return kind == CollectiveCaller::kOneBitAdam ? "from a 1-bit Adam step" : "directly";
+}
+
+const char* stage_name(int64_t stage) {
+  switch (stage) {
+    case CollectiveCaller::kWarmup: return "the warm-up stage (full-precision allreduce_mean)";
+    case CollectiveCaller::kCompressed: return "the compressed stage (compressed_allreduce)";
+    default: break;
+  }
+  return "no 1-bit Adam stage";
+}
+
+// The value of `other` in [lo, hi] that is not `mine` (the two ends of the
+// range over ranks; some rank holds each).
+int64_t other_end(int64_t mine, int64_t lo, int64_t hi) { return mine == lo ? hi : lo; }
+
+constexpr int kFields = 8;  // caller kind, freeze_step, stage, num_params, op, numel, dtype, step
+constexpr int kAgreeWords = 2 + 2 * kFields;
+constexpr size_t kMessageBytes = 512;
+
+}  // namespace
+
 // Over MPI, every rank learns every other rank's verdict on its arguments
-// (32 bytes, MPI_MAX) before anything is exchanged or updated. Throws on
-// every rank if some rank failed; returns the lowest rank whose input was
-// not finite, or -1.
-int Communicator::Impl::agree(lowbit_status_t status, const std::string& message, int64_t n, bool nonfinite) {
+// (kAgreeWords int64, MPI_MAX) before anything is exchanged or updated:
+//   v[0]  W - (this rank) if its local checks failed, else 0 (max: the lowest failed rank)
+//   v[1]  W - (this rank) if its input is not finite, else 0
+//   v[2 + 2i], v[3 + 2i]  field i and its negation (max of both: the range over
+//                         the ranks that did not fail; a failed rank sends INT64_MIN,
+//                         and so does a 1-bit Adam step on CUDA for its step count,
+//                         which the host does not know without waiting)
+// The fields are everything that decides the sequence of exchanges (the
+// operation, the 1-bit stage and what fixes it, numel, which fixes the
+// padding and chunking, dtype) and the caller (1-bit Adam: also the number
+// of params and, on CPU, the step count). When some rank failed, its
+// message (and status) follows in one 512-byte broadcast from the lowest
+// failed rank, so every rank can say why.
+int Communicator::Impl::agree(lowbit_status_t status, const std::string& message, CommOp op, int64_t n,
+                              lowbit_dtype_t dtype, const CollectiveCaller& who, bool nonfinite) {
   const int32_t W = world(), R = rank();
   const bool failed = status != LOWBIT_SUCCESS;
-  int64_t v[4] = {failed ? W - R : 0, (!failed && nonfinite) ? W - R : 0, failed ? INT64_MIN : n,
-                  failed ? INT64_MIN : -n};
-  const bool agreed = t->agree_max(v, 4);
-  if (failed) throw Error(status, message);
-  if (!agreed) return nonfinite ? R : -1;
-  if (v[0] != 0)
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "rank ", W - v[0],
-         " rejected its arguments (its own error message says why); nothing was done on any rank");
-  if (v[2] != -v[3])
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", -v[3],
-         " to ", v[2], "; every rank must pass the same numel. Nothing was done on any rank");
+  const int64_t fields[kFields] = {who.kind, who.freeze_step, who.stage,     who.num_params,
+                                   op,       n,               int64_t(dtype), who.step};
+  int64_t v[kAgreeWords];
+  v[0] = failed ? W - R : 0;
+  v[1] = (!failed && nonfinite) ? W - R : 0;
+  for (int i = 0; i < kFields; ++i) {
+    const int64_t f = fields[i] == INT64_MIN ? INT64_MIN + 1 : fields[i];
+    // A failed rank, and a rank that does not know its step count, have no say.
+    const bool neutral = failed || (i == 7 && who.step < 0);
+    v[2 + 2 * i] = neutral ? INT64_MIN : f;
+    v[3 + 2 * i] = neutral ? INT64_MIN : -f;
+  }
+  if (!t->agree_max(v, kAgreeWords)) {  // NCCL: no agreement
+    if (failed) throw Error(status, message);
+    return nonfinite ? R : -1;
+  }
+  if (v[0] != 0) {
+    // The lowest failed rank tells every rank why.
+    const int root = int(W - v[0]);
+    char why[kMessageBytes] = {};
+    if (R == root) {
+      const std::string text = concat(message, " [", status_name(status), "]");
+      std::memcpy(why, text.data(), std::min(text.size(), kMessageBytes - 1));
+    }
+    t->broadcast(why, int64_t(kMessageBytes), root);
+    why[kMessageBytes - 1] = '\0';
+    if (failed) throw Error(status, message);
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "rank ", root, " rejected its arguments: ", why,
+         "; nothing was done on any rank");
+  }
+  // Every rank reads the same reduced v, so every rank reaches the same
+  // verdict below (a field no rank had a say in is INT64_MIN in both words).
+  auto lo = [&](int i) { return v[3 + 2 * i] == INT64_MIN ? INT64_MIN : -v[3 + 2 * i]; };
+  auto hi = [&](int i) { return v[2 + 2 * i]; };
+  auto differs = [&](int i) { return lo(i) != hi(i); };
+  const char* nothing = ". Nothing was done on any rank";
+  if (differs(0))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") calls ", op_name(op), " ", caller_name(who.kind),
+         ", but some rank calls it ", caller_name(other_end(who.kind, lo(0), hi(0))),
+         ": every rank must make the same collective calls in the same order", nothing);
+  if (differs(1))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: freeze_step is ", who.freeze_step, " on this rank (", R,
+         "), but the ranks have freeze_step from ", lo(1), " to ", hi(1),
+         "; every rank must use the same freeze_step (or the ranks change stage at different steps)", nothing);
+  if (differs(2))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is in ", stage_name(who.stage),
+         ", but some rank is in ", stage_name(other_end(who.stage, lo(2), hi(2))),
+         "; the ranks hold different step counts (restore the same checkpoint on every rank, or set the same "
+         "step with lowbit_optimizer_set_step)", nothing);
+  if (differs(7))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is at step ",
+         who.step >= 0 ? std::to_string(who.step) : std::string("? (CUDA: not known to the host)"),
+         ", but the ranks are at steps ", lo(7), " to ", hi(7),
+         "; every rank must be at the same step (restore the same checkpoint on every rank, or set the same "
+         "step with lowbit_optimizer_set_step)", nothing);
+  if (differs(3))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: ", who.num_params, " params are registered on this rank (", R,
+         "), but the ranks have from ", lo(3), " to ", hi(3), "; every rank must register the same params", nothing);
+  if (differs(4))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") calls ", op_name(op), ", but some rank calls ",
+         op_name(other_end(op, lo(4), hi(4))), ": every rank must make the same collective calls in the same order",
+         nothing);
+  if (differs(5) && op == kOpSetTimeout)
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "the communicator timeout is ", n, " ms on this rank (", R,
+         "), but the ranks asked for ", lo(5), " to ", hi(5),
+         " ms; every rank must use the same (LOWBIT_COMM_TIMEOUT_MS; they must all wait the same way)");
+  if (differs(5))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", lo(5),
+         " to ", hi(5), "; every rank must pass the same numel", nothing);
+  if (differs(6))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.dtype is ", dtype_name(dtype), " here, but the ranks passed dtype ",
+         dtype_name(lowbit_dtype_t(other_end(int64_t(dtype), lo(6), hi(6)))), "; every rank must pass the same dtype",
+         nothing);
   return v[1] != 0 ? int(W - v[1]) : -1;
+}
+
+void Communicator::Impl::set_timeout(int64_t ms, lowbit_status_t status, const std::string& message) {
+  agree(status, message, kOpSetTimeout, ms, LOWBIT_DTYPE_FLOAT32, CollectiveCaller(), false);
+  t->set_timeout_ms(ms);
+}
+
+void Communicator::set_timeout(int64_t ms) {
+  if (ms < 0 || ms > INT32_MAX)
+    impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                       concat("timeout_ms is ", ms, " (expected 0 = wait forever, or 1 to ", INT32_MAX, " ms)"));
+  else
+    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+}
+
+void Communicator::set_timeout_from_env() {
+  const char* env = std::getenv("LOWBIT_COMM_TIMEOUT_MS");
+  int64_t ms = 0;
+  bool ok = true;
+  if (env && *env) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(env, &end, 10);
+    ok = errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX;
+    ms = ok ? int64_t(v) : 0;
+  }
+  if (ok)
+    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+  else
+    impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                       concat("the environment variable LOWBIT_COMM_TIMEOUT_MS is \"", env,
+                              "\" (expected milliseconds: 0 = wait forever, or 1 to ", INT32_MAX, ")"));
+}
+
+int64_t Communicator::timeout_ms() const { return impl_->t->timeout_ms(); }
+
+void Communicator::fail_collective(lowbit_status_t status, const std::string& message, const CollectiveCaller& who) {
+  if (status == LOWBIT_SUCCESS) status = LOWBIT_ERROR_INTERNAL;
+  impl_->agree(status, message, kOpNone, 0, LOWBIT_DTYPE_FLOAT32, who, false);
+  throw Error(status, message);  // not reached: agree throws for a failed rank
 }
 
 }  // namespace lowbit

@@ -2,6 +2,8 @@
 // communicator's exchanges and argument agreement through callbacks, e.g.
 // torch.distributed collectives called back from Python.
 #include <cstddef>
+#include <cstring>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/validation.hpp"
@@ -26,6 +28,27 @@ class CallbackTransport final : public Transport {
     if (!t_.allreduce_max_i64) return false;
     check(t_.allreduce_max_i64(t_.user_data, v, k), "allreduce_max_i64 (argument agreement)");
     return true;
+  }
+  // Over the agreement function (called only after agree_max succeeded):
+  // 4 bytes per int64 word, -1 from every rank but the root, so the maximum
+  // is the root's.
+  void broadcast(void* data, int64_t m, int root) override {
+    LOWBIT_REQUIRE(t_.allreduce_max_i64 != nullptr, LOWBIT_ERROR_INTERNAL,
+                   "transport: broadcast without allreduce_max_i64");
+    std::vector<int64_t> w(size_t((m + 3) / 4), -1);
+    uint8_t* bytes = static_cast<uint8_t*>(data);
+    if (rank() == root)
+      for (int64_t i = 0; i < m; i += 4) {
+        uint32_t u = 0;
+        std::memcpy(&u, bytes + i, size_t(m - i < 4 ? m - i : 4));
+        w[size_t(i / 4)] = int64_t(u);
+      }
+    check(t_.allreduce_max_i64(t_.user_data, w.data(), int32_t(w.size())), "allreduce_max_i64 (broadcast)");
+    if (rank() != root)
+      for (int64_t i = 0; i < m; i += 4) {
+        const uint32_t u = uint32_t(w[size_t(i / 4)]);
+        std::memcpy(bytes + i, &u, size_t(m - i < 4 ? m - i : 4));
+      }
   }
   void alltoall(const void* send, void* recv, int64_t m, void* stream) override {
     check(t_.alltoall(t_.user_data, send, recv, m, stream), "alltoall");

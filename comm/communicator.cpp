@@ -11,7 +11,12 @@ Communicator::Communicator(std::unique_ptr<Transport> transport) : impl_(std::ma
   impl_->stats.struct_size = sizeof(lowbit_comm_stats_t);
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // After a timeout an MPI operation is still pending on the transport's
+  // communicator and on our buffers (it may complete if the missing rank
+  // shows up): neither may be released, so the whole state is left behind.
+  if (impl_ && impl_->t && impl_->t->broken()) (void)impl_.release();
+}
 
 int32_t Communicator::rank() const { return impl_->rank(); }
 int32_t Communicator::world() const { return impl_->world(); }

@@ -17,6 +17,20 @@ namespace lowbit {
 
 class Transport;
 
+// Who runs a collective. It joins the argument agreement of the MPI
+// transport (with the operation, numel and dtype), so that ranks at
+// different places of a training loop fail on every rank instead of
+// deadlocking. Direct calls (the C API) leave it at its defaults.
+struct CollectiveCaller {
+  enum Kind : int32_t { kDirect = 0, kOneBitAdam = 1 };
+  enum Stage : int32_t { kNoStage = 0, kWarmup = 1, kCompressed = 2 };
+  int32_t kind = kDirect;
+  int32_t stage = kNoStage;  // 1-bit Adam: the stage this step runs
+  int64_t freeze_step = 0;   // 1-bit Adam: its freeze_step
+  int64_t num_params = 0;    // 1-bit Adam: the params sharing its bucket
+  int64_t step = -1;         // 1-bit Adam: the step count before this step, -1: not known exactly here
+};
+
 class Communicator {
  public:
   explicit Communicator(std::unique_ptr<Transport> transport);
@@ -29,14 +43,37 @@ class Communicator {
   lowbit_comm_backend_t backend() const;
 
   // Collective, uncompressed: data (n fp32 on `device`) <- sum over ranks / world.
-  void allreduce_mean(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream);
+  void allreduce_mean(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream,
+                      const CollectiveCaller& who = CollectiveCaller());
 
   // Collective: data (n fp32 on `device`) <- the 1-bit compressed average,
   // updating this rank's worker and server errors. Returns false when some
   // rank's input (data + worker error) was not finite: then nothing changed on
   // any rank. For CUDA data the check is on the device: the call returns true
   // once enqueued and device_nonfinite_flag() tells the outcome.
-  bool compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream);
+  bool compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream,
+                            const CollectiveCaller& who = CollectiveCaller());
+
+  // Collective (MPI): every later exchange waits at most `ms` milliseconds
+  // for the other ranks (0: forever); see "Failures" in lowbit_comm.h. Agreed
+  // like a call's arguments: a bad or differing value fails on every rank,
+  // the timeout unchanged.
+  void set_timeout(int64_t ms);
+  // The same with the value of the environment variable
+  // LOWBIT_COMM_TIMEOUT_MS (unset or empty: 0); lowbit_comm_create_mpi*
+  // calls it.
+  void set_timeout_from_env();
+  int64_t timeout_ms() const;
+
+  // For a caller whose own checks failed before it could start its
+  // collective (1-bit Adam: a missing grad, differing step counts): joins
+  // the argument agreement that the other ranks run at the start of theirs,
+  // as a rank that rejected its arguments, so that every rank fails and none
+  // waits. Always throws: Error(status, message) here; on the other ranks
+  // their collective throws LOWBIT_ERROR_INVALID_ARGUMENT naming this rank
+  // and quoting `message`. Over NCCL (no agreement) it only throws here.
+  [[noreturn]] void fail_collective(lowbit_status_t status, const std::string& message,
+                                    const CollectiveCaller& who);
 
   // Device int32, 1 if the last CUDA compressed_allreduce found a non-finite
   // input (nothing changed), 0 if it was applied; written in stream order by
@@ -55,8 +92,9 @@ class Communicator {
   // --- used by the C boundary
   // Tensor-descriptor forms (tensor may be nullptr: reported, and over MPI
   // still agreed on, so no rank is left waiting).
-  void allreduce_mean(const lowbit_tensor_t* tensor, void* stream);
-  bool compressed_allreduce(const lowbit_tensor_t* tensor, void* stream);
+  void allreduce_mean(const lowbit_tensor_t* tensor, void* stream, const CollectiveCaller& who = CollectiveCaller());
+  bool compressed_allreduce(const lowbit_tensor_t* tensor, void* stream,
+                            const CollectiveCaller& who = CollectiveCaller());
   // Why the last compressed_allreduce returned false.
   const std::string& nonfinite_message() const;
   bool last_nonfinite() const;

@@ -28,6 +28,9 @@ struct CommArg {
   int32_t index = 0;
 };
 
+// The collective operations, as they enter the argument agreement.
+enum CommOp : int32_t { kOpNone = 0, kOpCompressedAllreduce = 1, kOpAllreduceMean = 2, kOpSetTimeout = 3 };
+
 struct Communicator::Impl {
   std::unique_ptr<Transport> t;
   onebit::Buffers buf;
@@ -36,6 +39,7 @@ struct Communicator::Impl {
   int64_t pending_n = 0;
   std::vector<float> pending_worker, pending_server;
   onebit::Mem mean_stage;
+  std::vector<float> host_stage;  // allreduce_mean of host tensors under a timeout
   bool last_nonfinite = false;
   bool last_was_device = false;
   std::string nonfinite_message;
@@ -50,7 +54,17 @@ struct Communicator::Impl {
 
   // arguments.cpp
   CommArg check_tensor(const lowbit_tensor_t* tensor) const;
-  int agree(lowbit_status_t status, const std::string& message, int64_t n, bool nonfinite);
+  // The argument agreement (MPI): every rank learns whether some rank failed
+  // its local checks (then every rank throws: its own error, or one naming
+  // the lowest failed rank and quoting its message) and whether the ranks
+  // run the same collective (op, caller, 1-bit stage and freeze_step, numel,
+  // dtype; otherwise every rank throws). Returns the lowest rank whose input
+  // was not finite, or -1. Over NCCL only a local failure is thrown.
+  // (For kOpSetTimeout, n is the timeout.)
+  // The agreement of a timeout, then the change (status: a local failure).
+  void set_timeout(int64_t ms, lowbit_status_t status, const std::string& message);
+  int agree(lowbit_status_t status, const std::string& message, CommOp op, int64_t n, lowbit_dtype_t dtype,
+            const CollectiveCaller& who, bool nonfinite);
 
   // binding.cpp
   // Checks that `a` fits the binding and allocates what it needs; changes no

@@ -51,12 +51,12 @@ void Communicator::Impl::exchange(bool gather, const uint8_t* dsend, uint8_t* dr
 }
 
 bool Communicator::compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index,
-                                        void* stream) {
+                                        void* stream, const CollectiveCaller& who) {
   const lowbit_tensor_t t = comm_tensor(data, n, device, device_index);
-  return compressed_allreduce(&t, stream);
+  return compressed_allreduce(&t, stream, who);
 }
 
-bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* stream) {
+bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* stream, const CollectiveCaller& who) {
   Impl& I = *impl_;
   Transport& T = *I.t;
   lowbit_status_t st = LOWBIT_SUCCESS;
@@ -81,7 +81,8 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     st = LOWBIT_ERROR_OUT_OF_MEMORY;
     msg = "out of host memory (communicator error buffers / workspaces)";
   }
-  const int bad_rank = I.agree(st, msg, a.n, nonfinite);
+  const int bad_rank =
+      I.agree(st, msg, kOpCompressedAllreduce, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, nonfinite);
   const int64_t W = I.world();
   if (bad_rank >= 0) {
     I.last_nonfinite = true;

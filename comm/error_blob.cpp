@@ -19,8 +19,9 @@ using onebit::Layout;
 
 namespace {
 
-uint64_t fnv1a64(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
+constexpr uint64_t kFnvBasis = 1469598103934665603ull;
+
+uint64_t fnv1a64(const uint8_t* p, size_t n, uint64_t h = kFnvBasis) {
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
     h *= 1099511628211ull;
@@ -29,8 +30,19 @@ uint64_t fnv1a64(const uint8_t* p, size_t n) {
 }
 
 constexpr char kMagic[8] = {'L', 'B', 'C', 'O', 'M', 'M', 'E', 'R'};
-constexpr uint32_t kBlobVersion = 1;
+// Version 2 checksums the whole blob (header included); version 1, still
+// read, checksummed the payload only.
+constexpr uint32_t kBlobVersion = 2;
 constexpr int64_t kHeaderBytes = 64;
+constexpr int64_t kChecksumAt = 48, kReservedAt = 56;
+
+// Version 2: FNV-1a-64 of every byte of the blob, the 8 checksum bytes read as 0.
+uint64_t blob_checksum(const uint8_t* blob, size_t size) {
+  static const uint8_t zero[8] = {};
+  uint64_t h = fnv1a64(blob, size_t(kChecksumAt));
+  h = fnv1a64(zero, 8, h);
+  return fnv1a64(blob + kReservedAt, size - size_t(kReservedAt), h);
+}
 
 template <class T>
 void put(uint8_t* p, T v) {
@@ -86,8 +98,8 @@ std::vector<uint8_t> Communicator::save_errors(void* stream) const {
     std::memcpy(payload, w.data(), size_t(n) * 4);
     if (c) std::memcpy(payload + n * 4, s.data(), size_t(c) * 4);
   }
-  put<uint64_t>(h + 48, fnv1a64(payload, size_t(4 * (n + c))));
-  put<uint64_t>(h + 56, 0);
+  put<uint64_t>(h + kReservedAt, 0);
+  put<uint64_t>(h + kChecksumAt, blob_checksum(out.data(), out.size()));
   return out;
 }
 
@@ -99,10 +111,14 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   LOWBIT_REQUIRE(std::memcmp(data, kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer does not start with \"LBCOMMER\" (not a communicator error blob)");
   const uint32_t version = get<uint32_t>(data + 8);
-  LOWBIT_REQUIRE(version == kBlobVersion, LOWBIT_ERROR_VERSION_MISMATCH, "buffer has format version ", version,
-                 " (this library reads version ", kBlobVersion, ")");
+  LOWBIT_REQUIRE(version == 1 || version == kBlobVersion, LOWBIT_ERROR_VERSION_MISMATCH, "buffer has format version ",
+                 version, " (this library reads versions 1 and ", kBlobVersion, ")");
   LOWBIT_REQUIRE(get<uint32_t>(data + 12) == uint32_t(kHeaderBytes), LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer header size is ", get<uint32_t>(data + 12), " (expected ", kHeaderBytes, ")");
+  const uint64_t reserved = get<uint64_t>(data + kReservedAt);
+  LOWBIT_REQUIRE(reserved == 0, LOWBIT_ERROR_CORRUPT_DATA, "buffer header bytes ", kReservedAt, "..",
+                 kReservedAt + 7, " (reserved) hold 0x", std::hex, reserved, std::dec,
+                 "; they must be 0 (corrupted, or written by a newer format this library does not know)");
   const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
   LOWBIT_REQUIRE(w == world(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
                  ", this communicator has ", world());
@@ -119,7 +135,8 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   LOWBIT_REQUIRE(size == expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, ", size - expected,
                  " more than the blob's ", expected);
   const uint8_t* payload = data + kHeaderBytes;
-  LOWBIT_REQUIRE(fnv1a64(payload, size_t(4 * (n + c))) == get<uint64_t>(data + 48), LOWBIT_ERROR_CORRUPT_DATA,
+  const uint64_t sum = version == 1 ? fnv1a64(payload, size_t(4 * (n + c))) : blob_checksum(data, size_t(size));
+  LOWBIT_REQUIRE(sum == get<uint64_t>(data + kChecksumAt), LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer checksum mismatch (corrupted)");
   std::vector<float> wv(static_cast<size_t>(n)), sv(static_cast<size_t>(c));
   if (n) std::memcpy(wv.data(), payload, size_t(n) * 4);

@@ -124,6 +124,9 @@ class NcclTransport final : public Transport {
   bool stream_ordered() const override { return true; }
   int32_t device_index() const override { return device_; }
   bool agree_max(int64_t*, int) override { return false; }
+  void broadcast(void*, int64_t, int) override {
+    fail(LOWBIT_ERROR_INTERNAL, "communicator: no host broadcast over NCCL");
+  }
 
   void alltoall(const void* send, void* recv, int64_t m, void* stream) override {
     const NcclApi& api = nccl();

@@ -8,6 +8,9 @@
 
 namespace lowbit {
 
+// Throws LOWBIT_ERROR_UNSUPPORTED: a transport without host-side waits (NCCL).
+[[noreturn]] void fail_unsupported_timeout(int64_t ms);
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -29,6 +32,24 @@ class Transport {
   // Host-side argument agreement: replaces v[0..k) by the maximum over ranks.
   // Returns false when the transport has none (NCCL).
   virtual bool agree_max(int64_t* v, int k) = 0;
+  // m host bytes from rank `root` to every rank (MPI only: after a
+  // successful agree_max).
+  virtual void broadcast(void* data, int64_t m, int root) = 0;
+
+  // The host-side timeout of every exchange in ms (MPI,
+  // LOWBIT_COMM_TIMEOUT_MS), 0: none. Under a timeout, exchanges must use
+  // buffers the communicator owns: one that timed out stays pending in MPI
+  // and may still write them. set_timeout is local: the caller agrees on it
+  // with the other ranks first (a nonblocking collective never matches a
+  // blocking one, so every rank must wait the same way).
+  virtual int64_t timeout_ms() const { return 0; }
+  virtual void set_timeout_ms(int64_t ms) {
+    if (ms != 0)
+      fail_unsupported_timeout(ms);
+  }
+  // True once an exchange has timed out: every later exchange throws, and
+  // the buffers it used (and the MPI communicator) must never be released.
+  virtual bool broken() const { return false; }
 
   // Every rank sends bytes [r*m, (r+1)*m) of send to rank r and receives
   // rank r's message at recv + r*m.

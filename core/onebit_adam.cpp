@@ -10,8 +10,13 @@
 //    momentum on any rank changes nothing on any rank.
 // All parameters share the bucket, so a step is one collective. The stage
 // follows from the step count (which checkpoints save), identical on every
-// parameter and every rank.
+// parameter and every rank. Over MPI the collective starts with an agreement
+// on who calls it (1-bit Adam, its stage and freeze_step, the number of
+// params, numel), which this rank's own checks join when they fail: a bad
+// step on one rank fails on every rank with nothing changed.
 #include <algorithm>
+#include <new>
+#include <string>
 
 #include "comm/communicator.hpp"
 #include "error.hpp"
@@ -92,27 +97,55 @@ bool Optimizer::onebit_compressed_stage(void* stream) {
   return s.known_steps >= freeze;
 }
 
-void Optimizer::step_onebit(void* stream) {
+void Optimizer::step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream) {
   OneBitState& s = *onebit_;
+  // Without a communicator this rank has no way to tell the others, which
+  // wait in this step's agreement (forever, or until their communicator's
+  // timeout): it can only fail here, first, having changed nothing.
   LOWBIT_REQUIRE(s.comm != nullptr, LOWBIT_ERROR_INVALID_STATE,
-                 "step: a 1-bit Adam optimizer needs a communicator (lowbit_optimizer_set_comm)");
-  for (size_t i = 0; i < params_.size(); ++i)
-    LOWBIT_REQUIRE(grads_[i].data != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", i,
-                   " is missing: 1-bit Adam communicates every parameter at every step");
-  if (s.steps_differ) {
-    const std::vector<int64_t> st = steps(stream);
-    fail(LOWBIT_ERROR_INVALID_STATE, "1-bit Adam: params have different step counts (", st.front(), " and ",
-         *std::find_if(st.begin(), st.end(), [&](int64_t v) { return v != st.front(); }),
-         "); set them equal with lowbit_optimizer_set_step");
-  }
+                 "step: a 1-bit Adam optimizer needs a communicator (lowbit_optimizer_set_comm); the other ranks "
+                 "wait for this one in their step");
   Communicator& comm = *s.comm;
+  CollectiveCaller who;
+  who.kind = CollectiveCaller::kOneBitAdam;
+  who.freeze_step = config_.freeze_step;
+  who.num_params = num_params();
+  // Every local check runs before any collective, and a failure joins the
+  // agreement the other ranks start their collective with: every rank fails,
+  // none waits, nothing changes anywhere.
+  bool compressed = false;
+  lowbit_status_t status = LOWBIT_SUCCESS;
+  std::string message;
+  try {
+    prepare_grads(grads, num_grads, explicit_grads);
+    for (size_t i = 0; i < params_.size(); ++i)
+      LOWBIT_REQUIRE(grads_[i].data != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", i,
+                     " is missing: 1-bit Adam communicates every parameter at every step");
+    if (s.steps_differ) {
+      const std::vector<int64_t> st = steps(stream);
+      fail(LOWBIT_ERROR_INVALID_STATE, "1-bit Adam: params have different step counts (", st.front(), " and ",
+           *std::find_if(st.begin(), st.end(), [&](int64_t v) { return v != st.front(); }),
+           "); set them equal with lowbit_optimizer_set_step");
+    }
+    compressed = onebit_compressed_stage(stream);
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  } catch (const std::bad_alloc&) {
+    status = LOWBIT_ERROR_OUT_OF_MEMORY;
+    message = "step: out of host memory";
+  }
+  if (status != LOWBIT_SUCCESS) comm.fail_collective(status, message, who);
+  who.stage = compressed ? CollectiveCaller::kCompressed : CollectiveCaller::kWarmup;
+  // Exact on CPU; on CUDA the host does not know which issued steps were skipped.
+  if (config_.device == LOWBIT_DEVICE_CPU) who.step = s.known_steps;
   float* bucket = static_cast<float*>(s.bucket.data());
   const lowbit_device_t device = config_.device;
   const int32_t index = config_.device == LOWBIT_DEVICE_CUDA ? config_.device_index : 0;
 
-  if (!onebit_compressed_stage(stream)) {
+  if (!compressed) {
     engine_->onebit_gather(grads_.data(), bucket, stream);
-    comm.allreduce_mean(bucket, s.numel, device, index, stream);
+    comm.allreduce_mean(bucket, s.numel, device, index, stream, who);
     std::vector<GradView>& avg = grads_;  // the step runs on the average
     for (size_t i = 0; i < params_.size(); ++i) avg[i] = GradView{bucket + s.offsets[i], LOWBIT_DTYPE_FLOAT32};
     StepControl ctl;
@@ -126,7 +159,7 @@ void Optimizer::step_onebit(void* stream) {
     a.bucket = bucket;
     a.freeze_step = config_.freeze_step;
     a.seed = config_.seed;
-    a.skip = !comm.compressed_allreduce(bucket, s.numel, device, index, stream);
+    a.skip = !comm.compressed_allreduce(bucket, s.numel, device, index, stream, who);
     if (device == LOWBIT_DEVICE_CUDA) a.device_skip = comm.device_nonfinite_flag();
     engine_->onebit_apply(a, stream);
   }

@@ -172,7 +172,8 @@ ParamView Optimizer::param_view(const ParamState& p) const {
   return v;
 }
 
-void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream) {
+void Optimizer::prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads) {
+  LOWBIT_REQUIRE(grads || !explicit_grads, LOWBIT_ERROR_NULL_POINTER, "grads is NULL");
   LOWBIT_REQUIRE(!params_.empty(), LOWBIT_ERROR_INVALID_STATE, "step: no parameters are registered");
   if (grads) {
     LOWBIT_REQUIRE(num_grads == num_params(), LOWBIT_ERROR_INVALID_ARGUMENT, "num_grads = ", num_grads,
@@ -184,10 +185,15 @@ void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stre
     const lowbit_tensor_t& g = grads ? grads[i] : params_[i].grad;
     grads_[i] = GradView{g.data, g.dtype};
   }
+}
+
+void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream, bool explicit_grads) {
   if (onebit_) {
-    step_onebit(stream);
+    // Its checks are agreed on with the other ranks (onebit_adam.cpp).
+    step_onebit(grads, num_grads, explicit_grads, stream);
     return;
   }
+  prepare_grads(grads, num_grads, explicit_grads);
   StepControl ctl;
   ctl.check_nonfinite = config_.skip_nonfinite != 0;
   ctl.seed = config_.seed;

@@ -90,8 +90,9 @@ class Optimizer {
 
   int64_t add_param(const lowbit_param_config_t& config);
   void set_grad(int64_t id, const lowbit_tensor_t* grad);
-  // grads == nullptr: the registered gradients.
-  void step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream);
+  // grads == nullptr: the registered gradients, unless explicit_grads (the
+  // caller passed an array, which must not be NULL).
+  void step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream, bool explicit_grads = false);
   bool last_step_skipped() const { return engine_->last_step_skipped(); }
 
   int64_t num_params() const { return int64_t(params_.size()); }
@@ -122,6 +123,8 @@ class Optimizer {
   MomentView moment_view(const ParamState& p, int m) const;
   ParamView param_view(const ParamState& p) const;
   void check_grad(const lowbit_tensor_t& grad, const ParamState& p, const char* what) const;
+  // The checks of a step's gradients; fills grads_ (scratch, nothing else).
+  void prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads);
   // Hands the parameters from `first_changed` on to the engine and waits.
   void bind(int64_t first_changed);
   std::vector<int64_t> steps(void* stream) const;
@@ -131,7 +134,7 @@ class Optimizer {
   void bind_onebit();
   void refresh_onebit_steps(void* stream);
   bool onebit_compressed_stage(void* stream);
-  void step_onebit(void* stream);
+  void step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
 
   lowbit_optimizer_config_t config_;
   Algo algo_;

@@ -225,6 +225,21 @@ uint64_t fnv64(const void* p, size_t n) {
   return h;
 }
 
+uint64_t error_blob_checksum(const unsigned char* blob, int64_t size) {
+  static const unsigned char zero[8] = {0};
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i < size; ++i) {
+    h ^= (i >= 48 && i < 56) ? zero[i - 48] : blob[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void error_blob_fix_checksum(unsigned char* blob, int64_t size) {
+  const uint64_t h = error_blob_checksum(blob, size);
+  memcpy(blob + 48, &h, 8);
+}
+
 void check_same_on_all_ranks(uint64_t value, const char* what) {
   uint64_t lo = value, hi = value;
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);

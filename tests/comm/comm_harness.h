@@ -88,6 +88,11 @@ void gather_errors(lowbit_comm_t comm, const sim_layout_t* l, double* const* wer
 
 /* FNV-1a of bytes, to compare buffers across ranks. */
 uint64_t fnv64(const void* p, size_t n);
+/* The checksum of a communicator error blob (version 2: FNV-1a-64 of the
+ * whole blob, its bytes 48..55 read as 0), and rewriting it in place after a
+ * test edited the blob. */
+uint64_t error_blob_checksum(const unsigned char* blob, int64_t size);
+void error_blob_fix_checksum(unsigned char* blob, int64_t size);
 /* Checks that `value` is the same on every rank of MPI_COMM_WORLD. */
 void check_same_on_all_ranks(uint64_t value, const char* what);
 

@@ -64,6 +64,41 @@ int main(int argc, char** argv) {
   CHECK_STATUS(NULL, lowbit_comm_create_mpi(&c, &world, &cfg), LOWBIT_ERROR_INVALID_ARGUMENT, "cuda_aware_mpi");
   CHECK_STATUS(NULL, lowbit_comm_create_mpi_fortran(&c, (int64_t)1 << 40, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
                "mpi_fortran_comm");
+  /* Fortran handles that are no communicator: an error naming the handle,
+   * not an abort of the whole job by MPI's error handler; and
+   * MPI_COMM_WORLD's handler is the caller's again afterwards. */
+  {
+    CHECK_STATUS(NULL, lowbit_comm_create_mpi_fortran(&c, 12345, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "mpi_fortran_comm is 12345");
+    CHECK_STATUS(NULL, lowbit_comm_create_mpi_fortran(&c, -7, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "mpi_fortran_comm is -7");
+    const int64_t fnull = (int64_t)MPI_Comm_c2f(MPI_COMM_NULL);
+    CHECK_STATUS(NULL, lowbit_comm_create_mpi_fortran(&c, fnull, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "MPI_COMM_NULL");
+    MPI_Comm freed;
+    MPI_Comm_dup(MPI_COMM_WORLD, &freed);
+    const int64_t ffreed = (int64_t)MPI_Comm_c2f(freed);
+    MPI_Comm_free(&freed);
+    CHECK_STATUS(NULL, lowbit_comm_create_mpi_fortran(&c, ffreed, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "mpi_fortran_comm is");
+#if defined(OPEN_MPI) && OPEN_MPI
+    /* A zeroed MPI_Comm (a NULL pointer in Open MPI) through the C entry
+     * point: probed with MPI_ERRORS_RETURN, refused. */
+    MPI_Comm zero;
+    memset(&zero, 0, sizeof zero);
+    CHECK_STATUS(NULL, lowbit_comm_create_mpi(&c, &zero, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "not a valid MPI communicator");
+#endif
+    CHECK(c == NULL, "out not NULL after failed Fortran creations");
+    MPI_Errhandler eh;
+    MPI_Comm_get_errhandler(MPI_COMM_WORLD, &eh);
+    CHECK(eh == MPI_ERRORS_ARE_FATAL, "MPI_COMM_WORLD's error handler was changed");
+    MPI_Errhandler_free(&eh);
+    /* A valid one still works. */
+    CHECK_OK(c, lowbit_comm_create_mpi_fortran(&c, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD), NULL));
+    CHECK_OK(c, lowbit_comm_destroy(c));
+    c = NULL;
+  }
   /* NCCL entry points: UNSUPPORTED without NCCL, argument errors with it. */
   unsigned char id[LOWBIT_NCCL_UNIQUE_ID_BYTES];
   CHECK_STATUS(NULL, lowbit_comm_nccl_unique_id(NULL, 128), LOWBIT_ERROR_NULL_POINTER, "out_id");

@@ -122,8 +122,7 @@ int main(int argc, char** argv) {
     CHECK(sn > 0, "every rank serves some of 1003 elements");
     const float big = FLT_MAX;
     memcpy(blob + 64 + 4 * wn, &big, 4);
-    const uint64_t sum = fnv64(blob + 64, (size_t)(4 * (wn + sn)));
-    memcpy(blob + 48, &sum, 8);
+    error_blob_fix_checksum(blob, size);
     CHECK_OK(comm, lowbit_comm_load_errors(comm, blob, size, NULL));
     for (int64_t i = 0; i < n; ++i) x[i] = 1e35f;
     expect_nonfinite(comm, x, n, -1, "server average overflowing to +Inf", "server average overflowed");

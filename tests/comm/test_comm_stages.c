@@ -228,6 +228,17 @@ static void callback_checks(void) {
     lowbit_tensor_t t = host_tensor(x, g_rank == 0 ? n + 8 : n);
     CHECK_STATUS(c, lowbit_comm_compressed_allreduce(c, &t, NULL), LOWBIT_ERROR_INVALID_ARGUMENT, "numel");
   }
+  /* a local failure on rank 0 (NULL tensor): its reason reaches every rank
+   * through the transport's broadcast (built on allreduce_max_i64) */
+  if (g_world > 1) {
+    fill_normal(x, n, harness_seed(), 23, 1.0);
+    lowbit_tensor_t t = host_tensor(x, n);
+    if (g_rank == 0)
+      CHECK_STATUS(c, lowbit_comm_compressed_allreduce(c, NULL, NULL), LOWBIT_ERROR_NULL_POINTER, "tensor is NULL");
+    else
+      CHECK_STATUS(c, lowbit_comm_compressed_allreduce(c, &t, NULL), LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "rank 0 rejected its arguments: tensor is NULL");
+  }
   /* a failing function: ERROR_COMMUNICATION naming it, tensor and errors kept.
    * Every rank fails its first call (the agreement), so none is left waiting. */
   fill_normal(x, n, harness_seed(), 22, 1.0);

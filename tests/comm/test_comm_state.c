@@ -8,7 +8,10 @@
  *    buffer NULL gives the size; a short buffer is BUFFER_TOO_SMALL.
  *  - Bad blobs are rejected with nothing changed: truncated, bad magic,
  *    checksum, version, another rank's blob, another world size, trailing
- *    bytes, a non-finite value (with a valid checksum).
+ *    bytes, a non-finite value (with a valid checksum), non-zero reserved
+ *    bytes (each of the 8, with or without a matching checksum).
+ *  - The checksum covers the whole blob (header included, its own 8 bytes
+ *    read as 0); a version-1 blob (checksum of the payload only) still loads.
  *  - Loading a blob of another numel unbinds: a call with the old numel is
  *    then INVALID_ARGUMENT on every rank, one with the blob's numel works. */
 #include <math.h>
@@ -48,11 +51,6 @@ static void expect_load_fails(lowbit_comm_t comm, const unsigned char* blob, int
   CHECK(s0 == s1 && memcmp(before, after, (size_t)s0) == 0, "a rejected load (%s) changed the errors", needle);
   free(before);
   free(after);
-}
-
-static void fix_checksum(unsigned char* blob, int64_t size) {
-  const uint64_t h = fnv64(blob + 64, (size_t)(size - 64));
-  memcpy(blob + 48, &h, 8);
 }
 
 int main(int argc, char** argv) {
@@ -127,13 +125,57 @@ int main(int argc, char** argv) {
   bad[64 + 5] ^= 0x10;
   expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "checksum");
   memcpy(bad, blob, (size_t)blob_size);
-  bad[8] = 2;
+  bad[8] = 3;
   expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_VERSION_MISMATCH, "version");
+  /* The reserved bytes 56..63: any non-zero byte is refused, whether the
+   * checksum was left alone or recomputed to match. */
+  for (int k = 56; k < 64; ++k) {
+    memcpy(bad, blob, (size_t)blob_size);
+    bad[k] ^= (unsigned char)(1u << (k % 8));
+    expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "reserved");
+    error_blob_fix_checksum(bad, blob_size);
+    expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "reserved");
+  }
+  /* Version 2: reserved bytes 0, the checksum over the whole blob. */
+  {
+    uint32_t version = 0;
+    memcpy(&version, blob + 8, 4);
+    CHECK(version == 2, "saved blob has version %u", version);
+    uint64_t sum = 0, reserved = 1;
+    memcpy(&sum, blob + 48, 8);
+    memcpy(&reserved, blob + 56, 8);
+    CHECK(reserved == 0, "saved blob has reserved bytes 0x%llx", (unsigned long long)reserved);
+    CHECK(sum == error_blob_checksum(blob, blob_size), "the checksum does not cover the whole blob");
+  }
+  /* A flipped checksum byte. */
+  memcpy(bad, blob, (size_t)blob_size);
+  bad[48] ^= 1;
+  expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "checksum");
+  /* Version 1 (checksum of the payload only) still loads, and replays the
+   * same; with non-zero reserved bytes it is refused too. */
+  {
+    unsigned char* v1 = (unsigned char*)xmalloc((size_t)blob_size);
+    memcpy(v1, blob, (size_t)blob_size);
+    const uint32_t one = 1;
+    memcpy(v1 + 8, &one, 4);
+    const uint64_t h = fnv64(v1 + 64, (size_t)(blob_size - 64));
+    memcpy(v1 + 48, &h, 8);
+    memcpy(bad, v1, (size_t)blob_size);
+    bad[60] = 0x5a;
+    expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "reserved");
+    lowbit_comm_t e = make_world_comm();
+    CHECK_OK(e, lowbit_comm_load_errors(e, v1, blob_size, NULL));
+    float* from_v1 = run_calls(e, N1, 3, 2);
+    CHECK(memcmp(ref, from_v1, sizeof(float) * (size_t)(3 * N1)) == 0, "replay from a version-1 blob differs");
+    free(from_v1);
+    free(v1);
+    CHECK_OK(e, lowbit_comm_destroy(e));
+  }
   memcpy(bad, blob, (size_t)blob_size);
   {
     const float nan = NAN;
     memcpy(bad + 64 + 4 * 3, &nan, 4);
-    fix_checksum(bad, blob_size);
+    error_blob_fix_checksum(bad, blob_size);
   }
   expect_load_fails(c, bad, blob_size, LOWBIT_ERROR_CORRUPT_DATA, "not finite");
   expect_load_fails(c, NULL, blob_size, LOWBIT_ERROR_NULL_POINTER, "buffer");

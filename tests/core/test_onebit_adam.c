@@ -3,7 +3,15 @@
  * data-parallel Adam (the same optimizer with freeze_step beyond the run);
  * (2) all ranks hold identical params; (3) a checkpoint (optimizer state +
  * communicator errors) taken in the warm-up or in the compressed stage resumes
- * bit-identically; (4) masked momentum elements stay exactly zero. */
+ * bit-identically; (4) masked momentum elements stay exactly zero.
+ *
+ * With the argument "errors" (2+ ranks): a bad step on one rank fails on
+ * every rank with nothing changed anywhere (params, moments, step counts,
+ * communicator errors), and the next good step works: a missing grad, a NULL
+ * grads array, a wrong num_grads, params at different step counts, ranks at
+ * different steps, ranks in different stages, ranks with different
+ * freeze_step, and a rank with no communicator (the others time out). Before
+ * these were agreed on, the other ranks waited forever. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -12,6 +20,8 @@
 
 #include "lowbit.h"
 #include "lowbit_comm.h"
+
+static int errors_main(void);
 
 #define D 48
 #define C 6
@@ -95,12 +105,23 @@ typedef struct {
   float w[NW], b[C], gw[NW], gb[C];
 } Run;
 
-static void setup(Run* r, int64_t freeze_step, const uint8_t* mask) {
+/* comm_timeout_ms > 0: the communicator times out (LOWBIT_COMM_TIMEOUT_MS);
+ * set_comm == 0: the optimizer gets no communicator. */
+static void setup_ex(Run* r, int64_t freeze_step, const uint8_t* mask, int set_comm, int64_t comm_timeout_ms);
+static void setup(Run* r, int64_t freeze_step, const uint8_t* mask) { setup_ex(r, freeze_step, mask, 1, 0); }
+
+static void setup_ex(Run* r, int64_t freeze_step, const uint8_t* mask, int set_comm, int64_t comm_timeout_ms) {
   memset(r, 0, sizeof *r);
   lowbit_comm_config_t cc;
   OK(lowbit_comm_config_init(&cc));
   MPI_Comm mc = MPI_COMM_WORLD;
+  if (comm_timeout_ms) {
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)comm_timeout_ms);
+    setenv("LOWBIT_COMM_TIMEOUT_MS", v, 1);
+  }
   OK(lowbit_comm_create_mpi(&r->comm, &mc, &cc));
+  unsetenv("LOWBIT_COMM_TIMEOUT_MS");
   lowbit_optimizer_config_t c;
   lowbit_hparams_t h;
   OK(lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_ONEBIT_ADAM));
@@ -108,7 +129,7 @@ static void setup(Run* r, int64_t freeze_step, const uint8_t* mask) {
   c.freeze_step = freeze_step;
   h.lr = 1e-2f;
   OK(lowbit_optimizer_create(&r->opt, &c, &h));
-  OK(lowbit_optimizer_set_comm(r->opt, r->comm));
+  if (set_comm) OK(lowbit_optimizer_set_comm(r->opt, r->comm));
   lowbit_param_config_t pc;
   OK(lowbit_param_config_init(&pc));
   int64_t id;
@@ -155,6 +176,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   make_data();
+  if (argc > 1 && strcmp(argv[1], "errors") == 0) return errors_main();
   const int steps = 300, freeze = 60;
 
   /* (1) Loss against full-precision data-parallel Adam. */
@@ -213,6 +235,198 @@ int main(int argc, char** argv) {
   CHECK(nonzero > NW / 2, "unmasked momentum is zero");
   teardown(&m);
   if (rank == 0) printf("1-bit Adam: all checks passed at world size %d\n", world);
+  MPI_Finalize();
+  return 0;
+}
+
+/* ------------------------------------------------------------ errors mode */
+
+/* Everything a step may change on this rank. */
+typedef struct {
+  float w[NW], b[C], m[2][NW + C];
+  int64_t steps[2];
+  uint8_t* errs;
+  int64_t errs_size;
+} Snap;
+
+static void snap(Run* r, Snap* s) {
+  memcpy(s->w, r->w, sizeof s->w);
+  memcpy(s->b, r->b, sizeof s->b);
+  for (int k = 0; k < 2; ++k) {
+    OK(lowbit_optimizer_read_moment(r->opt, 0, k, s->m[k], NW, NULL));
+    OK(lowbit_optimizer_read_moment(r->opt, 1, k, s->m[k] + NW, C, NULL));
+  }
+  for (int p = 0; p < 2; ++p) {
+    lowbit_param_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    OK(lowbit_optimizer_param_info(r->opt, p, &info));
+    s->steps[p] = info.step;
+  }
+  OK(lowbit_comm_save_errors(r->comm, NULL, 0, &s->errs_size, NULL));
+  s->errs = malloc((size_t)s->errs_size);
+  OK(lowbit_comm_save_errors(r->comm, s->errs, s->errs_size, &s->errs_size, NULL));
+}
+
+static void same_snap(Run* r, Snap* before, const char* what) {
+  Snap now;
+  snap(r, &now);
+  CHECK(memcmp(before->w, now.w, sizeof now.w) == 0 && memcmp(before->b, now.b, sizeof now.b) == 0,
+        "%s: params changed", what);
+  CHECK(memcmp(before->m, now.m, sizeof now.m) == 0, "%s: moments changed", what);
+  CHECK(before->steps[0] == now.steps[0] && before->steps[1] == now.steps[1], "%s: step counts changed", what);
+  CHECK(before->errs_size == now.errs_size && memcmp(before->errs, now.errs, (size_t)now.errs_size) == 0,
+        "%s: communicator errors changed", what);
+  free(now.errs);
+  free(before->errs);
+}
+
+static void grads_of(Run* r, lowbit_tensor_t g[2]) {
+  g[0] = (lowbit_tensor_t){r->gw, NW, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+  g[1] = (lowbit_tensor_t){r->gb, C, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+}
+
+/* The culprit's and the others' statuses and the text both must show. */
+static void expect(lowbit_status_t got, lowbit_status_t want, const char* needle, const char* what) {
+  const char* msg = lowbit_last_error();
+  CHECK(got == want, "%s: status %d (%s), expected %d: %s", what, (int)got, lowbit_status_string(got), (int)want, msg);
+  CHECK(strstr(msg, needle) != NULL, "%s: the message \"%s\" does not mention \"%s\"", what, msg, needle);
+}
+
+/* A step that must fail on every rank: on `culprit` with (culprit_status,
+ * culprit_needle); elsewhere with others_status and a message naming the
+ * culprit (when naming) and containing others_needle. Nothing may change. */
+static void bad_step(Run* r, int culprit, const lowbit_tensor_t* culprit_grads, int64_t culprit_num,
+                     lowbit_status_t culprit_status, const char* culprit_needle, lowbit_status_t others_status,
+                     int naming, const char* others_needle, const char* what) {
+  loss_grad(r->w, r->b, r->gw, r->gb);
+  Snap before;
+  snap(r, &before);
+  lowbit_tensor_t g[2];
+  grads_of(r, g);
+  const double t0 = MPI_Wtime();
+  lowbit_status_t st = rank == culprit ? lowbit_optimizer_step_with_grads(r->opt, culprit_grads, culprit_num, NULL)
+                                       : lowbit_optimizer_step_with_grads(r->opt, g, 2, NULL);
+  const double waited = MPI_Wtime() - t0;
+  if (rank == 0) printf("%s: rank 0 (%.3f s): %s\n", what, waited, lowbit_last_error());
+  if (rank == culprit) {
+    expect(st, culprit_status, culprit_needle, what);
+  } else {
+    expect(st, others_status, others_needle, what);
+    if (naming) {
+      char who[64];
+      snprintf(who, sizeof who, "rank %d rejected its arguments", culprit);
+      expect(st, others_status, who, what);
+    }
+  }
+  same_snap(r, &before, what);
+}
+
+/* Every rank steps normally and ends with the same params. */
+static void good_step(Run* r, const char* what) {
+  loss_grad(r->w, r->b, r->gw, r->gb);
+  OK(lowbit_optimizer_step(r->opt, NULL));
+  float w0[NW];
+  memcpy(w0, r->w, sizeof w0);
+  MPI_Bcast(w0, NW, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  CHECK(memcmp(w0, r->w, sizeof w0) == 0, "%s: params differ across ranks", what);
+}
+
+static int errors_main(void) {
+  if (world < 2) {
+    if (rank == 0) printf("errors mode needs 2 or more ranks\n");
+    MPI_Finalize();
+    return 77;
+  }
+  const int culprit = world - 1, freeze = 6;
+  char needle[128];
+  Run r;
+  setup(&r, freeze, NULL);
+  int done = 0; /* steps taken */
+  for (int stage = 0; stage < 2; ++stage) {
+    const int64_t at = stage ? freeze + 1 : 3; /* the step count of the bad steps */
+    for (; done < at; ++done) good_step(&r, stage ? "compressed stage" : "warm-up");
+    lowbit_tensor_t g[2];
+    grads_of(&r, g);
+
+    /* A missing grad on one rank. */
+    lowbit_tensor_t missing[2] = {g[0], g[1]};
+    missing[1].data = NULL;
+    bad_step(&r, culprit, missing, 2, LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param 1 is missing",
+             LOWBIT_ERROR_INVALID_ARGUMENT, 1, "grad of param 1 is missing", "missing grad");
+    /* No grads array, or a wrong count. */
+    bad_step(&r, culprit, NULL, 2, LOWBIT_ERROR_NULL_POINTER, "grads is NULL", LOWBIT_ERROR_INVALID_ARGUMENT, 1,
+             "grads is NULL", "NULL grads");
+    bad_step(&r, culprit, g, 1, LOWBIT_ERROR_INVALID_ARGUMENT, "num_grads = 1", LOWBIT_ERROR_INVALID_ARGUMENT, 1,
+             "num_grads = 1", "num_grads");
+    /* A grad of the wrong size. */
+    lowbit_tensor_t short_grad[2] = {g[0], g[1]};
+    short_grad[0].numel = NW - 1;
+    bad_step(&r, culprit, short_grad, 2, LOWBIT_ERROR_INVALID_ARGUMENT, "grads[0].numel",
+             LOWBIT_ERROR_INVALID_ARGUMENT, 1, "grads[0].numel", "grad numel");
+    /* Params at different step counts on one rank. */
+    if (rank == culprit) OK(lowbit_optimizer_set_step(r.opt, 1, at + 2, NULL));
+    bad_step(&r, culprit, g, 2, LOWBIT_ERROR_INVALID_STATE, "different step counts", LOWBIT_ERROR_INVALID_ARGUMENT,
+             1, "different step counts", "params at different steps");
+    if (rank == culprit) OK(lowbit_optimizer_set_step(r.opt, 1, at, NULL));
+    /* One rank at another step, in the same stage. */
+    if (rank == culprit) OK(lowbit_optimizer_set_step(r.opt, -1, at + 1, NULL));
+    snprintf(needle, sizeof needle, "at steps %d to %d", (int)at, (int)at + 1);
+    bad_step(&r, culprit, g, 2, LOWBIT_ERROR_INVALID_ARGUMENT, needle, LOWBIT_ERROR_INVALID_ARGUMENT, 0, needle,
+             "ranks at different steps");
+    /* One rank in the other stage. */
+    if (rank == culprit) OK(lowbit_optimizer_set_step(r.opt, -1, stage ? 0 : freeze, NULL));
+    bad_step(&r, culprit, g, 2, LOWBIT_ERROR_INVALID_ARGUMENT, "but some rank is in the", LOWBIT_ERROR_INVALID_ARGUMENT,
+             0, "but some rank is in the", "ranks in different stages");
+    if (rank == culprit) OK(lowbit_optimizer_set_step(r.opt, -1, at, NULL));
+    /* Every rank still in step. */
+    good_step(&r, "after the bad steps");
+    good_step(&r, "after the bad steps");
+    done += 2;
+  }
+  teardown(&r);
+
+  /* Different freeze_step: every rank fails at the first step, instead of
+   * deadlocking when the first of them leaves the warm-up. */
+  {
+    Run f;
+    setup(&f, rank == culprit ? 3 : 5, NULL);
+    int t = 0;
+    lowbit_status_t st = LOWBIT_SUCCESS;
+    for (; t < 6 && st == LOWBIT_SUCCESS; ++t) {
+      loss_grad(f.w, f.b, f.gw, f.gb);
+      Snap before;
+      snap(&f, &before);
+      st = lowbit_optimizer_step(f.opt, NULL);
+      if (st != LOWBIT_SUCCESS) same_snap(&f, &before, "different freeze_step");
+      else free(before.errs);
+    }
+    if (rank == 0) printf("different freeze_step: rank 0: %s\n", lowbit_last_error());
+    CHECK(t == 1, "ranks with different freeze_step stepped %d times", t - 1);
+    expect(st, LOWBIT_ERROR_INVALID_ARGUMENT, "freeze_step is", "different freeze_step");
+    teardown(&f);
+  }
+
+  /* No communicator on one rank: it fails at once; the others, whose
+   * communicator has a timeout, fail when it expires. Nothing changes. */
+  {
+    Run n;
+    const int64_t timeout_ms = 300;
+    setup_ex(&n, freeze, NULL, rank != culprit, timeout_ms);
+    loss_grad(n.w, n.b, n.gw, n.gb);
+    Snap before;
+    snap(&n, &before);
+    const lowbit_status_t st = lowbit_optimizer_step(n.opt, NULL);
+    if (rank == culprit)
+      expect(st, LOWBIT_ERROR_INVALID_STATE, "needs a communicator", "no communicator");
+    else
+      expect(st, LOWBIT_ERROR_COMMUNICATION, "timed out", "no communicator");
+    if (rank == 0) printf("no communicator on rank %d: rank 0: %s\n", culprit, lowbit_last_error());
+    same_snap(&n, &before, "no communicator");
+    teardown(&n);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) printf("1-bit Adam: bad steps fail on every rank at world size %d\n", world);
   MPI_Finalize();
   return 0;
 }
