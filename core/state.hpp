@@ -6,6 +6,7 @@
 
 #include "lowbit.h"
 #include "qmaps.hpp"
+#include "shape.hpp"
 #include "update_rules.hpp"
 
 namespace lowbit {
@@ -19,6 +20,11 @@ struct MomentView {
   float* scales = nullptr;
   const QMap* map = nullptr;  // 8BIT / 4BIT only
   bool second = false;        // a second moment: positive values never encode to 0 (floor_positive)
+  // Block: `scales` per block. Rank1 (8BIT / 4BIT, ParamView::shape has >= 2
+  // dims): `scales` holds the current vectors r_k, then as many floats of
+  // step workspace. Factored (format FP32): `data` holds the accumulators
+  // row, col and the row means (core/shape.hpp), `scales` is unused.
+  Norm norm = Norm::Block;
 };
 
 // The values of lowbit_rounding_t.
@@ -37,6 +43,7 @@ struct ParamView {
   MomentView moment[2];
   uint8_t* ecc = nullptr;  // error-correction bytes (ErrorCorrection only)
   WeightRounding rounding = WeightRounding::Nearest;
+  Shape shape;  // ndim 0: flat (only Rank1 / Factored moments read it)
 };
 
 int64_t block_size(lowbit_state_format_t format);
@@ -51,5 +58,13 @@ int64_t dtype_bytes(lowbit_dtype_t dtype);
 const QMap* moment_map(lowbit_state_format_t format, int moment);
 // The view of moment 0 or 1 stored in `format` at data / scales.
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
+// Sizes of a moment with a normalisation (Block: as above).
+int64_t moment_data_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);
+int64_t moment_scale_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);
+const char* norm_name(Norm norm);
+inline lowbit_normalization_t to_c_norm(Norm n) { return lowbit_normalization_t(int(n) + 1); }
+inline Norm from_c_norm(lowbit_normalization_t n) {
+  return n == LOWBIT_NORMALIZATION_RANK1 ? Norm::Rank1 : n == LOWBIT_NORMALIZATION_FACTORED ? Norm::Factored : Norm::Block;
+}
 
 }  // namespace lowbit
