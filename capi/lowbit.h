@@ -278,9 +278,22 @@ typedef struct lowbit_optimizer_config {
 } lowbit_optimizer_config_t;
 
 /* Fills struct_size and defaults: CPU, fp32 state, threshold 4096, seed 0,
- * no SR, no error correction, skip_nonfinite 1, num_threads 0. */
+ * no SR, no error correction, skip_nonfinite 1, num_threads 0, block
+ * normalisation. `struct_size` is sizeof the caller's struct (a released
+ * size): only that many bytes are written. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init_sized(lowbit_optimizer_config_t* config, size_t struct_size,
+                                                              lowbit_algorithm_t algorithm);
+/* The 0.2 entry point, kept for binaries built against 0.2 (and for callers
+ * that cannot use the macro, e.g. ctypes): fills the 0.2 struct
+ * (struct_size = offsetof(lowbit_optimizer_config_t, first_normalization)).
+ * Code compiled against this header calls it through the macro below, which
+ * passes sizeof(*config) to lowbit_optimizer_config_init_sized. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* config,
                                                         lowbit_algorithm_t algorithm);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_optimizer_config_init(config, algorithm) \
+  lowbit_optimizer_config_init_sized((config), sizeof(*(config)), (algorithm))
+#endif
 
 /* Named configurations, on top of lowbit_optimizer_config_init's defaults
  * (they set state formats and normalisations only):
@@ -334,8 +347,14 @@ typedef struct lowbit_param_config {
 } lowbit_param_config_t;
 
 /* Fills struct_size and defaults (group 0, formats DEFAULT, flags -1, no
- * shape, normalisations DEFAULT). */
+ * shape, normalisations DEFAULT); writes struct_size bytes (a released size).
+ * lowbit_param_config_init is the 0.2 entry point (the 0.2 struct), called
+ * through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_param_config_init_sized(lowbit_param_config_t* config, size_t struct_size);
 LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* config);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_param_config_init(config) lowbit_param_config_init_sized((config), sizeof(*(config)))
+#endif
 
 /* Registers a parameter; ids are 0, 1, 2, ... in registration order and stay
  * valid for the life of the handle (out_param_id is required). State is

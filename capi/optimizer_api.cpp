@@ -37,12 +37,32 @@ LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* h, lowbit_algor
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
+extern "C++" {
+namespace {
+// Writes the first `size` bytes of `full` (a released size of T) to `out`.
+template <class T>
+void write_sized(T* out, const T& full, size_t size, size_t old_size, const char* what) {
+  LOWBIT_REQUIRE(size == sizeof(T) || size == old_size, LOWBIT_ERROR_INVALID_ARGUMENT, what, " struct_size = ", size,
+                 " is not a size this library knows (", sizeof(T), ", or ", old_size, " from lowbit 0.2)");
+  T copy = full;
+  copy.struct_size = size;
+  std::memcpy(static_cast<void*>(out), &copy, size);
+}
+}  // namespace
+}  // extern "C++"
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init_sized(lowbit_optimizer_config_t* c, size_t size,
+                                                              lowbit_algorithm_t algorithm) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "config");
     lowbit::check_algorithm(algorithm);
-    *c = lowbit::default_config(algorithm);
+    write_sized(c, lowbit::default_config(algorithm), size, lowbit::kConfigSizeV02, "config");
   });
+}
+
+// The 0.2 symbol (parenthesised: not the header's macro).
+LOWBIT_API lowbit_status_t(lowbit_optimizer_config_init)(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
+  return lowbit_optimizer_config_init_sized(c, lowbit::kConfigSizeV02, algorithm);
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* c, lowbit_preset_t preset) {
@@ -60,11 +80,15 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_confi
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* c) {
+LOWBIT_API lowbit_status_t lowbit_param_config_init_sized(lowbit_param_config_t* c, size_t size) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "param_config");
-    *c = lowbit::default_param_config();
+    write_sized(c, lowbit::default_param_config(), size, lowbit::kParamConfigSizeV02, "param_config");
   });
+}
+
+LOWBIT_API lowbit_status_t(lowbit_param_config_init)(lowbit_param_config_t* c) {
+  return lowbit_param_config_init_sized(c, lowbit::kParamConfigSizeV02);
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, const lowbit_optimizer_config_t* config,
