@@ -216,7 +216,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     int64_t numel = r.get<int64_t>("numel");
     LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, " has ", numel,
                    " elements, the registered param has ", p.param.numel);
-    Shape shape;  // the checkpoint's (the layout of its shaped moments)
+    Shape shape{};  // the checkpoint's (the layout of its shaped moments)
     if (version >= 2) {
       const uint32_t ndim = r.get<uint32_t>("ndim");
       LOWBIT_REQUIRE(ndim <= uint32_t(kMaxDims), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has ", ndim,

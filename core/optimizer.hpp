@@ -60,7 +60,7 @@ struct ParamState {
   MomentState moment[2];
   WeightRounding rounding = WeightRounding::Nearest;
   StateBuffer ecc;
-  Shape shape;  // ndim 0: none
+  Shape shape{};  // ndim 0: none
 };
 
 // 1-bit Adam (onebit_adam.cpp): all parameters share one flat fp32 bucket

@@ -33,11 +33,12 @@ constexpr int64_t kColChunkRows = 256;  // rows per column-sum partial
 enum class Norm : uint8_t { Block = 0, Rank1 = 1, Factored = 2 };
 
 // A parameter's shape as the engines see it (ndim 0: flat). No implicit
-// padding: CUDA tables are compared bytewise.
+// padding: CUDA tables are compared bytewise. Trivial (value-initialise it:
+// Shape s{}).
 struct Shape {
-  int32_t ndim = 0;
-  int32_t pad_ = 0;
-  int64_t dim[kMaxDims] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int32_t ndim;
+  int32_t pad_;
+  int64_t dim[kMaxDims];
 };
 
 LOWBIT_HD int64_t shape_cols(const Shape& s) { return s.dim[s.ndim - 1]; }

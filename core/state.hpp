@@ -43,7 +43,7 @@ struct ParamView {
   MomentView moment[2];
   uint8_t* ecc = nullptr;  // error-correction bytes (ErrorCorrection only)
   WeightRounding rounding = WeightRounding::Nearest;
-  Shape shape;  // ndim 0: flat (only Rank1 / Factored moments read it)
+  Shape shape{};  // ndim 0: flat (only Rank1 / Factored moments read it)
 };
 
 int64_t block_size(lowbit_state_format_t format);

@@ -16,7 +16,7 @@ struct StatePlan {
   int num_moments = 0;
   lowbit_state_format_t format[2] = {LOWBIT_STATE_DEFAULT, LOWBIT_STATE_DEFAULT};
   Norm norm[2] = {Norm::Block, Norm::Block};  // resolved (Rank1 / Factored only for >= 2 dims)
-  Shape shape;                                // as registered (ndim 0: none)
+  Shape shape{};                              // as registered (ndim 0: none)
   WeightRounding rounding = WeightRounding::Nearest;
 
   int64_t data_bytes(int m, int64_t numel) const {
