@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
     lowbit_dtype_t dtype;
     int ecc;
     int check;
+    int preset; /* 0, or a lowbit_preset_t: tensors get a 2-D shape */
   } cases[] = {
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_BF16, LOWBIT_DTYPE_BFLOAT16, 0, 0},
@@ -112,6 +113,8 @@ int main(int argc, char** argv) {
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 1, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_FP8, LOWBIT_DTYPE_BFLOAT16, 0, 0},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_LPMM_ADAMW_4BIT},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_ADAMW_4BIT_FACTOR},
       {LOWBIT_ALGORITHM_LION, "lion", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_SGD, "sgd", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
   };
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
     lowbit_optimizer_config_t c;
     lowbit_hparams_t h;
     lowbit_optimizer_config_init(&c, cases[k].algo);
+    if (cases[k].preset) lowbit_optimizer_config_preset(&c, (lowbit_preset_t)cases[k].preset);
     lowbit_hparams_init(&h, cases[k].algo);
     if (cases[k].algo == LOWBIT_ALGORITHM_SGD) h.momentum = 0.9f;
     c.state_format = cases[k].fmt;
@@ -142,6 +146,14 @@ int main(int argc, char** argv) {
       lowbit_param_config_init(&pc);
       pc.param = (lowbit_tensor_t){p + (size_t)(t * per) * es, per, cases[k].dtype, LOWBIT_DEVICE_CPU, 0};
       pc.grad = (lowbit_tensor_t){g + (size_t)(t * per) * es, per, cases[k].dtype, LOWBIT_DEVICE_CPU, 0};
+      if (cases[k].preset) { /* rows x cols with rows the largest divisor <= sqrt(per) */
+        int64_t rows = 1;
+        for (int64_t d = 1; d * d <= per; ++d)
+          if (per % d == 0) rows = d;
+        pc.ndim = 2;
+        pc.shape[0] = rows;
+        pc.shape[1] = per / rows;
+      }
       int64_t id;
       if (lowbit_optimizer_add_param(opt, &pc, &id)) return fprintf(stderr, "%s\n", lowbit_optimizer_last_error(opt)), 1;
     }
@@ -155,10 +167,16 @@ int main(int argc, char** argv) {
       times[r] = now() - t0;
     }
     const double ms = median(times, kStepReps) * 1e3;
-    /* the found-inf pre-pass reads the grads once more */
-    const double bytes = (3.0 + cases[k].check) * (double)es * (double)n + 2.0 * (double)state;
+    /* the found-inf pre-pass reads the grads once more; shaped params' pass 1
+     * reads them twice more (rows, then column strips) and, for the rank-1 v,
+     * its codes twice */
+    const double pass1 = cases[k].preset ? 2.0 * (double)es * (double)n +
+                                               (cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? (double)n : 0.0)
+                                         : 0.0;
+    const double bytes = (3.0 + cases[k].check) * (double)es * (double)n + 2.0 * (double)state + pass1;
     const double frac = bytes / (ms * 1e-3) / bw.ref;
-    printf("%-6s %-6s %-6s %-5s %-4s %10.2f %9.3f %10.3f %7.1f%%\n", cases[k].name, fmt_names[cases[k].fmt],
+    printf("%-6s %-6s %-6s %-5s %-4s %10.2f %9.3f %10.3f %7.1f%%\n", cases[k].name,
+           cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? "4b-r1" : cases[k].preset ? "4b-fac" : fmt_names[cases[k].fmt],
            es == 4 ? "fp32" : "bf16", cases[k].ecc ? "yes" : "no", cases[k].check ? "yes" : "no", ms,
            ms * 1e6 / (double)n, bytes / (double)n, 100 * frac);
     lowbit_optimizer_destroy(opt);

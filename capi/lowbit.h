@@ -220,6 +220,54 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
 
+/* Shaped parameters. A parameter may carry a shape (lowbit_param_config_t
+ * ndim / shape: up to LOWBIT_MAX_DIMS dims, row-major, product = numel, no
+ * zero dim); without one it is 1-D. The shape matters only to the two
+ * normalisations below, which follow the 4-bit optimizers of Li et al.
+ * ("Memory Efficient Optimizers with 4-bit States", lpmm):
+ *
+ *   BLOCK:    the blocks of lowbit_state_format_t (today's layout).
+ *   RANK1:    8BIT and 4BIT moments of a parameter with d >= 2 dims: for
+ *             each dim k, a vector r_k of shape[k] fp32 values, r_k[i] = the
+ *             max of |x| over the elements whose index in dim k is i (the
+ *             max over all other dims). The scale of an element at index
+ *             (i_0, ..., i_{d-1}) is min_k r_k[i_k] (>= |x| by construction);
+ *             its code is the nearest map value to x / scale, as for blocks
+ *             (same maps, ties to the lower code, a positive second moment
+ *             never codes to 0). The maxima are those of the NEW moment, so a
+ *             step makes two passes (see lowbit_optimizer_step). 1-D
+ *             parameters fall back to BLOCK; formats other than 8BIT / 4BIT
+ *             keep their own layout (FP8 with RANK1 is refused).
+ *   FACTORED: the second moment of AdamW / Adam (Adafactor's factorisation,
+ *             as lpmm's "4-bit Factor"): for d >= 2 the shape is read as
+ *             (B, R, C) with B the product of the leading dims; fp32
+ *             accumulators row[B, R] and col[B, C] replace v:
+ *               row <- beta2 row + (1 - beta2) mean_c(g^2)
+ *               col <- beta2 col + (1 - beta2) mean_r(g^2)
+ *               v^[b, r, c] = (row[b, r] / mean_r row[b, r]) * col[b, c]
+ *                             (0 where mean_r row[b, r] = 0)
+ *             and the step is Adam's with v^ for v: p -= lr / (1 - beta1^t)
+ *             * m / (sqrt(v^) / sqrt(1 - beta2^t) + eps) (eps outside the
+ *             square root, bias corrections as Adam's, g the gradient after
+ *             L2 decay for Adam). The means are taken in double from the fp32
+ *             g^2 values in a fixed order (lane-strided partial sums of 32,
+ *             combined pairwise; columns sequentially), identical on CPU and
+ *             CUDA. Parameters with d < 2 keep the quantized v of
+ *             second_state_format; a per-parameter FACTORED on such a
+ *             parameter is an error. The plan and param_info report format
+ *             FP32 for a factored moment (its accumulators).
+ */
+#define LOWBIT_MAX_DIMS 8
+
+typedef enum lowbit_normalization {
+  LOWBIT_NORMALIZATION_DEFAULT = 0,  /* per parameter: the optimizer's; in the optimizer: BLOCK */
+  LOWBIT_NORMALIZATION_BLOCK = 1,
+  LOWBIT_NORMALIZATION_RANK1 = 2,
+  LOWBIT_NORMALIZATION_FACTORED = 3, /* second moment only */
+  LOWBIT_NORMALIZATION_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_NORMALIZATION_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_normalization_t;
+
 /* How a 16-bit weight receives the fp32 result of a step. */
 typedef enum lowbit_rounding {
   LOWBIT_ROUNDING_NEAREST = 0,          /* round to nearest even (always for fp32 params) */
@@ -264,12 +312,45 @@ typedef struct lowbit_optimizer_config {
                                   (omp_get_max_threads()); larger values are
                                   LOWBIT_ERROR_INVALID_ARGUMENT */
   int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100) */
+  /* Since 0.3 (struct_size of 0.2 callers still accepted: both BLOCK). */
+  lowbit_normalization_t first_normalization;  /* DEFAULT / BLOCK or RANK1 */
+  lowbit_normalization_t second_normalization; /* DEFAULT / BLOCK, RANK1 or FACTORED */
 } lowbit_optimizer_config_t;
 
 /* Fills struct_size and defaults: CPU, fp32 state, threshold 4096, seed 0,
- * no SR, no error correction, skip_nonfinite 1, num_threads 0. */
+ * no SR, no error correction, skip_nonfinite 1, num_threads 0, block
+ * normalisation. `struct_size` is sizeof the caller's struct (a released
+ * size): only that many bytes are written. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init_sized(lowbit_optimizer_config_t* config, size_t struct_size,
+                                                              lowbit_algorithm_t algorithm);
+/* The 0.2 entry point, kept for binaries built against 0.2 (and for callers
+ * that cannot use the macro, e.g. ctypes): fills the 0.2 struct
+ * (struct_size = offsetof(lowbit_optimizer_config_t, first_normalization)).
+ * Code compiled against this header calls it through the macro below, which
+ * passes sizeof(*config) to lowbit_optimizer_config_init_sized. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* config,
                                                         lowbit_algorithm_t algorithm);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_optimizer_config_init(config, algorithm) \
+  lowbit_optimizer_config_init_sized((config), sizeof(*(config)), (algorithm))
+#endif
+
+/* Named configurations, on top of lowbit_optimizer_config_init's defaults
+ * (they set state formats and normalisations only):
+ *   LPMM_ADAMW_4BIT:  lpmm's 4-bit AdamW: m 4-bit blocks of 128 (signed
+ *                     dynamic map), v 4-bit rank-1 (linear map without zero).
+ *   ADAMW_4BIT_FACTOR: lpmm's "4-bit Factor": m 4-bit blocks, v factored
+ *                     (fp32 row and column accumulators; 4-bit blocks for
+ *                     params with fewer than 2 dims). */
+typedef enum lowbit_preset {
+  LOWBIT_PRESET_LPMM_ADAMW_4BIT = 1,
+  LOWBIT_PRESET_ADAMW_4BIT_FACTOR = 2,
+  LOWBIT_PRESET_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_PRESET_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_preset_t;
+
+/* lowbit_optimizer_config_init(config, AdamW) plus the preset. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* config, lowbit_preset_t preset);
 
 /* Creates an optimizer; `hparams` become parameter group 0. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out,
@@ -298,10 +379,22 @@ typedef struct lowbit_param_config {
   lowbit_state_format_t second_state_format;
   int32_t stochastic_rounding; /* -1: optimizer default */
   int32_t error_correction;    /* -1: optimizer default */
+  /* Since 0.3 (struct_size of 0.2 callers still accepted: 1-D, DEFAULT). */
+  int32_t ndim;                     /* 0 (default): 1-D of numel; else 1..LOWBIT_MAX_DIMS */
+  int64_t shape[LOWBIT_MAX_DIMS];   /* row-major dims, each >= 1, product == param.numel */
+  lowbit_normalization_t first_normalization;  /* DEFAULT: the optimizer's */
+  lowbit_normalization_t second_normalization; /* DEFAULT: the optimizer's */
 } lowbit_param_config_t;
 
-/* Fills struct_size and defaults (group 0, formats DEFAULT, flags -1). */
+/* Fills struct_size and defaults (group 0, formats DEFAULT, flags -1, no
+ * shape, normalisations DEFAULT); writes struct_size bytes (a released size).
+ * lowbit_param_config_init is the 0.2 entry point (the 0.2 struct), called
+ * through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_param_config_init_sized(lowbit_param_config_t* config, size_t struct_size);
 LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* config);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_param_config_init(config) lowbit_param_config_init_sized((config), sizeof(*(config)))
+#endif
 
 /* Registers a parameter; ids are 0, 1, 2, ... in registration order and stay
  * valid for the life of the handle (out_param_id is required). State is
@@ -324,7 +417,16 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int
  * Hyper-parameters changed on the host since the last uncaptured step are
  * written into the graph with their values at capture time. Capture again
  * after registering parameters, loading a checkpoint, changing a gradient
- * pointer or a momentum mask. */
+ * pointer or a momentum mask.
+ *
+ * Parameters with a RANK1 or FACTORED moment take two passes: pass 1 reads
+ * the gradient (and the RANK1 moments' codes, and the param where the new
+ * moments depend on it: Adam's L2 decay, SGD) and reduces per parameter the
+ * new moments' maxima per dim (RANK1) or the row and column means of g^2
+ * (FACTORED, whose accumulators it updates); pass 2 is the ordinary fused
+ * update, decoding with the old scales and encoding with the new ones. Small
+ * passes over the per-dim vectors and row means (not over the elements) sit
+ * between and after them. Other parameters take one pass, as before. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
 
 /* One step with gradients given for this step only: grads[i] belongs to param
@@ -363,6 +465,10 @@ typedef struct lowbit_param_info {
   int32_t stochastic_rounding;
   int32_t error_correction;
   int64_t state_bytes; /* optimizer state incl. scales and error-correction bytes */
+  /* Since 0.3 (struct_size of 0.2 callers still accepted). */
+  lowbit_normalization_t first_normalization;  /* resolved: BLOCK (also for unquantized formats) or RANK1 */
+  lowbit_normalization_t second_normalization; /* resolved; DEFAULT if the algorithm has one moment */
+  int32_t ndim;                                /* as registered (0: no shape) */
 } lowbit_param_info_t;
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, int64_t param_id,
@@ -419,6 +525,15 @@ typedef struct lowbit_state_plan {
   lowbit_rounding_t rounding;   /* how the weight is written back */
   int64_t ecc_bytes;            /* error-correction bytes (numel, or 0) */
   int64_t state_bytes;          /* everything above, as lowbit_optimizer_state_bytes reports */
+  /* Since 0.3 (struct_size of 0.2 callers still accepted: the fields above).
+   * Layout of a moment by normalisation:
+   *   BLOCK:    data_bytes of codes/values, scale_count = blocks.
+   *   RANK1:    data_bytes of codes (as BLOCK), scale_count = 2 * (sum of the
+   *             dims): the vectors r_0 .. r_{d-1} back to back, then as many
+   *             floats of step workspace (zero between steps).
+   *   FACTORED: data_bytes = 4 * (B*R + B*C + B): fp32 row[B, R], col[B, C]
+   *             and the B row means (derived), scale_count = 0. */
+  lowbit_normalization_t normalization[2]; /* resolved; DEFAULT for a moment the algorithm does not keep */
 } lowbit_state_plan_t;
 
 /* Plans the state of a param of param->param.numel (>= 0) elements and dtype

@@ -46,19 +46,58 @@ LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* h, lowbit_algor
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
+extern "C++" {
+namespace {
+// Writes the first `size` bytes of `full` (a released size of T) to `out`.
+template <class T>
+void write_sized(T* out, const T& full, size_t size, size_t old_size, const char* what) {
+  LOWBIT_REQUIRE(size == sizeof(T) || size == old_size, LOWBIT_ERROR_INVALID_ARGUMENT, what, " struct_size = ", size,
+                 " is not a size this library knows (", sizeof(T), ", or ", old_size, " from lowbit 0.2)");
+  T copy = full;
+  copy.struct_size = size;
+  std::memcpy(static_cast<void*>(out), &copy, size);
+}
+}  // namespace
+}  // extern "C++"
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_init_sized(lowbit_optimizer_config_t* c, size_t size,
+                                                              lowbit_algorithm_t algorithm) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "config");
     lowbit::check_algorithm(algorithm);
-    *c = lowbit::default_config(algorithm);
+    write_sized(c, lowbit::default_config(algorithm), size, lowbit::kConfigSizeV02, "config");
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_param_config_init(lowbit_param_config_t* c) {
+// The 0.2 symbol (parenthesised: not the header's macro).
+LOWBIT_API lowbit_status_t(lowbit_optimizer_config_init)(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
+  return lowbit_optimizer_config_init_sized(c, lowbit::kConfigSizeV02, algorithm);
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* c, lowbit_preset_t preset) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(c, "config");
+    LOWBIT_REQUIRE(preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "preset = ", int(preset), " is not a lowbit_preset_t value");
+    lowbit_optimizer_config_t out = lowbit::default_config(LOWBIT_ALGORITHM_ADAMW);
+    out.state_format = LOWBIT_STATE_4BIT;
+    out.second_state_format = LOWBIT_STATE_4BIT;
+    out.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
+    out.second_normalization =
+        preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? LOWBIT_NORMALIZATION_RANK1 : LOWBIT_NORMALIZATION_FACTORED;
+    *c = out;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_param_config_init_sized(lowbit_param_config_t* c, size_t size) {
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(c, "param_config");
-    *c = lowbit::default_param_config();
+    write_sized(c, lowbit::default_param_config(), size, lowbit::kParamConfigSizeV02, "param_config");
   });
+}
+
+LOWBIT_API lowbit_status_t(lowbit_param_config_init)(lowbit_param_config_t* c) {
+  return lowbit_param_config_init_sized(c, lowbit::kParamConfigSizeV02);
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, const lowbit_optimizer_config_t* config,
@@ -68,8 +107,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, cons
     LOWBIT_REQUIRE_PTR(out, "out");
     LOWBIT_REQUIRE_PTR(config, "config");
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
+    const lowbit_optimizer_config_t full = lowbit::upgrade_config(config, "config");
     auto handle = std::make_unique<lowbit_optimizer>();
-    handle->impl = std::make_unique<lowbit::Optimizer>(*config, *hparams);
+    handle->impl = std::make_unique<lowbit::Optimizer>(full, *hparams);
     *out = handle.release();
   });
 }
@@ -114,7 +154,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_add_param(lowbit_optimizer_t opt, co
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(config, "param_config");
     LOWBIT_REQUIRE_PTR(out_param_id, "out_param_id");
-    *out_param_id = o.add_param(*config);
+    *out_param_id = o.add_param(lowbit::upgrade_param_config(config, "param_config"));
   });
 }
 
@@ -161,8 +201,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, i
                                                        lowbit_param_info_t* out) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
-    lowbit::check_struct_size(out->struct_size, sizeof(lowbit_param_info_t), "param_info");
-    *out = o.info(param_id);
+    const lowbit_param_info_t info = o.info(param_id);
+    lowbit::write_out_struct(out, &info, sizeof info, lowbit::kParamInfoSizeV02, "param_info");
   });
 }
 
@@ -204,11 +244,16 @@ LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
     LOWBIT_REQUIRE_PTR(param, "param");
     LOWBIT_REQUIRE_PTR(out, "out");
-    lowbit::check_struct_size(out->struct_size, sizeof(lowbit_state_plan_t), "out");
-    lowbit::check_config(*config);
-    lowbit::check_hparams(*hparams, config->algorithm);
-    lowbit::check_struct_size(param->struct_size, sizeof(lowbit_param_config_t), "param");
-    *out = lowbit::to_c_plan(lowbit::plan_param_state(*config, *hparams, *param), param->param.numel);
+    size_t out_size;
+    std::memcpy(&out_size, out, sizeof out_size);
+    LOWBIT_REQUIRE(out_size == sizeof(lowbit_state_plan_t) || out_size == lowbit::kStatePlanSizeV02,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "out.struct_size = ", out_size, " is not a size this library knows");
+    const lowbit_optimizer_config_t full = lowbit::upgrade_config(config, "config");
+    lowbit::check_config(full);
+    lowbit::check_hparams(*hparams, full.algorithm);
+    const lowbit_param_config_t pc = lowbit::upgrade_param_config(param, "param");
+    const lowbit_state_plan_t plan = lowbit::to_c_plan(lowbit::plan_param_state(full, *hparams, pc), pc.param.numel);
+    lowbit::write_out_struct(out, &plan, sizeof plan, lowbit::kStatePlanSizeV02, "out");
   });
 }
 

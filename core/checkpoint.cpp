@@ -1,12 +1,19 @@
-// Checkpoint format, version 1 (all integers little-endian):
+// Checkpoint format, version 2 (all integers little-endian):
 //   "LOWBITCK"  u32 version  u32 mode  u32 algorithm  u32 num_groups
 //   u64 total_size (whole file)  u64 num_params  u64 seed  i64 freeze_step
 //   groups: f32 lr beta1 beta2 eps weight_decay momentum dampening, i32 nesterov bias_correction
-//   per param: i64 numel  u32 param_dtype  i32 group  i64 step  u32 rounding  u32 num_moments
-//              per moment: u32 format  u32 block  u64 data_bytes  u64 scale_bytes  data  scales
+//   per param: i64 numel  u32 ndim  i64 dims[ndim]
+//              u32 param_dtype  i32 group  i64 step  u32 rounding  u32 num_moments
+//              per moment: u32 format  u32 normalization (0 block, 1 rank1, 2 factored)  u32 block
+//                          u64 data_bytes  u64 scale_bytes  data  scales
+//                          (rank1: codes, then the vectors and their workspace half;
+//                           factored: format fp32, data = the accumulators; lowbit.h)
 //              u64 ecc_bytes  ecc
 //              u32 crc32 of this param record
 //   u32 crc32 of everything before it
+// Version 1 (lowbit 0.2) is the same without ndim / dims and normalization
+// (1-D, blocks); it still loads. Materialised checkpoints hold every moment
+// as fp32 / bf16 values (a factored v as its reconstruction v^).
 // Loading parses and checks the whole file and builds the new state on the
 // host before anything in the optimizer is replaced.
 #include <algorithm>
@@ -34,7 +41,7 @@ constexpr bool kVerifyChecksums = true;
 #endif
 
 constexpr char kMagic[8] = {'L', 'O', 'W', 'B', 'I', 'T', 'C', 'K'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 class Writer {
  public:
@@ -124,7 +131,11 @@ float fitted_block_scale(const float* x, int n, float vmax, float vmin, float ab
 
 }  // namespace
 
-void reencode_moment(const MomentView& mv, int64_t numel, const float* values) {
+void reencode_moment(const MomentView& mv, const Shape& shape, int64_t numel, const float* values) {
+  if (mv.norm != Norm::Block) {  // rank-1 vectors / factored accumulators are computed from the values
+    encode_moment(mv, shape, numel, values);
+    return;
+  }
   if (mv.format == LOWBIT_STATE_8BIT || mv.format == LOWBIT_STATE_4BIT) {
     const QMap& map = *mv.map;
     const int block = int(block_size(mv.format));
@@ -194,6 +205,8 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
     const ParamState& p = params_[i];
     size_t record_start = w.out.size();
     w.put<int64_t>(p.param.numel);
+    w.put<uint32_t>(uint32_t(p.shape.ndim));
+    for (int k = 0; k < p.shape.ndim; ++k) w.put<int64_t>(p.shape.dim[k]);
     w.put<uint32_t>(uint32_t(p.param.dtype));
     w.put<int32_t>(p.group);
     w.put<int64_t>(step_counts[i]);
@@ -206,12 +219,14 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
       engine_->copy_to_host(data.data(), ms.data.data(), data.size(), stream);
       engine_->copy_to_host(scales.data(), ms.scales.data(), scales.size(), stream);
       lowbit_state_format_t out_format = ms.format;
+      Norm out_norm = ms.norm;
       if (mode != LOWBIT_CHECKPOINT_COMPRESSED) {
         MomentView host = moment_view(p, m);
         host.data = data.data();
         host.scales = reinterpret_cast<float*>(scales.data());
         values.resize(size_t(p.param.numel));
-        decode_moment(host, p.param.numel, values.data());
+        decode_moment(host, p.shape, p.param.numel, values.data());
+        out_norm = Norm::Block;
         out_format = mode == LOWBIT_CHECKPOINT_MATERIALIZED_FP32 ? LOWBIT_STATE_FP32 : LOWBIT_STATE_BF16;
         data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
         scales.clear();
@@ -219,7 +234,8 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
         encode_moment(out, p.param.numel, values.data());
       }
       w.put<uint32_t>(uint32_t(out_format));
-      w.put<uint32_t>(uint32_t(block_size(out_format)));
+      w.put<uint32_t>(uint32_t(out_norm));
+      w.put<uint32_t>(uint32_t(out_norm == Norm::Block ? block_size(out_format) : 0));
       w.put<uint64_t>(data.size());
       w.put<uint64_t>(scales.size());
       w.append(data.data(), data.size());
@@ -277,8 +293,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "not a lowbit checkpoint (bad magic)");
   uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ", version,
-                 " is not supported (this library reads version ", kVersion, ")");
+  LOWBIT_REQUIRE(version == 1 || version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ",
+                 version, " is not supported (this library reads versions 1 and ", kVersion, ")");
   uint32_t mode = r.get<uint32_t>("mode");
   uint32_t algorithm = r.get<uint32_t>("algorithm");
   uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -323,6 +339,22 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     int64_t numel = r.get<int64_t>("numel");
     LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i, " has ", numel,
                    " elements, the registered param has ", p.param.numel);
+    Shape shape{};  // the checkpoint's (the layout of its shaped moments)
+    if (version >= 2) {
+      const uint32_t ndim = r.get<uint32_t>("ndim");
+      LOWBIT_REQUIRE(ndim <= uint32_t(kMaxDims), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has ", ndim,
+                     " dims");
+      shape.ndim = int32_t(ndim);
+      int64_t product = 1;
+      for (uint32_t k = 0; k < ndim; ++k) {
+        shape.dim[k] = r.get<int64_t>("dims");
+        LOWBIT_REQUIRE(shape.dim[k] >= 1 && shape.dim[k] <= numel && product <= numel / shape.dim[k],
+                       LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has a bad dim ", shape.dim[k]);
+        product *= shape.dim[k];
+      }
+      LOWBIT_REQUIRE(ndim == 0 || product == numel, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
+                     ": its dims hold ", product, " elements, not ", numel);
+    }
     r.get<uint32_t>("param_dtype");
     out.group = r.get<int32_t>("group");
     LOWBIT_REQUIRE(out.group >= 0 && uint32_t(out.group) < num_groups, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ",
@@ -339,27 +371,36 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
                        : "");
     for (int m = 0; m < p.num_moments; ++m) {
       uint32_t raw_format = r.get<uint32_t>("format");
+      const uint32_t raw_norm = version >= 2 ? r.get<uint32_t>("normalization") : 0u;
       uint32_t block = r.get<uint32_t>("block");
       uint64_t data_bytes = r.get<uint64_t>("data_bytes");
       uint64_t scale_bytes = r.get<uint64_t>("scale_bytes");
       LOWBIT_REQUIRE(raw_format >= LOWBIT_STATE_FP32 && raw_format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_CORRUPT_DATA,
                      "checkpoint param ", i, " moment ", m, " has unknown format ", raw_format);
       auto format = lowbit_state_format_t(raw_format);
-      bool layout_ok = block == block_size(format);
+      const Norm norm = Norm(raw_norm <= 2 ? raw_norm : 0);
+      const bool norm_ok = raw_norm == 0 || (shape.ndim >= 2 && ((raw_norm == 1 && (format == LOWBIT_STATE_8BIT ||
+                                                                                      format == LOWBIT_STATE_4BIT)) ||
+                                                                  (raw_norm == 2 && m == 1 && format == LOWBIT_STATE_FP32)));
+      bool layout_ok = norm_ok && block == uint32_t(norm == Norm::Block ? block_size(format) : 0);
       try {  // the sizes of `format` for numel, in checked arithmetic
-        layout_ok = layout_ok && data_bytes == uint64_t(moment_data_bytes(format, numel)) &&
-                    scale_bytes == uint64_t(moment_scale_bytes(format, numel));
+        layout_ok = layout_ok && data_bytes == uint64_t(moment_data_bytes(format, norm, shape, numel)) &&
+                    scale_bytes == uint64_t(moment_scale_bytes(format, norm, shape, numel));
       } catch (const Error&) {
         layout_ok = false;  // too large to size: no file can hold it
       }
       LOWBIT_REQUIRE(layout_ok, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " moment ", m,
-                     " has an inconsistent layout (format ", int(format), ", block ", block, ", ", data_bytes,
-                     " data bytes, ", scale_bytes, " scale bytes for ", numel, " elements)");
+                     " has an inconsistent layout (format ", int(format), ", normalization ", raw_norm, ", block ",
+                     block, ", ", data_bytes, " data bytes, ", scale_bytes, " scale bytes for ", numel,
+                     " elements)");
       uint8_t* src_data = const_cast<uint8_t*>(r.take(data_bytes, "moment data"));
       uint8_t* stored_scales = const_cast<uint8_t*>(r.take(scale_bytes, "moment scales"));
       MomentView src = lowbit::moment_view(format, m, src_data, reinterpret_cast<float*>(stored_scales));
+      src.norm = norm;
       const MomentState& dst = p.moment[m];
-      if (format == dst.format) {
+      bool same_shape = shape.ndim == p.shape.ndim;
+      for (int k = 0; k < shape.ndim && same_shape; ++k) same_shape = shape.dim[k] == p.shape.dim[k];
+      if (format == dst.format && norm == dst.norm && (norm == Norm::Block || same_shape)) {
         out.moment[m].data.assign(static_cast<uint8_t*>(src.data), static_cast<uint8_t*>(src.data) + data_bytes);
         out.moment[m].scales.assign(reinterpret_cast<uint8_t*>(src.scales),
                                     reinterpret_cast<uint8_t*>(src.scales) + scale_bytes);
@@ -370,13 +411,21 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
                                       reinterpret_cast<uint8_t*>(src.scales) + scale_bytes);
       src.scales = reinterpret_cast<float*>(src_scales.data());
       values.resize(size_t(numel));
-      decode_moment(src, numel, values.data());
+      // A factored source's accumulators are unaligned inside the buffer as well.
+      std::vector<uint8_t> src_copy;
+      if (norm == Norm::Factored) {
+        src_copy.assign(src_data, src_data + data_bytes);
+        src.data = src_copy.data();
+      }
+      decode_moment(src, shape, numel, values.data());
       out.moment[m].data.assign(dst.data.bytes(), 0);
       out.moment[m].scales.assign(dst.scales.bytes(), 0);
       MomentView target = moment_view(p, m);
       target.data = out.moment[m].data.data();
       target.scales = reinterpret_cast<float*>(out.moment[m].scales.data());
-      reencode_moment(target, numel, values.data());
+      if (dst.norm != Norm::Block && m == 1)
+        for (float& x : values) x = x < 0.f ? 0.f : x;  // a second moment from a checkpoint of another layout
+      reencode_moment(target, p.shape, numel, values.data());
     }
     uint64_t ecc_bytes = r.get<uint64_t>("ecc_bytes");
     LOWBIT_REQUIRE(ecc_bytes == 0 || ecc_bytes == uint64_t(numel), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,

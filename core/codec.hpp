@@ -22,6 +22,16 @@ void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, co
 void decode_moment(const MomentView& mv, int64_t numel, float* out);
 void encode_moment(const MomentView& mv, int64_t numel, const float* in);
 
+// Rank-1 and factored moments (shaped_codec.cpp). decode_shaped_tile: a
+// Rank1 moment with its current vectors, or the factored v^; any base.
+// encode_rank1_tile: codes with the new vectors (the workspace half). The
+// whole-moment forms take every normalisation (Block: as above); encoding
+// computes the vectors or accumulators from the values.
+void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int64_t base, int n, float* out);
+void encode_rank1_tile(const MomentView& mv, const Shape& s, int64_t base, int n, const float* in);
+void decode_moment(const MomentView& mv, const Shape& s, int64_t numel, float* out);
+void encode_moment(const MomentView& mv, const Shape& s, int64_t numel, const float* in);
+
 // Tests: the portable codec everywhere, even where the AVX-512 one
 // (codec_avx512.hpp) would run; both give the same bits.
 void use_portable_codec(bool on);

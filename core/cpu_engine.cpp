@@ -35,13 +35,23 @@ LOWBIT_VECTOR_CLONES void update_tile(const StepScalars& s, int n, float* __rest
   for (int i = 0; i < n; ++i) update_element<A>(s, p[i], g[i], m[i], v[i]);
 }
 
+template <Algo A>
+LOWBIT_VECTOR_CLONES void update_tile_factored(const StepScalars& s, int n, float* __restrict p,
+                                               const float* __restrict g, float* __restrict m,
+                                               const float* __restrict v) {
+  if constexpr (A == Algo::AdamW || A == Algo::Adam)
+    for (int i = 0; i < n; ++i) update_element_factored<A>(s, p[i], g[i], m[i], v[i]);
+}
+
 struct alignas(64) Tile {
   float p[kTile], g[kTile], m[kTile], v[kTile];
 };
 
+bool shaped_moment(const ParamView& pv, int k) { return k < pv.num_moments && pv.moment[k].norm != Norm::Block; }
+
 // Moment k's data if it is stored as fp32 (updated where it lies), else null.
 float* fp32_moment(const ParamView& pv, int k) {
-  const bool fp32 = k < pv.num_moments && pv.moment[k].format == LOWBIT_STATE_FP32;
+  const bool fp32 = k < pv.num_moments && pv.moment[k].format == LOWBIT_STATE_FP32 && pv.moment[k].norm == Norm::Block;
   return fp32 ? static_cast<float*>(pv.moment[k].data) : nullptr;
 }
 
@@ -62,6 +72,8 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
   float* const m_fp32 = fp32_moment(pv, 0);
   float* const v_fp32 = fp32_moment(pv, 1);
   const bool code_m = pv.num_moments > 0 && !m_fp32, code_v = pv.num_moments > 1 && !v_fp32;
+  const bool shaped_m = shaped_moment(pv, 0), shaped_v = shaped_moment(pv, 1);
+  const bool factored = shaped_v && pv.moment[1].norm == Norm::Factored;
   for (int64_t base = c.begin; base < c.end; base += kTile) {
     int n = int(c.end - base < kTile ? c.end - base : kTile);
     float* p = p_fp32 ? p_fp32 + base : t.p;
@@ -70,18 +82,183 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
     float* v = v_fp32 ? v_fp32 + base : t.v;
     if (!g_fp32) load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
     if (!p_fp32) load_param_tile(pv, base, n, t.p);
-    if (code_m) decode_moment_tile(pv.moment[0], base, n, t.m);
-    if (code_v) decode_moment_tile(pv.moment[1], base, n, t.v);
-    switch (algo) {
+    if (code_m) {
+      if (shaped_m)
+        decode_shaped_tile(pv.moment[0], pv.shape, pv.numel, base, n, t.m);
+      else
+        decode_moment_tile(pv.moment[0], base, n, t.m);
+    }
+    if (code_v) {
+      if (shaped_v)
+        decode_shaped_tile(pv.moment[1], pv.shape, pv.numel, base, n, t.v);
+      else
+        decode_moment_tile(pv.moment[1], base, n, t.v);
+    }
+    if (factored) {
+      if (algo == Algo::Adam)
+        update_tile_factored<Algo::Adam>(s, n, p, g, m, v);
+      else
+        update_tile_factored<Algo::AdamW>(s, n, p, g, m, v);
+    } else switch (algo) {
       case Algo::AdamW: update_tile<Algo::AdamW>(s, n, p, g, m, v); break;
       case Algo::Adam: update_tile<Algo::Adam>(s, n, p, g, m, v); break;
       case Algo::Lion: update_tile<Algo::Lion>(s, n, p, g, m, v); break;
       case Algo::Sgd: update_tile<Algo::Sgd>(s, n, p, g, m, v); break;
     }
-    if (code_m) encode_moment_tile(pv.moment[0], base, n, t.m);
-    if (code_v) encode_moment_tile(pv.moment[1], base, n, t.v);
+    if (code_m) {
+      if (shaped_m)
+        encode_rank1_tile(pv.moment[0], pv.shape, base, n, t.m);
+      else
+        encode_moment_tile(pv.moment[0], base, n, t.m);
+    }
+    if (code_v && !factored) {
+      if (shaped_v)
+        encode_rank1_tile(pv.moment[1], pv.shape, base, n, t.v);
+      else
+        encode_moment_tile(pv.moment[1], base, n, t.v);
+    }
     if (!p_fp32) store_param_tile(pv, key, base, n, t.p);
   }
+}
+
+// ---- shaped parameters: pass 1 (core/shape.hpp) -----------------------------
+
+// Work of pass 1: rows [a, b) of a parameter (kind 0), or columns [c0, c1) of
+// batch `batch` over the rows of column chunk `chunk` (kind 1). Rank-1 reads
+// every row as one batch.
+struct StatItem {
+  int32_t param, kind;
+  int64_t a, b, batch, chunk;
+};
+
+void atomic_umax(float* where, uint32_t bits) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(where);
+  uint32_t cur = __atomic_load_n(w, __ATOMIC_RELAXED);
+  while (bits > cur && !__atomic_compare_exchange_n(w, &cur, bits, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
+// Loads elements [e, e + n) of param, grad and the rank-1 moments into t and
+// runs this step's moment update on them (pass 1 recomputes exactly what
+// pass 2 will).
+template <Algo A>
+void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& s, int64_t e, int n, Tile& t) {
+  load_tensor_tile(grad.data, grad.dtype, e, n, t.g);
+  if (A == Algo::Adam || A == Algo::Sgd)
+    load_param_tile(pv, e, n, t.p);
+  else
+    std::memset(t.p, 0, sizeof(float) * size_t(n));
+  for (int k = 0; k < 2; ++k) {
+    float* dst = k ? t.v : t.m;
+    if (k < pv.num_moments && pv.moment[k].norm == Norm::Rank1)
+      decode_shaped_tile(pv.moment[k], pv.shape, pv.numel, e, n, dst);
+    else
+      std::memset(dst, 0, sizeof(float) * size_t(n));
+  }
+  if (shaped_moment(pv, 1) && pv.moment[1].norm == Norm::Factored) {
+    for (int i = 0; i < n; ++i) t.v[i] = factored_g2<A>(s, t.p[i], t.g[i]);
+    if (pv.moment[0].norm == Norm::Rank1)
+      for (int i = 0; i < n; ++i) {
+        float p = t.p[i], v = 0.f;
+        update_element<A>(s, p, t.g[i], t.m[i], v);
+      }
+    return;
+  }
+  for (int i = 0; i < n; ++i) update_element<A>(s, t.p[i], t.g[i], t.m[i], t.v[i]);
+}
+
+template <Algo A>
+void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it, double* partials) {
+  const Shape& sh = pv.shape;
+  const int64_t C = shape_cols(sh);
+  const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
+                      pv.num_moments > 1 && pv.moment[1].norm == Norm::Rank1};
+  const bool fac = pv.num_moments > 1 && pv.moment[1].norm == Norm::Factored;
+  const int64_t S = shape_dim_sum(sh);
+  Tile t;
+  if (it.kind == 0) {
+    for (int64_t q = it.a; q < it.b; ++q) {
+      uint32_t mx[2] = {0u, 0u};
+      double part[32] = {};
+      for (int64_t c0 = 0; c0 < C; c0 += kTile) {
+        const int n = int(C - c0 < kTile ? C - c0 : kTile);
+        stat_segment<A>(pv, grad, s, q * C + c0, n, t);
+        for (int k = 0; k < 2; ++k)
+          if (r1[k]) {
+            const float* x = k ? t.v : t.m;
+            for (int i = 0; i < n; ++i) mx[k] = umax(mx[k], float_bits(x[i]) & 0x7FFFFFFFu);
+          }
+        if (fac)
+          for (int i = 0; i < n; ++i) part[(c0 + i) % 32] += double(t.v[i]);
+      }
+      for (int k = 0; k < 2; ++k)
+        if (r1[k]) {
+          float* next = pv.moment[k].scales + S;
+          rank1_scatter_row(sh, q, mx[k], [&](int64_t j, uint32_t bits) { atomic_umax(next + j, bits); });
+        }
+      if (fac) {
+        float* row = static_cast<float*>(pv.moment[1].data);
+        row[q] = factored_ema(s, row[q], lane_tree(part), C);
+      }
+    }
+    return;
+  }
+  // Columns [a, b) over the rows of one chunk.
+  const int64_t R = fac ? shape_batch_rows(sh) : shape_rows(sh, pv.numel);
+  const int64_t r0 = it.chunk * kColChunkRows, r1_ = r0 + kColChunkRows < R ? r0 + kColChunkRows : R;
+  const int n = int(it.b - it.a);
+  uint32_t mx[2][kTile] = {};
+  double acc[kTile] = {};
+  for (int64_t r = r0; r < r1_; ++r) {
+    const int64_t q = it.batch * R + r;
+    stat_segment<A>(pv, grad, s, q * C + it.a, n, t);
+    for (int k = 0; k < 2; ++k)
+      if (r1[k]) {
+        const float* x = k ? t.v : t.m;
+        for (int i = 0; i < n; ++i) mx[k][i] = umax(mx[k][i], float_bits(x[i]) & 0x7FFFFFFFu);
+      }
+    if (fac)
+      for (int i = 0; i < n; ++i) acc[i] += double(t.v[i]);
+  }
+  for (int k = 0; k < 2; ++k)
+    if (r1[k]) {
+      float* last = pv.moment[k].scales + S + rank1_last_offset(sh);
+      for (int i = 0; i < n; ++i) atomic_umax(last + it.a + i, mx[k][i]);
+    }
+  if (fac) {
+    double* out = partials + (it.batch * col_chunks(R) + it.chunk) * C + it.a;
+    for (int i = 0; i < n; ++i) out[i] = acc[i];
+  }
+}
+
+// Between the passes: the factored column accumulators from the chunk
+// partials, then the row means. After pass 2: the rank-1 vectors move in.
+void factored_mid(const ParamView& pv, const StepScalars& s, const double* partials) {
+  const Shape& sh = pv.shape;
+  const int64_t C = shape_cols(sh), R = shape_batch_rows(sh), rows = shape_rows(sh, pv.numel), B = rows / R;
+  const int64_t nch = col_chunks(R);
+  float* f = static_cast<float*>(pv.moment[1].data);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int64_t k = 0; k < nch; ++k) sum += partials[(b * nch + k) * C + c];
+      f[rows + b * C + c] = factored_ema(s, f[rows + b * C + c], sum, R);
+    }
+  for (int64_t b = 0; b < B; ++b) {
+    double part[32] = {};
+    for (int64_t r = 0; r < R; ++r) part[r % 32] += double(f[b * R + r]);
+    f[rows + B * C + b] = float(lane_tree(part) / double(R));
+  }
+}
+
+void rank1_finish(const ParamView& pv) {
+  for (int k = 0; k < pv.num_moments; ++k)
+    if (pv.moment[k].norm == Norm::Rank1) {
+      const int64_t S = shape_dim_sum(pv.shape);
+      float* v = pv.moment[k].scales;
+      std::memcpy(v, v + S, sizeof(float) * size_t(S));
+      std::memset(v + S, 0, sizeof(float) * size_t(S));
+    }
 }
 
 LOWBIT_VECTOR_CLONES
@@ -159,6 +336,7 @@ class CpuEngine final : public Engine {
     masks_.resize(size_t(num_params), nullptr);
     total_ = 0;
     for (const Chunk& c : chunks_) total_ += c.end - c.begin;
+    build_stat_items();
   }
 
   void set_hparams(const lowbit_hparams_t* groups, int32_t num_groups) override {
@@ -185,6 +363,7 @@ class CpuEngine final : public Engine {
       }
     }
     if (!skip && ctl.check_nonfinite) skip = any_nonfinite();
+    if (!skip && !stat_items_.empty()) pass1(algo);
     if (!skip) {
       const int64_t n = int64_t(chunks_.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel())
@@ -193,6 +372,8 @@ class CpuEngine final : public Engine {
         const size_t i = size_t(c.param);
         if (grads_[i].data) step_chunk(algo, params_[i], grads_[i], scalars_[i], keys_[i], c);
       }
+      for (size_t i : shaped_)
+        if (grads_[i].data) rank1_finish(params_[i]);
       if (shared < 0)
         for (size_t i = 0; i < params_.size(); ++i) steps_[i] += grads_[i].data ? 1 : 0;
     }
@@ -287,6 +468,56 @@ class CpuEngine final : public Engine {
   }
   bool parallel() const { return total_ >= kParallelMinElements; }
 
+  // The pass-1 work of the shaped parameters (rows in groups, column strips
+  // of kTile by chunks of kColChunkRows rows) and the factored partials.
+  void build_stat_items() {
+    stat_items_.clear();
+    shaped_.clear();
+    partial_off_.assign(params_.size(), 0);
+    int64_t partials = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamView& pv = params_[i];
+      if (!shaped_moment(pv, 0) && !shaped_moment(pv, 1)) continue;
+      shaped_.push_back(i);
+      const Shape& sh = pv.shape;
+      const int64_t C = shape_cols(sh), rows = shape_rows(sh, pv.numel);
+      const int64_t per = std::max<int64_t>(1, 8192 / C);
+      for (int64_t q = 0; q < rows; q += per) stat_items_.push_back({int32_t(i), 0, q, std::min(rows, q + per), 0, 0});
+      const bool fac = shaped_moment(pv, 1) && pv.moment[1].norm == Norm::Factored;
+      const int64_t R = fac ? shape_batch_rows(sh) : rows, B = rows / R;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t k = 0; k < col_chunks(R); ++k)
+          for (int64_t c = 0; c < C; c += kTile)
+            stat_items_.push_back({int32_t(i), 1, c, std::min(C, c + kTile), b, k});
+      if (fac) {
+        partial_off_[i] = partials;
+        partials += B * col_chunks(R) * C;
+      }
+    }
+    partials_.assign(size_t(partials), 0.0);
+  }
+
+  void pass1(Algo algo) {
+    const int64_t n = int64_t(stat_items_.size());
+    const bool par = parallel();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (par)
+    for (int64_t k = 0; k < n; ++k) {
+      const StatItem& it = stat_items_[size_t(k)];
+      const size_t i = size_t(it.param);
+      if (!grads_[i].data) continue;
+      double* part = partials_.data() + partial_off_[i];
+      switch (algo) {
+        case Algo::AdamW: stat_item<Algo::AdamW>(params_[i], grads_[i], scalars_[i], it, part); break;
+        case Algo::Adam: stat_item<Algo::Adam>(params_[i], grads_[i], scalars_[i], it, part); break;
+        case Algo::Lion: stat_item<Algo::Lion>(params_[i], grads_[i], scalars_[i], it, part); break;
+        case Algo::Sgd: stat_item<Algo::Sgd>(params_[i], grads_[i], scalars_[i], it, part); break;
+      }
+    }
+    for (size_t i : shaped_)
+      if (grads_[i].data && shaped_moment(params_[i], 1) && params_[i].moment[1].norm == Norm::Factored)
+        factored_mid(params_[i], scalars_[i], partials_.data() + partial_off_[i]);
+  }
+
   bool any_nonfinite() const {
     int found = 0;
     const int64_t n = int64_t(chunks_.size());
@@ -319,6 +550,10 @@ class CpuEngine final : public Engine {
   std::vector<const uint8_t*> masks_;
   int64_t total_ = 0;
   bool skipped_ = false;
+  std::vector<StatItem> stat_items_;
+  std::vector<size_t> shaped_;
+  std::vector<int64_t> partial_off_;
+  std::vector<double> partials_;
 };
 
 }  // namespace

@@ -34,6 +34,8 @@ lowbit_optimizer_config_t default_config(lowbit_algorithm_t algorithm) {
   c.min_quantized_numel = 4096;
   c.skip_nonfinite = 1;
   c.freeze_step = 100;
+  c.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
+  c.second_normalization = LOWBIT_NORMALIZATION_BLOCK;
   return c;
 }
 

@@ -93,8 +93,10 @@ int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
     p.grad = c.grad;
   }
   p.num_moments = plan.num_moments;
+  p.shape = plan.shape;
   for (int m = 0; m < p.num_moments; ++m) {
     p.moment[m].format = plan.format[m];
+    p.moment[m].norm = plan.norm[m];
     p.moment[m].data = StateBuffer(engine_.get(), size_t(plan.data_bytes(m, c.param.numel)));
     p.moment[m].scales = StateBuffer(engine_.get(), size_t(plan.scale_bytes(m, c.param.numel)));
   }
@@ -156,8 +158,10 @@ void Optimizer::set_grad(int64_t id, const lowbit_tensor_t* grad) {
 }
 
 MomentView Optimizer::moment_view(const ParamState& p, int m) const {
-  return lowbit::moment_view(p.moment[m].format, m, p.moment[m].data.data(),
-                             static_cast<float*>(p.moment[m].scales.data()));
+  MomentView v = lowbit::moment_view(p.moment[m].format, m, p.moment[m].data.data(),
+                                     static_cast<float*>(p.moment[m].scales.data()));
+  v.norm = p.moment[m].norm;
+  return v;
 }
 
 ParamView Optimizer::param_view(const ParamState& p) const {
@@ -169,6 +173,7 @@ ParamView Optimizer::param_view(const ParamState& p) const {
   for (int m = 0; m < p.num_moments; ++m) v.moment[m] = moment_view(p, m);
   v.ecc = static_cast<uint8_t*>(p.ecc.data());
   v.rounding = p.rounding;
+  v.shape = p.shape;
   return v;
 }
 
@@ -219,6 +224,9 @@ lowbit_param_info_t Optimizer::info(int64_t id) const {
   out.stochastic_rounding = p.rounding == WeightRounding::Stochastic;
   out.error_correction = p.rounding == WeightRounding::ErrorCorrection;
   out.state_bytes = state_bytes(id);
+  out.first_normalization = p.num_moments > 0 ? to_c_norm(p.moment[0].norm) : LOWBIT_NORMALIZATION_DEFAULT;
+  out.second_normalization = p.num_moments > 1 ? to_c_norm(p.moment[1].norm) : LOWBIT_NORMALIZATION_DEFAULT;
+  out.ndim = p.shape.ndim;
   return out;
 }
 
@@ -253,7 +261,7 @@ void Optimizer::read_moment(int64_t id, int moment, float* out, int64_t numel, v
   MomentView host = moment_view(p, moment);
   host.data = data.data();
   host.scales = reinterpret_cast<float*>(scales.data());
-  decode_moment(host, numel, out);
+  decode_moment(host, p.shape, numel, out);
 }
 
 void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_t numel, void* stream) {
@@ -274,7 +282,7 @@ void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_
   MomentView host = moment_view(p, moment);
   host.data = data.data();
   host.scales = reinterpret_cast<float*>(scales.data());
-  reencode_moment(host, numel, values);  // the same encoding as loading a materialised checkpoint
+  reencode_moment(host, p.shape, numel, values);  // the same encoding as loading a materialised checkpoint
   engine_->copy_from_host(ms.data.data(), data.data(), data.size(), stream);
   engine_->copy_from_host(ms.scales.data(), scales.data(), scales.size(), stream);
 }

@@ -48,6 +48,7 @@ class StateBuffer {
 
 struct MomentState {
   lowbit_state_format_t format = LOWBIT_STATE_FP32;
+  Norm norm = Norm::Block;
   StateBuffer data, scales;
 };
 
@@ -59,6 +60,7 @@ struct ParamState {
   MomentState moment[2];
   WeightRounding rounding = WeightRounding::Nearest;
   StateBuffer ecc;
+  Shape shape{};  // ndim 0: none
 };
 
 // 1-bit Adam (onebit_adam.cpp): all parameters share one flat fp32 bucket

@@ -96,6 +96,26 @@ const QMap* moment_map(lowbit_state_format_t format, int moment) {
   return nullptr;
 }
 
+int64_t moment_data_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel) {
+  if (norm == Norm::Factored) return 4 * factored_floats(shape, numel);
+  return moment_data_bytes(format, numel);
+}
+
+int64_t moment_scale_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel) {
+  if (norm == Norm::Factored) return 0;
+  if (norm == Norm::Rank1) return 4 * 2 * shape_dim_sum(shape);
+  return moment_scale_bytes(format, numel);
+}
+
+const char* norm_name(Norm norm) {
+  switch (norm) {
+    case Norm::Block: return "block";
+    case Norm::Rank1: return "rank1";
+    case Norm::Factored: return "factored";
+  }
+  return "unknown";
+}
+
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales) {
   MomentView v;
   v.format = format;

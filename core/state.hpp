@@ -6,6 +6,7 @@
 
 #include "lowbit.h"
 #include "qmaps.hpp"
+#include "shape.hpp"
 #include "update_rules.hpp"
 
 namespace lowbit {
@@ -19,6 +20,11 @@ struct MomentView {
   float* scales = nullptr;
   const QMap* map = nullptr;  // 8BIT / 4BIT only
   bool second = false;        // a second moment: positive values never encode to 0 (floor_positive)
+  // Block: `scales` per block. Rank1 (8BIT / 4BIT, ParamView::shape has >= 2
+  // dims): `scales` holds the current vectors r_k, then as many floats of
+  // step workspace. Factored (format FP32): `data` holds the accumulators
+  // row, col and the row means (core/shape.hpp), `scales` is unused.
+  Norm norm = Norm::Block;
 };
 
 // The values of lowbit_rounding_t.
@@ -37,6 +43,7 @@ struct ParamView {
   MomentView moment[2];
   uint8_t* ecc = nullptr;  // error-correction bytes (ErrorCorrection only)
   WeightRounding rounding = WeightRounding::Nearest;
+  Shape shape{};  // ndim 0: flat (only Rank1 / Factored moments read it)
 };
 
 int64_t block_size(lowbit_state_format_t format);
@@ -55,6 +62,14 @@ int64_t dtype_bytes(lowbit_dtype_t dtype);
 const QMap* moment_map(lowbit_state_format_t format, int moment);
 // The view of moment 0 or 1 stored in `format` at data / scales.
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
+// Sizes of a moment with a normalisation (Block: as above).
+int64_t moment_data_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);
+int64_t moment_scale_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);
+const char* norm_name(Norm norm);
+inline lowbit_normalization_t to_c_norm(Norm n) { return lowbit_normalization_t(int(n) + 1); }
+inline Norm from_c_norm(lowbit_normalization_t n) {
+  return n == LOWBIT_NORMALIZATION_RANK1 ? Norm::Rank1 : n == LOWBIT_NORMALIZATION_FACTORED ? Norm::Factored : Norm::Block;
+}
 
 // Encodes fp32 values that came from a stored moment (a materialised
 // checkpoint, another format, read_moment) into `mv` so that decoding and
@@ -63,7 +78,9 @@ MomentView moment_view(lowbit_state_format_t format, int moment, void* data, flo
 // the smallest scale with which the map's most negative value decodes to x
 // or beyond. A step's scale |x| decodes x as vmin * |x| (the signed maps have
 // no -1: 8-bit x0.99297, 4-bit x0.8875), so each materialise / load cycle
-// shrank such blocks by that factor.
-void reencode_moment(const MomentView& mv, int64_t numel, const float* values);
+// shrank such blocks by that factor. Rank-1 and factored moments are encoded
+// as encode_moment(mv, shape, ...) does (their vectors / accumulators follow
+// from the values).
+void reencode_moment(const MomentView& mv, const Shape& shape, int64_t numel, const float* values);
 
 }  // namespace lowbit

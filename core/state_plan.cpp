@@ -4,6 +4,9 @@
 #include "update_rules.hpp"
 #include "validation.hpp"
 
+#include <cstdint>
+#include <string>
+
 namespace lowbit {
 namespace {
 
@@ -15,6 +18,12 @@ lowbit_state_format_t resolve(lowbit_state_format_t requested, lowbit_state_form
   if (requested != LOWBIT_STATE_DEFAULT) return requested;
   const lowbit_state_format_t f = fallback == LOWBIT_STATE_DEFAULT ? LOWBIT_STATE_FP32 : fallback;
   return is_quantized(f) && numel < min_quantized_numel ? LOWBIT_STATE_FP32 : f;
+}
+
+std::string shape_string(const lowbit_param_config_t& c) {
+  std::string out = "(";
+  for (int k = 0; k < c.ndim; ++k) out += (k ? ", " : "") + std::to_string(c.shape[k]);
+  return out + ")";
 }
 
 }  // namespace
@@ -60,6 +69,53 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   const lowbit_state_format_t formats[2] = {first, second};
   for (int m = 0; m < plan.num_moments; ++m) plan.format[m] = formats[m];
 
+  // Shape and normalisations.
+  LOWBIT_REQUIRE(c.ndim >= 0 && c.ndim <= LOWBIT_MAX_DIMS, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", c.ndim,
+                 " must be in 0..", LOWBIT_MAX_DIMS, " (0: a 1-D parameter of numel elements)");
+  if (c.ndim > 0) {
+    int64_t product = 1;
+    bool overflow = false;
+    for (int k = 0; k < c.ndim; ++k) {
+      LOWBIT_REQUIRE(c.shape[k] >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "shape[", k, "] = ", c.shape[k],
+                     " must be >= 1");
+      overflow |= product > INT64_MAX / c.shape[k];
+      if (!overflow) product *= c.shape[k];
+    }
+    LOWBIT_REQUIRE(!overflow && product == numel, LOWBIT_ERROR_INVALID_ARGUMENT, "shape ", shape_string(c),
+                   overflow ? " overflows int64" : concat(" has ", product, " elements").c_str(),
+                   " but param.numel = ", numel);
+    plan.shape.ndim = c.ndim;
+    for (int k = 0; k < c.ndim; ++k) plan.shape.dim[k] = c.shape[k];
+  }
+  check_normalization(c.first_normalization, "first_normalization", false);
+  check_normalization(c.second_normalization, "second_normalization", true);
+  const bool adam = config.algorithm == LOWBIT_ALGORITHM_ADAMW || config.algorithm == LOWBIT_ALGORITHM_ADAM;
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(config.algorithm), ")");
+  const bool shaped = c.ndim >= 2;
+  const lowbit_normalization_t own[2] = {c.first_normalization, c.second_normalization};
+  const lowbit_normalization_t dflt[2] = {config.first_normalization, config.second_normalization};
+  const char* field[2] = {"first_normalization", "second_normalization"};
+  for (int m = 0; m < plan.num_moments; ++m) {
+    const lowbit_normalization_t want = own[m] != LOWBIT_NORMALIZATION_DEFAULT ? own[m] : dflt[m];
+    if (config.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+      LOWBIT_REQUIRE(want == LOWBIT_NORMALIZATION_DEFAULT || want == LOWBIT_NORMALIZATION_BLOCK,
+                     LOWBIT_ERROR_UNSUPPORTED, field[m], " = ", int(want),
+                     ": 1-bit Adam keeps fp32 state (no rank-1 or factored moments)");
+    if (want == LOWBIT_NORMALIZATION_FACTORED) {
+      LOWBIT_REQUIRE(shaped || own[m] != LOWBIT_NORMALIZATION_FACTORED, LOWBIT_ERROR_INVALID_ARGUMENT, field[m],
+                     " = factored needs a parameter of at least 2 dims (ndim = ", c.ndim, ")");
+      if (shaped) {
+        plan.norm[m] = Norm::Factored;
+        plan.format[m] = LOWBIT_STATE_FP32;  // the accumulators
+      }
+    } else if (want == LOWBIT_NORMALIZATION_RANK1 && shaped && is_quantized(plan.format[m])) {
+      LOWBIT_REQUIRE(plan.format[m] != LOWBIT_STATE_FP8, LOWBIT_ERROR_UNSUPPORTED, field[m],
+                     " = rank1 needs the 8bit or 4bit format (moment ", m, " is fp8)");
+      plan.norm[m] = Norm::Rank1;
+    }
+  }
+
   if (c.param.dtype != LOWBIT_DTYPE_FLOAT32) {
     const int32_t ecc = c.error_correction >= 0 ? c.error_correction : config.error_correction;
     const int32_t sr = c.stochastic_rounding >= 0 ? c.stochastic_rounding : config.stochastic_rounding;
@@ -78,7 +134,10 @@ lowbit_state_plan_t to_c_plan(const StatePlan& plan, int64_t numel) {
   out.num_moments = plan.num_moments;
   for (int m = 0; m < 2; ++m) {
     out.format[m] = plan.format[m];
-    out.block_size[m] = m < plan.num_moments && is_quantized(plan.format[m]) ? block_size(plan.format[m]) : 0;
+    out.block_size[m] = m < plan.num_moments && is_quantized(plan.format[m]) && plan.norm[m] == Norm::Block
+                            ? block_size(plan.format[m])
+                            : 0;
+    out.normalization[m] = m < plan.num_moments ? to_c_norm(plan.norm[m]) : LOWBIT_NORMALIZATION_DEFAULT;
     out.data_bytes[m] = plan.data_bytes(m, numel);
     out.scale_count[m] = plan.scale_bytes(m, numel) / 4;
   }

@@ -15,16 +15,22 @@ namespace lowbit {
 struct StatePlan {
   int num_moments = 0;
   lowbit_state_format_t format[2] = {LOWBIT_STATE_DEFAULT, LOWBIT_STATE_DEFAULT};
+  Norm norm[2] = {Norm::Block, Norm::Block};  // resolved (Rank1 / Factored only for >= 2 dims)
+  Shape shape{};                              // as registered (ndim 0: none)
   WeightRounding rounding = WeightRounding::Nearest;
 
-  int64_t data_bytes(int m, int64_t numel) const { return m < num_moments ? moment_data_bytes(format[m], numel) : 0; }
-  int64_t scale_bytes(int m, int64_t numel) const { return m < num_moments ? moment_scale_bytes(format[m], numel) : 0; }
+  int64_t data_bytes(int m, int64_t numel) const {
+    return m < num_moments ? moment_data_bytes(format[m], norm[m], shape, numel) : 0;
+  }
+  int64_t scale_bytes(int m, int64_t numel) const {
+    return m < num_moments ? moment_scale_bytes(format[m], norm[m], shape, numel) : 0;
+  }
   int64_t ecc_bytes(int64_t numel) const { return rounding == WeightRounding::ErrorCorrection ? numel : 0; }
   int64_t state_bytes(int64_t numel) const;
 };
 
 // Checks the per-parameter fields of `param` that the plan reads (formats,
-// rounding flags, numel > 0, dtype) and plans its state in an optimizer with
+// normalisations, shape, rounding flags, numel >= 0, dtype) and plans its state in an optimizer with
 // `config` whose group has `hparams`. Throws lowbit::Error naming the field.
 StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit_hparams_t& hparams,
                            const lowbit_param_config_t& param);

@@ -68,6 +68,20 @@ LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g
   p -= s.lr * g;
 }
 
+// Adam / AdamW with a factored second moment (core/shape.hpp): v is the
+// reconstruction of this step's accumulators and is not stored here; m and p
+// as in update_element.
+template <Algo A>
+LOWBIT_HD void update_element_factored(const StepScalars& s, float& p, float g, float& m, float vhat) {
+  if (A == Algo::Adam)
+    g += s.weight_decay * p;
+  else
+    p *= s.decay_factor;
+  m = s.beta1 * m + (1.f - s.beta1) * g;
+  float denom = sqrtf(vhat) * s.inv_sqrt_bc2 + s.eps;
+  p -= s.step_size * m / denom;
+}
+
 // 1-bit Adam, compressed stage (variance frozen): the local momentum that is
 // communicated, then the update from the averaged momentum. Decoupled decay
 // and the Adam denominator as in AdamW.

@@ -1,13 +1,62 @@
 #include "validation.hpp"
 
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 
+#include "defaults.hpp"
 #include "error.hpp"
 
 namespace lowbit {
 
+// The sizes of 0.2: each struct then ended before its first 0.3 field (the
+// int32 fields added to lowbit_param_config_t start in its old tail padding,
+// so its old size is offsetof(shape) while only offsetof(ndim) bytes are
+// the caller's).
+const size_t kConfigSizeV02 = offsetof(lowbit_optimizer_config_t, first_normalization);
+const size_t kParamConfigSizeV02 = offsetof(lowbit_param_config_t, shape);
+const size_t kParamInfoSizeV02 = offsetof(lowbit_param_info_t, first_normalization);
+const size_t kStatePlanSizeV02 = offsetof(lowbit_state_plan_t, normalization);
+
+namespace {
+void check_known_size(size_t got, size_t old_size, size_t now, const char* what) {
+  LOWBIT_REQUIRE(got == old_size || got == now, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".struct_size = ", got,
+                 " is not a size this library knows (", now, ", or ", old_size,
+                 " from lowbit 0.2; use the *_init() helpers)");
+}
+}  // namespace
+
+lowbit_optimizer_config_t upgrade_config(const lowbit_optimizer_config_t* c, const char* what) {
+  check_known_size(c->struct_size, kConfigSizeV02, sizeof(lowbit_optimizer_config_t), what);
+  lowbit_optimizer_config_t out = default_config(LOWBIT_ALGORITHM_ADAMW);
+  std::memcpy(&out, c, c->struct_size);
+  out.struct_size = sizeof out;
+  return out;
+}
+
+lowbit_param_config_t upgrade_param_config(const lowbit_param_config_t* c, const char* what) {
+  check_known_size(c->struct_size, kParamConfigSizeV02, sizeof(lowbit_param_config_t), what);
+  lowbit_param_config_t out = default_param_config();
+  std::memcpy(&out, c, c->struct_size == sizeof out ? sizeof out : offsetof(lowbit_param_config_t, ndim));
+  out.struct_size = sizeof out;
+  return out;
+}
+
+void write_out_struct(void* out, const void* full, size_t full_size, size_t old_size, const char* what) {
+  size_t got;
+  std::memcpy(&got, out, sizeof got);
+  check_known_size(got, old_size, full_size, what);
+  std::memcpy(static_cast<char*>(out) + sizeof got, static_cast<const char*>(full) + sizeof got, got - sizeof got);
+}
+
+void check_normalization(lowbit_normalization_t n, const char* field, bool allow_factored) {
+  LOWBIT_REQUIRE(n >= LOWBIT_NORMALIZATION_DEFAULT && n <= LOWBIT_NORMALIZATION_FACTORED,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", int(n), " is not a lowbit_normalization_t value");
+  LOWBIT_REQUIRE(allow_factored || n != LOWBIT_NORMALIZATION_FACTORED, LOWBIT_ERROR_INVALID_ARGUMENT, field,
+                 " = factored: only the second moment can be factored");
+}
+
 void check_struct_size(size_t got, size_t expected, const char* what) {
-  // Only one version of each struct has shipped so far.
   LOWBIT_REQUIRE(got == expected, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".struct_size = ", got,
                  " is not a size this library knows (expected ", expected, "; use the *_init() helpers)");
 }
@@ -83,6 +132,20 @@ void check_config(const lowbit_optimizer_config_t& c) {
   check_num_threads(c.num_threads);
   LOWBIT_REQUIRE(c.freeze_step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "freeze_step = ", c.freeze_step,
                  " must be >= 0");
+  check_normalization(c.first_normalization, "first_normalization", false);
+  check_normalization(c.second_normalization, "second_normalization", true);
+  const bool adam = c.algorithm == LOWBIT_ALGORITHM_ADAMW || c.algorithm == LOWBIT_ALGORITHM_ADAM;
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(c.algorithm), ")");
+  if (c.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+    LOWBIT_REQUIRE(c.first_normalization <= LOWBIT_NORMALIZATION_BLOCK &&
+                       c.second_normalization <= LOWBIT_NORMALIZATION_BLOCK,
+                   LOWBIT_ERROR_UNSUPPORTED, "first_normalization / second_normalization: 1-bit Adam keeps fp32 state");
+  const lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT ? c.second_state_format : c.state_format;
+  LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || c.state_format != LOWBIT_STATE_FP8,
+                 LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = fp8)");
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_RANK1 || second != LOWBIT_STATE_FP8,
+                 LOWBIT_ERROR_UNSUPPORTED, "second_normalization = rank1 needs the 8bit or 4bit format (fp8)");
 }
 
 void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what) {

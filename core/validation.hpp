@@ -24,5 +24,17 @@ void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what);
 void check_flag(int32_t value, const char* field, bool allow_default);
 // 0 (all OpenMP threads) .. kMaxNumThreads.
 void check_num_threads(int32_t num_threads);
+// DEFAULT, BLOCK, RANK1, and FACTORED when allow_factored.
+void check_normalization(lowbit_normalization_t n, const char* field, bool allow_factored);
+
+// Structs of earlier releases (smaller struct_size): the caller's fields over
+// the defaults of the fields added since; the result has the current size.
+// Throws naming `what` for a size no release had.
+lowbit_optimizer_config_t upgrade_config(const lowbit_optimizer_config_t* c, const char* what);
+lowbit_param_config_t upgrade_param_config(const lowbit_param_config_t* c, const char* what);
+// Out-structs: the caller's struct_size must be a released size; copies that
+// many bytes of `full` (struct_size kept).
+void write_out_struct(void* out, const void* full, size_t full_size, size_t old_size, const char* what);
+extern const size_t kConfigSizeV02, kParamConfigSizeV02, kParamInfoSizeV02, kStatePlanSizeV02;
 
 }  // namespace lowbit

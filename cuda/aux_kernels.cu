@@ -2,6 +2,8 @@
 // element-wise passes (onebit_kernels.cuh).
 #include "cuda/aux_kernels.cuh"
 #include "cuda/onebit_kernels.cuh"
+#define LOWBIT_SHAPED_AUX_KERNELS 1
+#include "cuda/shaped_kernels.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -37,6 +39,16 @@ void launch_finalize(const FinalizeArgs& args, void* stream) {
 void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {
   if (num_chunks <= 0) return;
   onebit_kernel<<<dim3(unsigned(num_chunks * kSplit)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream) {
+  if (num_shaped <= 0) return;
+  shaped_mid_kernel<<<dim3(unsigned(num_shaped)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
+}
+
+void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stream) {
+  if (num_shaped <= 0) return;
+  shaped_finish_kernel<<<dim3(unsigned(num_shaped)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
 }
 
 }  // namespace cuda

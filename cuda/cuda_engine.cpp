@@ -75,6 +75,12 @@ DevParam describe(const ParamView& v, int64_t id, int32_t group) {
                    m.data ? "" : " and no data");
     d.format[k] = uint8_t(m.format);
     d.second[k] = m.second ? 1 : 0;
+    d.norm[k] = uint8_t(m.norm);
+    if (m.norm != Norm::Block) {
+      LOWBIT_REQUIRE(v.shape.ndim >= 2, LOWBIT_ERROR_INTERNAL, "param ", id, ": a ", norm_name(m.norm),
+                     " moment without a shape");
+      d.shape = v.shape;
+    }
     d.mdata[k] = m.data;
     d.mscale[k] = m.scales;
     if (is_quantized(m.format))
@@ -196,7 +202,8 @@ CudaEngine::~CudaEngine() {
   cudaDeviceSynchronize();
   for (void* p : {static_cast<void*>(maps_), static_cast<void*>(flag_), static_cast<void*>(params_),
                   static_cast<void*>(dyn_), static_cast<void*>(scalars_), static_cast<void*>(steps_),
-                  static_cast<void*>(onebit_), static_cast<void*>(chunks_), static_cast<void*>(hparams_)})
+                  static_cast<void*>(onebit_), static_cast<void*>(chunks_), static_cast<void*>(hparams_),
+                  static_cast<void*>(items_), static_cast<void*>(shaped_), static_cast<void*>(partials_)})
     device_free(p);
   if (host_flag_) cudaFreeHost(host_flag_);
   if (restore) cudaSetDevice(prev);
@@ -396,6 +403,85 @@ void CudaEngine::bind(const ParamView* params, int64_t num_params, const Chunk* 
   bound_chunks_.resize(size_t(first_chunk));
   bound_chunks_.insert(bound_chunks_.end(), cs.begin(), cs.end());
   dyn_host_.resize(size_t(num_params));
+  bind_shaped(params, num_params);
+}
+
+void CudaEngine::bind_shaped(const ParamView* params, int64_t num_params) {
+  std::vector<DevStatItem> items;
+  std::vector<DevShaped> shaped;
+  int64_t partials = 0;
+  for (int64_t i = 0; i < num_params; ++i) {
+    const ParamView& pv = params[i];
+    const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
+                        pv.num_moments > 1 && pv.moment[1].norm == Norm::Rank1};
+    const bool fac = pv.num_moments > 1 && pv.moment[1].norm == Norm::Factored;
+    if (!r1[0] && !r1[1] && !fac) continue;
+    const Shape& sh = pv.shape;
+    const int64_t C = shape_cols(sh), rows = shape_rows(sh, pv.numel);
+    const int64_t per = std::max<int64_t>(kWarps, 8192 / C);
+    for (int64_t q = 0; q < rows; q += per) items.push_back({int32_t(i), 0, q, std::min(rows, q + per), 0, 0, 0});
+    const int64_t R = fac ? shape_batch_rows(sh) : rows, B = rows / R;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t k = 0; k < col_chunks(R); ++k)
+        for (int64_t c = 0; c < C; c += kThreads)
+          items.push_back({int32_t(i), 1, c, std::min(C, c + kThreads), b, k, partials});
+    shaped.push_back({int32_t(i), 0, partials});
+    if (fac) partials += B * col_chunks(R) * C;
+  }
+  LOWBIT_REQUIRE(int64_t(items.size()) < (int64_t(1) << 31), LOWBIT_ERROR_UNSUPPORTED, "bind: ", items.size(),
+                 " pass-1 work items exceed the launch limits");
+  auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+  };
+  if (same(items, items_host_) && same(shaped, shaped_host_) && partials == partials_count_) return;
+  // The shaped set changed (registration or a checkpoint load: waiting is allowed).
+  check(cudaDeviceSynchronize(), "waiting for the device before rebuilding the shaped-parameter tables");
+  device_free(items_);
+  device_free(shaped_);
+  device_free(partials_);
+  items_ = nullptr, shaped_ = nullptr, partials_ = nullptr;
+  items_host_.clear(), shaped_host_.clear(), partials_count_ = 0;
+  if (!items.empty()) {
+    device_alloc(&items_, items.size(), "allocating the pass-1 table");
+    device_alloc(&shaped_, shaped.size(), "allocating the shaped-parameter table");
+    device_alloc(&partials_, size_t(partials), "allocating the factored partials");
+    check(cudaMemcpy(items_, items.data(), items.size() * sizeof(DevStatItem), cudaMemcpyHostToDevice),
+          "uploading the pass-1 table");
+    check(cudaMemcpy(shaped_, shaped.data(), shaped.size() * sizeof(DevShaped), cudaMemcpyHostToDevice),
+          "uploading the shaped-parameter table");
+  }
+  items_host_ = std::move(items);
+  shaped_host_ = std::move(shaped);
+  partials_count_ = partials;
+}
+
+// phase 0: pass 1 then the pass between; phase 1: after pass 2.
+void CudaEngine::launch_shaped(Algo algo, int phase, void* stream) {
+  if (items_host_.empty()) return;
+  ShapedArgs a;
+  std::memset(&a, 0, sizeof a);
+  a.params = params_;
+  a.dyn = dyn_;
+  a.scalars = scalars_;
+  a.items = items_;
+  a.shaped = shaped_;
+  a.partials = partials_;
+  a.skip_flag = flag_;
+  a.maps = reinterpret_cast<const QMap*>(maps_);  // DevMaps is the four maps back to back
+  const int64_t ni = int64_t(items_host_.size()), ns = int64_t(shaped_host_.size());
+  if (phase == 0) {
+    switch (algo) {
+      case Algo::AdamW: launch_stats<Algo::AdamW>(a, ni, stream); break;
+      case Algo::Adam: launch_stats<Algo::Adam>(a, ni, stream); break;
+      case Algo::Lion: launch_stats<Algo::Lion>(a, ni, stream); break;
+      case Algo::Sgd: launch_stats<Algo::Sgd>(a, ni, stream); break;
+    }
+    check(cudaGetLastError(), "launching pass 1 of the shaped parameters");
+    launch_shaped_mid(a, ns, stream);
+  } else {
+    launch_shaped_finish(a, ns, stream);
+  }
+  check(cudaGetLastError(), "launching a shaped-parameter pass");
 }
 
 void CudaEngine::set_hparams(const lowbit_hparams_t* groups, int32_t num_groups) {
@@ -485,6 +571,7 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
   a.chunks = chunks_;
   a.maps = maps_;
   a.skip_flag = flag_;
+  launch_shaped(algo, 0, stream);
   switch (algo) {
     case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
     case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
@@ -492,6 +579,7 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
     case Algo::Sgd: launch_step<Algo::Sgd>(a, num_chunks, stream); break;
   }
   check(cudaGetLastError(), "launching the step kernel");
+  launch_shaped(algo, 1, stream);
   finalize(ctl, stream);
 }
 

@@ -68,6 +68,18 @@ class CudaEngine final : public Engine {
   void finalize(const StepControl& ctl, void* stream);
   void launch_onebit_op(int32_t op, float* bucket, void* stream);
 
+  // Shaped parameters (rank-1 / factored moments): pass-1 work items, the
+  // parameters themselves, the factored column partials; rebuilt by bind()
+  // when the set changes.
+  void bind_shaped(const ParamView* params, int64_t num_params);
+  void launch_shaped(Algo algo, int phase, void* stream);
+  std::vector<DevStatItem> items_host_;
+  std::vector<DevShaped> shaped_host_;
+  DevStatItem* items_ = nullptr;
+  DevShaped* shaped_ = nullptr;
+  double* partials_ = nullptr;
+  int64_t partials_count_ = 0;
+
   int device_;
   DevMaps* maps_ = nullptr;       // device
   int32_t* flag_ = nullptr;       // device: 1 when the current step is skipped

@@ -7,5 +7,8 @@ namespace cuda {
 template void launch_step<Algo::AdamW>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Adam>(const StepArgs&, int64_t, void*);
 
+template void launch_stats<Algo::AdamW>(const ShapedArgs&, int64_t, void*);
+template void launch_stats<Algo::Adam>(const ShapedArgs&, int64_t, void*);
+
 }  // namespace cuda
 }  // namespace lowbit

@@ -27,6 +27,7 @@
 #include "core/quant.hpp"
 #include "core/rounding.hpp"
 #include "core/update_rules.hpp"
+#include "cuda/shaped_kernels.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -169,11 +170,11 @@ __device__ __forceinline__ void load_moment(Raw& r, float& scale, const MomentRe
     case LOWBIT_STATE_8BIT:
     case LOWBIT_STATE_FP8:
       load_bytes(r, static_cast<const uint8_t*>(mr.data) + e0, n, 8);
-      scale = __ldcs(mr.scales + tile_off / kBlock8);
+      scale = mr.scales ? __ldcs(mr.scales + tile_off / kBlock8) : 1.f;  // no scales: rank-1 (per element)
       break;
     case LOWBIT_STATE_4BIT:
       load_bytes(r, static_cast<const uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4);
-      scale = __ldcs(mr.scales + tile_off / kBlock4 + (lane >> 4));
+      scale = mr.scales ? __ldcs(mr.scales + tile_off / kBlock4 + (lane >> 4)) : 1.f;
       break;
     default: break;
   }
@@ -286,6 +287,35 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
     }
     default: break;
   }
+}
+
+// A rank-1 moment (8BIT / 4BIT): each element's code with its own scale
+// (core/shape.hpp rank1_code, as the CPU's encode_rank1_tile).
+__device__ __forceinline__ void encode_store_rank1(const MomentRef& mr, const QMap& sm, bool second,
+                                                   const float (&x)[8], const float (&sc)[8], int64_t e0, int n) {
+  Raw r;
+  zero(r);
+  if (n <= 0) return;
+  if (mr.format == LOWBIT_STATE_8BIT) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t c = j < n ? uint32_t(rank1_code(sm, second, x[j], sc[j])) : 0u;
+      r.w[j >> 2] |= c << (8 * (j & 3));
+    }
+    store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t c = j < n ? uint32_t(rank1_code(sm, second, x[j], sc[j])) : 0u;
+      r.w[0] |= c << (4 * j);
+    }
+    store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
+  }
+}
+
+template <Algo A>
+__device__ __forceinline__ void factored_update(const StepScalars& s, float& p, float g, float& m, float vhat) {
+  if constexpr (A == Algo::AdamW || A == Algo::Adam) update_element_factored<A>(s, p, g, m, vhat);
 }
 
 // ---- params -------------------------------------------------------------------
@@ -402,8 +432,12 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   const StepScalars s = sscalars;
   const uint64_t key = skey;
 
-  const MomentRef mom0{P.num_moments > 0 ? P.format[0] : uint8_t(0), P.mdata[0], P.mscale[0]};
-  const MomentRef mom1{P.num_moments > 1 ? P.format[1] : uint8_t(0), P.mdata[1], P.mscale[1]};
+  // Rank-1 moments load codes without a block scale; a factored one is not loaded at all.
+  const bool r1m = P.num_moments > 0 && P.norm[0] == uint8_t(Norm::Rank1);
+  const bool r1v = P.num_moments > 1 && P.norm[1] == uint8_t(Norm::Rank1);
+  const bool fac = P.num_moments > 1 && P.norm[1] == uint8_t(Norm::Factored);
+  const MomentRef mom0{P.num_moments > 0 ? P.format[0] : uint8_t(0), P.mdata[0], r1m ? nullptr : P.mscale[0]};
+  const MomentRef mom1{P.num_moments > 1 && !fac ? P.format[1] : uint8_t(0), P.mdata[1], r1v ? nullptr : P.mscale[1]};
   const bool ecc = P.pdtype != kF32 && P.rounding == kEcc;
   const int lane = int(threadIdx.x & 31u);
   const int warp = int(threadIdx.x >> 5);
@@ -432,11 +466,34 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
     decode_moment(m, mom0.format, mraw, mscale, smap[0]);
     decode_moment(v, mom1.format, vraw, vscale, smap[1]);
 
+    float mcur[8], mnew[8], vcur[8], vnew[8];
+    if (r1m) {
+      shaped_lane(P, 0, e0, n, mcur, mnew);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
+      for (int j = 0; j < 8; ++j) m[j] *= mcur[j];
+    }
+    if (r1v || fac) {
+      shaped_lane(P, 1, e0, n, vcur, vnew);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = fac ? vcur[j] : v[j] * vcur[j];
+    }
 
-    encode_store_moment(mom0, smap[0], P.second[0] != 0, m, e0, tile_off, n, lane);
-    encode_store_moment(mom1, smap[1], P.second[1] != 0, v, e0, tile_off, n, lane);
+    if (fac) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) factored_update<A>(s, p[j], g[j], m[j], v[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
+    }
+
+    if (r1m)
+      encode_store_rank1(mom0, smap[0], P.second[0] != 0, m, mnew, e0, n);
+    else
+      encode_store_moment(mom0, smap[0], P.second[0] != 0, m, e0, tile_off, n, lane);
+    if (r1v)
+      encode_store_rank1(mom1, smap[1], P.second[1] != 0, v, vnew, e0, n);
+    else
+      encode_store_moment(mom1, smap[1], P.second[1] != 0, v, e0, tile_off, n, lane);
     store_param(P, p, e0, n, key);
   }
 }

@@ -13,5 +13,12 @@ void launch_step(const StepArgs& args, int64_t num_chunks, void* stream) {
   step_kernel<A><<<dim3(unsigned(num_chunks * kSplit)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
 }
 
+template <Algo A>
+void launch_stats(const ShapedArgs& args, int64_t num_items, void* stream) {
+  if (num_items <= 0) return;
+  stats_kernel<A><<<dim3(unsigned(num_items)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(
+      args, args.maps);
+}
+
 }  // namespace cuda
 }  // namespace lowbit

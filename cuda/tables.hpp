@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/quant.hpp"
+#include "core/shape.hpp"
 #include "core/update_rules.hpp"
 #include "lowbit.h"
 
@@ -40,9 +41,31 @@ struct DevParam {
   uint8_t format[2];    // lowbit_state_format_t of each moment
   uint8_t map[2];       // MapId of each quantized moment or kNoMap
   uint8_t second[2];    // MomentView::second: positive values never encode to 0
-  uint8_t pad_[2];
+  uint8_t norm[2];      // Norm of each moment (Rank1: scales = vectors + workspace; Factored: data = accumulators)
+  Shape shape;          // read by Rank1 / Factored moments only
 };
-static_assert(sizeof(DevParam) == 72, "DevParam layout (no implicit padding: tables are compared bytewise)");
+static_assert(sizeof(DevParam) == 144, "DevParam layout (no implicit padding: tables are compared bytewise)");
+
+// Pass 1 of the shaped parameters (core/shape.hpp): rows [a, b) of a
+// parameter (kind 0: one warp per row), or columns [a, b) (<= kThreads, one
+// thread each) of batch `batch` over the rows of column chunk `chunk`
+// (kind 1). Written by bind().
+struct DevStatItem {
+  int32_t param, kind;
+  int64_t a, b, batch, chunk;
+  int64_t partial_off;  // the param's factored column partials in ShapedArgs::partials
+};
+static_assert(sizeof(DevStatItem) == 48, "DevStatItem layout");
+
+// A parameter with a Rank1 or Factored moment: where its factored column
+// partials start in the engine's partial buffer (doubles).
+struct DevShaped {
+  int32_t param;
+  int32_t pad_;
+  int64_t partial_off;
+};
+static_assert(sizeof(DevShaped) == 16, "DevShaped layout");
+
 
 // Per-step description of one parameter: the gradient is uploaded by the
 // host, the rest written by prepare_kernel.
@@ -78,6 +101,17 @@ struct StepArgs {
   const DevChunk* chunks;
   const DevMaps* maps;
   const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
+};
+
+struct ShapedArgs {
+  const DevParam* params;
+  const DevDyn* dyn;
+  const StepScalars* scalars;
+  const DevStatItem* items;  // pass 1
+  const DevShaped* shaped;   // mid / finish: one CUDA block each
+  double* partials;
+  const int32_t* skip_flag;
+  const QMap* maps;  // the four maps of DevMaps (global memory)
 };
 
 // Before the step, the scalars and rounding key of every parameter with a
@@ -173,6 +207,13 @@ template <Algo A>
 void launch_step(const StepArgs& args, int64_t num_chunks, void* stream);
 template <class Batch>
 void launch_upload(const Batch& batch, void* stream);
+// Shaped parameters: pass 1 (per algorithm, step_*.cu), then between the
+// passes (factored column sums and row means) and after pass 2 (rank-1
+// vectors move in) (aux_kernels.cu).
+template <Algo A>
+void launch_stats(const ShapedArgs& args, int64_t num_items, void* stream);
+void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream);
+void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stream);
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
 void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);

@@ -72,6 +72,7 @@ struct Config {
   lowbit_state_format_t format;
   lowbit_dtype_t dtype;
   int sr, ecc, skip_nonfinite;
+  int preset = 0;  // a lowbit_preset_t: tensors of >= 1M elements get a 2-D shape (rows = largest divisor <= sqrt)
 };
 
 const Config kConfigs[] = {
@@ -83,6 +84,10 @@ const Config kConfigs[] = {
     {"adamw8_ecc", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1, 0},
     {"adamwfp8", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_FP8, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
     {"adamw8_check", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 1},
+    {"adamw4_rank1", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0,
+     LOWBIT_PRESET_LPMM_ADAMW_4BIT},
+    {"adamw4_factor", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0,
+     LOWBIT_PRESET_ADAMW_4BIT_FACTOR},
 };
 
 // Deterministic pseudo-random values of about `scale`, stored as fp32 or bf16.
@@ -160,6 +165,7 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
   lowbit_optimizer_config_t cfg;
   lowbit_hparams_t h;
   LB(lowbit_optimizer_config_init(&cfg, c.algo));
+  if (c.preset) LB(lowbit_optimizer_config_preset(&cfg, lowbit_preset_t(c.preset)));
   LB(lowbit_hparams_init(&h, c.algo));
   cfg.device = LOWBIT_DEVICE_CUDA;
   cfg.state_format = c.format;
@@ -178,6 +184,14 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
     LB(lowbit_param_config_init(&pc));
     pc.param = lowbit_tensor_t{params + off, n, c.dtype, LOWBIT_DEVICE_CUDA, 0};
     pc.grad = lowbit_tensor_t{grads + off, n, c.dtype, LOWBIT_DEVICE_CUDA, 0};
+    if (c.preset && n >= (int64_t(1) << 20)) {
+      int64_t rows = 1;
+      for (int64_t d = 1; d * d <= n; ++d)
+        if (n % d == 0) rows = d;
+      pc.ndim = 2;
+      pc.shape[0] = rows;
+      pc.shape[1] = n / rows;
+    }
     int64_t id;
     LB(lowbit_optimizer_add_param(opt, &pc, &id));
     lowbit_param_info_t info;
@@ -186,8 +200,15 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
     LB(lowbit_optimizer_param_info(opt, id, &info));
     bytes += double(n) * double(3 * eb);  // param read + write, grad read
     if (c.skip_nonfinite) bytes += double(n) * double(eb);
-    bytes += 2 * moment_bytes(info.state_format, n);
-    if (c.algo == LOWBIT_ALGORITHM_ADAMW) bytes += 2 * moment_bytes(info.second_state_format, n);
+    if (c.preset) {
+      // shaped: the state as allocated, read and written; pass 1 reads the grads twice (rows, columns)
+      // and a rank-1 v's codes twice
+      bytes += 2.0 * double(info.state_bytes) + 2.0 * double(n) * double(eb);
+      if (info.second_normalization == LOWBIT_NORMALIZATION_RANK1) bytes += double(n);
+    } else {
+      bytes += 2 * moment_bytes(info.state_format, n);
+      if (c.algo == LOWBIT_ALGORITHM_ADAMW) bytes += 2 * moment_bytes(info.second_state_format, n);
+    }
     if (info.error_correction) bytes += 2.0 * double(n);
     off += (size_t(n) * eb + align - 1) / align * align;
   }

@@ -611,4 +611,88 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
   }
 }
 
+/* ------------------------------------------------------------------ shaped parameters
+ * Rank-1 normalisation and the factored second moment, from the definitions
+ * of lowbit.h ("Shaped parameters"), in double except where the library's
+ * stored values are fp32 (the rank-1 maxima are maxima of fp32 values). */
+
+typedef struct {
+  int ndim;
+  int64_t dim[8];
+} ref_shape_t;
+
+/* Index of element e in dim k (row-major). */
+static inline int64_t ref_index(const ref_shape_t* s, int64_t e, int k) {
+  for (int j = s->ndim - 1; j > k; --j) e /= s->dim[j];
+  return e % s->dim[k];
+}
+static inline int64_t ref_dim_sum(const ref_shape_t* s) {
+  int64_t t = 0;
+  for (int k = 0; k < s->ndim; ++k) t += s->dim[k];
+  return t;
+}
+/* r_k[i] = max |f| over the elements with index i in dim k, f the fp32 values. */
+static inline void ref_rank1_vectors(const ref_shape_t* s, const float* f, int64_t n, float* vec) {
+  memset(vec, 0, sizeof(float) * (size_t)ref_dim_sum(s));
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = 0;
+    for (int k = 0; k < s->ndim; ++k) {
+      float* r = &vec[off + ref_index(s, e, k)];
+      if (fabsf(f[e]) > *r) *r = fabsf(f[e]);
+      off += s->dim[k];
+    }
+  }
+}
+/* min over k of r_k[i_k(e)]. */
+static inline float ref_rank1_scale(const ref_shape_t* s, const float* vec, int64_t e) {
+  float m = INFINITY;
+  int64_t off = 0;
+  for (int k = 0; k < s->ndim; ++k) {
+    float r = vec[off + ref_index(s, e, k)];
+    if (r < m) m = r;
+    off += s->dim[k];
+  }
+  return m;
+}
+/* Code of fp32 value f with `scale` on a map (ties to the lower code; a
+ * positive second moment never codes to 0); *dist: distance of f / scale to
+ * the nearest decision boundary. */
+static inline int ref_code(const qmap_t* map, int second, float f, float scale, double* dist) {
+  if (!(scale > 0.f)) {
+    if (dist) *dist = INFINITY;
+    return qmap_nearest(map, 0.0, NULL);
+  }
+  float x = f / scale;
+  int k = qmap_nearest(map, x, dist);
+  if (second && map->v[k] == 0.0 && x > 0.f) ++k;
+  return k;
+}
+
+/* Factored accumulators of shape (B, R, C): row[B*R], col[B*C]; one EMA with
+ * the fp32 squared gradients g2 (double means). */
+static inline void ref_factored_update(const ref_shape_t* s, int64_t n, double b2, const double* g2, double* row,
+                                       double* col) {
+  int64_t C = s->dim[s->ndim - 1], R = s->dim[s->ndim - 2], rows = n / C, B = rows / R;
+  for (int64_t q = 0; q < rows; ++q) {
+    double sum = 0;
+    for (int64_t c = 0; c < C; ++c) sum += g2[q * C + c];
+    row[q] = b2 * row[q] + (1 - b2) * sum / (double)C;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int64_t r = 0; r < R; ++r) sum += g2[(b * R + r) * C + c];
+      col[b * C + c] = b2 * col[b * C + c] + (1 - b2) * sum / (double)R;
+    }
+}
+/* v^[e] = row[q] / mean_r row[b, r] * col[b, c] (0 where the mean is 0). */
+static inline double ref_factored_v(const ref_shape_t* s, int64_t n, const double* row, const double* col, int64_t e) {
+  int64_t C = s->dim[s->ndim - 1], R = s->dim[s->ndim - 2], q = e / C, c = e % C, b = q / R;
+  double mean = 0;
+  for (int64_t r = 0; r < R; ++r) mean += row[b * R + r];
+  mean /= (double)R;
+  (void)n;
+  return mean > 0 ? row[q] / mean * col[b * C + c] : 0.0;
+}
+
 #endif

@@ -704,6 +704,174 @@ static void test_materialized_round_trip_is_fixed_point(void** state) {
     }
 }
 
+/* ------------------------------------------------------------------ issue 15 */
+
+/* golden/v1_adamw_4bit.lbck was written by lowbit 0.2 (checkpoint version 1)
+ * with golden/make_v1.c; the same optimizer and steps run here must hold the
+ * same state once the file is loaded into a fresh one. */
+static float gfr(unsigned* s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) / 16777216.0f) * 2.f - 1.f; }
+static void make_v1_fixture(lowbit_optimizer_t* opt, float** p, float** g, int steps) {
+  static const int64_t n[3] = {5000, 300, 7};
+  static const lowbit_state_format_t f[3] = {LOWBIT_STATE_DEFAULT, LOWBIT_STATE_8BIT, LOWBIT_STATE_FP32};
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_ADAMW);
+  lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW);
+  c.state_format = LOWBIT_STATE_4BIT;
+  h.lr = 1e-2f;
+  assert_int_equal(lowbit_optimizer_create(opt, &c, &h), LOWBIT_SUCCESS);
+  unsigned s = 7;
+  for (int i = 0; i < 3; ++i) {
+    p[i] = malloc(n[i] * 4);
+    g[i] = malloc(n[i] * 4);
+    for (int64_t k = 0; k < n[i]; ++k) p[i][k] = gfr(&s);
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){p[i], n[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+    pc.grad = (lowbit_tensor_t){g[i], n[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+    pc.state_format = f[i];
+    int64_t id;
+    assert_int_equal(lowbit_optimizer_add_param(*opt, &pc, &id), LOWBIT_SUCCESS);
+  }
+  for (int t = 0; t < steps; ++t) {
+    for (int i = 0; i < 3; ++i)
+      for (int64_t k = 0; k < n[i]; ++k) g[i][k] = gfr(&s);
+    assert_int_equal(lowbit_optimizer_step(*opt, NULL), LOWBIT_SUCCESS);
+  }
+}
+
+static void test_loads_version1_golden(void** state) {
+  (void)state;
+  lowbit_optimizer_t a, b;
+  float *pa[3], *ga[3], *pb[3], *gb[3];
+  make_v1_fixture(&a, pa, ga, 3);
+  make_v1_fixture(&b, pb, gb, 0);
+  const char* path = LOWBIT_GOLDEN_DIR "/v1_adamw_4bit.lbck";
+  if (lowbit_optimizer_load_file(b, path, NULL) != LOWBIT_SUCCESS)
+    fail_msg("loading %s: %s", path, lowbit_optimizer_last_error(b));
+  for (int i = 0; i < 3; ++i) {
+    lowbit_param_info_t ia, ib;
+    ia.struct_size = ib.struct_size = sizeof ia;
+    assert_int_equal(lowbit_optimizer_param_info(a, i, &ia), LOWBIT_SUCCESS);
+    assert_int_equal(lowbit_optimizer_param_info(b, i, &ib), LOWBIT_SUCCESS);
+    assert_int_equal(ia.step, 3);
+    assert_int_equal(ib.step, 3);
+    for (int m = 0; m < 2; ++m) {
+      float *x = calloc((size_t)ia.numel, 4), *y = calloc((size_t)ia.numel, 4);
+      assert_int_equal(lowbit_optimizer_read_moment(a, i, m, x, ia.numel, NULL), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_optimizer_read_moment(b, i, m, y, ia.numel, NULL), LOWBIT_SUCCESS);
+      assert_memory_equal(x, y, 4 * (size_t)ia.numel);
+      free(x), free(y);
+    }
+  }
+  /* and a version-2 save of it loads back */
+  int64_t size;
+  assert_int_equal(lowbit_optimizer_save(b, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &size, NULL), LOWBIT_SUCCESS);
+  uint8_t* buf = malloc((size_t)size);
+  assert_int_equal(lowbit_optimizer_save(b, LOWBIT_CHECKPOINT_COMPRESSED, buf, size, &size, NULL), LOWBIT_SUCCESS);
+  uint32_t version;
+  memcpy(&version, buf + 8, 4);
+  assert_int_equal(version, 2);
+  assert_int_equal(lowbit_optimizer_load(a, buf, size, NULL), LOWBIT_SUCCESS);
+  free(buf);
+  for (int i = 0; i < 3; ++i) free(pa[i]), free(ga[i]), free(pb[i]), free(gb[i]);
+  lowbit_optimizer_destroy(a);
+  lowbit_optimizer_destroy(b);
+}
+
+/* Shaped params (7 x 129 and 3 x 5 x 257 and a 1-D one) with the two
+ * presets: a compressed checkpoint resumes bit for bit; a materialised one
+ * and one of the other preset load (converted). */
+typedef struct {
+  lowbit_optimizer_t opt;
+  float* p[3];
+  float* g[3];
+} Shaped;
+static const int64_t kShapedN[3] = {7 * 129, 3 * 5 * 257, 1000};
+static void make_shaped(Shaped* f, lowbit_preset_t preset) {
+  lowbit_optimizer_config_t c;
+  lowbit_hparams_t h;
+  assert_int_equal(lowbit_optimizer_config_preset(&c, preset), LOWBIT_SUCCESS);
+  c.min_quantized_numel = 0;
+  lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ADAMW);
+  assert_int_equal(lowbit_optimizer_create(&f->opt, &c, &h), LOWBIT_SUCCESS);
+  unsigned s = g_seed;
+  for (int i = 0; i < 3; ++i) {
+    f->p[i] = malloc(kShapedN[i] * 4);
+    f->g[i] = malloc(kShapedN[i] * 4);
+    for (int64_t k = 0; k < kShapedN[i]; ++k) f->p[i][k] = frand(&s);
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){f->p[i], kShapedN[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+    pc.grad = (lowbit_tensor_t){f->g[i], kShapedN[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+    if (i == 0) pc.ndim = 2, pc.shape[0] = 7, pc.shape[1] = 129;
+    if (i == 1) pc.ndim = 3, pc.shape[0] = 3, pc.shape[1] = 5, pc.shape[2] = 257;
+    int64_t id;
+    assert_int_equal(lowbit_optimizer_add_param(f->opt, &pc, &id), LOWBIT_SUCCESS);
+  }
+}
+static void shaped_steps(Shaped* f, int first, int count) {
+  for (int t = first; t < first + count; ++t) {
+    for (int i = 0; i < 3; ++i) {
+      unsigned s = g_seed * 17u + (unsigned)(t * 131 + i);
+      for (int64_t k = 0; k < kShapedN[i]; ++k) f->g[i][k] = frand(&s) * (float)(1 + k % 13);
+    }
+    assert_int_equal(lowbit_optimizer_step(f->opt, NULL), LOWBIT_SUCCESS);
+  }
+}
+static void destroy_shaped(Shaped* f) {
+  for (int i = 0; i < 3; ++i) free(f->p[i]), free(f->g[i]);
+  lowbit_optimizer_destroy(f->opt);
+}
+
+static void test_shaped_checkpoints(void** state) {
+  (void)state;
+  for (int preset = LOWBIT_PRESET_LPMM_ADAMW_4BIT; preset <= LOWBIT_PRESET_ADAMW_4BIT_FACTOR; ++preset) {
+    Shaped x, y, other;
+    make_shaped(&x, (lowbit_preset_t)preset);
+    make_shaped(&y, (lowbit_preset_t)preset);
+    make_shaped(&other, (lowbit_preset_t)(3 - preset));
+    shaped_steps(&x, 0, 4);
+    for (int mode = LOWBIT_CHECKPOINT_COMPRESSED; mode <= LOWBIT_CHECKPOINT_MATERIALIZED_FP32; ++mode) {
+      int64_t size;
+      assert_int_equal(lowbit_optimizer_save(x.opt, mode, NULL, 0, &size, NULL), LOWBIT_SUCCESS);
+      uint8_t* buf = malloc((size_t)size);
+      assert_int_equal(lowbit_optimizer_save(x.opt, mode, buf, size, &size, NULL), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_optimizer_load(y.opt, buf, size, NULL), LOWBIT_SUCCESS);
+      if (lowbit_optimizer_load(other.opt, buf, size, NULL) != LOWBIT_SUCCESS)
+        fail_msg("preset %d mode %d into the other preset: %s", preset, mode, lowbit_optimizer_last_error(other.opt));
+      for (int i = 0; i < 3; ++i) {
+        float *a = calloc((size_t)kShapedN[i], 4), *b = calloc((size_t)kShapedN[i], 4);
+        for (int m = 0; m < 2; ++m) {
+          assert_int_equal(lowbit_optimizer_read_moment(x.opt, i, m, a, kShapedN[i], NULL), LOWBIT_SUCCESS);
+          assert_int_equal(lowbit_optimizer_read_moment(y.opt, i, m, b, kShapedN[i], NULL), LOWBIT_SUCCESS);
+          /* compressed: the same bits. Materialised: a rank-1 or block v re-encodes to the same codes (its
+           * vectors / absmax are decoded values); the factored v's means give back its accumulators within
+           * rounding; m (4-bit blocks, signed map without -1) may re-code, as for every block format. */
+          if (mode == LOWBIT_CHECKPOINT_COMPRESSED || (m == 1 && (preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || i == 2)))
+            assert_memory_equal(a, b, 4 * (size_t)kShapedN[i]);
+          else if (m == 1)
+            for (int64_t k = 0; k < kShapedN[i]; ++k) assert_true(fabsf(a[k] - b[k]) <= 1e-5f * a[k]);
+        }
+        free(a), free(b);
+      }
+      free(buf);
+    }
+    /* compressed resume: the same steps give the same bits */
+    int64_t size;
+    assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &size, NULL), LOWBIT_SUCCESS);
+    uint8_t* buf = malloc((size_t)size);
+    assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, buf, size, &size, NULL), LOWBIT_SUCCESS);
+    assert_int_equal(lowbit_optimizer_load(y.opt, buf, size, NULL), LOWBIT_SUCCESS);
+    for (int i = 0; i < 3; ++i) memcpy(y.p[i], x.p[i], kShapedN[i] * 4);
+    shaped_steps(&x, 4, 3);
+    shaped_steps(&y, 4, 3);
+    for (int i = 0; i < 3; ++i) assert_memory_equal(x.p[i], y.p[i], kShapedN[i] * 4);
+    free(buf);
+    destroy_shaped(&x), destroy_shaped(&y), destroy_shaped(&other);
+  }
+}
+
 int main(void) {
   g_seed = (unsigned)lowbit_test_seed("test_checkpoint");
   const struct CMUnitTest tests[] = {
@@ -715,6 +883,8 @@ int main(void) {
       cmocka_unit_test(test_load_file_bounded),
       cmocka_unit_test(test_concurrent_saves_to_one_path),
       cmocka_unit_test(test_materialized_round_trip_is_fixed_point),
+      cmocka_unit_test(test_loads_version1_golden),
+      cmocka_unit_test(test_shaped_checkpoints),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,7 +118,7 @@ static inline int64_t ct_ordered(uint32_t v, int bits) {
 /* ---- compressed checkpoint ----------------------------------------------------- */
 
 typedef struct {
-  uint32_t format, block;
+  uint32_t format, norm, block; /* norm: 0 blocks, 1 rank-1, 2 factored (version 2) */
   const uint8_t* data;
   uint64_t data_bytes;
   const uint8_t* scales;
@@ -171,8 +171,8 @@ static inline int ct_ckpt_parse(ct_ckpt_t* c, int64_t got) {
   uint64_t total, seed;
   int64_t freeze;
   if (!ct_take(&p, end, NULL, 8) || memcmp(c->bytes, "LOWBITCK", 8) != 0) return 0;
-  if (!ct_take(&p, end, &version, 4) || version != 1) {
-    printf("checkpoint version %u: this reader knows version 1\n", version);
+  if (!ct_take(&p, end, &version, 4) || (version != 1 && version != 2)) {
+    printf("checkpoint version %u: this reader knows versions 1 and 2\n", version);
     return 0;
   }
   if (!ct_take(&p, end, &mode, 4) || !ct_take(&p, end, &algorithm, 4) || !ct_take(&p, end, &num_groups, 4) ||
@@ -183,13 +183,18 @@ static inline int ct_ckpt_parse(ct_ckpt_t* c, int64_t got) {
   c->params = (ct_param_t*)calloc((size_t)c->num_params + 1, sizeof(ct_param_t));
   for (uint64_t i = 0; i < c->num_params; ++i) {
     ct_param_t* q = &c->params[i];
-    if (!ct_take(&p, end, &q->numel, 8) || !ct_take(&p, end, &q->dtype, 4) || !ct_take(&p, end, &q->group, 4) ||
+    uint32_t ndim = 0;
+    if (!ct_take(&p, end, &q->numel, 8) || (version >= 2 && (!ct_take(&p, end, &ndim, 4) || ndim > 8 ||
+                                                             !ct_take(&p, end, NULL, (size_t)ndim * 8))))
+      return 0;
+    if (!ct_take(&p, end, &q->dtype, 4) || !ct_take(&p, end, &q->group, 4) ||
         !ct_take(&p, end, &q->step, 8) || !ct_take(&p, end, &q->rounding, 4) ||
         !ct_take(&p, end, &q->num_moments, 4) || q->num_moments > 2)
       return 0;
     for (uint32_t m = 0; m < q->num_moments; ++m) {
       ct_moment_t* mm = &q->moment[m];
-      if (!ct_take(&p, end, &mm->format, 4) || !ct_take(&p, end, &mm->block, 4) ||
+      if (!ct_take(&p, end, &mm->format, 4) || (version >= 2 && !ct_take(&p, end, &mm->norm, 4)) ||
+          !ct_take(&p, end, &mm->block, 4) ||
           !ct_take(&p, end, &mm->data_bytes, 8) || !ct_take(&p, end, &mm->scale_bytes, 8))
         return 0;
       mm->data = p;

@@ -119,7 +119,12 @@ struct ParamSpec {
   int64_t numel;
   int unaligned;  // GPU side: base one element past a 256-byte boundary
   int32_t group;
+  int ndim = 0;  // shaped parameters (test_shaped): 0 none
+  int64_t dim[3] = {0, 0, 0};
 };
+
+// The normalisation of each moment for params with >= 2 dims (test_shaped).
+Norm g_norm[2] = {Norm::Block, Norm::Block};
 
 // Everything one engine works on. GPU side memory comes from cudaMalloc, which
 // the emulation serves from host memory.
@@ -168,10 +173,16 @@ void build(Side& s, Algo algo, int moments, const lowbit_state_format_t fmt[2], 
     std::memcpy(v.param, init[i].data(), init[i].size());
     s.grads[i] = s.buffer(size_t(sp.numel) * dbytes(d.g), off_g);
     v.num_moments = moments;
+    v.shape = Shape{};
+    v.shape.ndim = sp.ndim;
+    for (int k = 0; k < sp.ndim; ++k) v.shape.dim[k] = sp.dim[k];
     for (int k = 0; k < moments; ++k) {
-      void* data = s.alloc_state(size_t(moment_data_bytes(fmt[k], sp.numel)));
-      float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(fmt[k], sp.numel))));
-      v.moment[k] = moment_view(fmt[k], k, data, scales);  // as Optimizer builds them
+      const Norm norm = sp.ndim >= 2 ? g_norm[k] : Norm::Block;
+      const lowbit_state_format_t f = norm == Norm::Factored ? LOWBIT_STATE_FP32 : fmt[k];
+      void* data = s.alloc_state(size_t(moment_data_bytes(f, norm, v.shape, sp.numel)));
+      float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(f, norm, v.shape, sp.numel))));
+      v.moment[k] = moment_view(f, k, data, scales);  // as Optimizer builds them
+      v.moment[k].norm = norm;
     }
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
   }
@@ -191,15 +202,16 @@ void compare(const std::string& label, const Side& c, const Side& g) {
   for (size_t i = 0; i < c.views.size(); ++i) {
     const ParamView& a = c.views[i];
     const ParamView& b = g.views[i];
-    expect_same(label, "param", i, a.param, b.param, size_t(a.numel) * dbytes(a.param_dtype));
     if (a.ecc) expect_same(label, "error-correction bytes", i, a.ecc, b.ecc, size_t(a.numel));
     for (int k = 0; k < a.num_moments; ++k) {
       const lowbit_state_format_t f = a.moment[k].format;
-      expect_same(label, k ? "moment 1 data" : "moment 0 data", i, a.moment[k].data, b.moment[k].data,
-                  size_t(moment_data_bytes(f, a.numel)));
+      const Norm nm = a.moment[k].norm;
       expect_same(label, k ? "moment 1 scales" : "moment 0 scales", i, a.moment[k].scales, b.moment[k].scales,
-                  size_t(moment_scale_bytes(f, a.numel)));
+                  size_t(moment_scale_bytes(f, nm, a.shape, a.numel)));
+      expect_same(label, k ? "moment 1 data" : "moment 0 data", i, a.moment[k].data, b.moment[k].data,
+                  size_t(moment_data_bytes(f, nm, a.shape, a.numel)));
     }
+    expect_same(label, "param", i, a.param, b.param, size_t(a.numel) * dbytes(a.param_dtype));
   }
 }
 
@@ -208,7 +220,11 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
               const std::vector<ParamSpec>& specs, int steps, int nan_step, int64_t* cases, int num_groups = 2,
               bool move_params = false, bool capture_after_first = false) {
   char buf[200];
-  std::snprintf(buf, sizeof buf, "%s %s+%s %s", a.name, format_name(fmt[0]), format_name(fmt[1]), d.name);
+  std::snprintf(buf, sizeof buf, "%s %s+%s %s%s%s", a.name, format_name(fmt[0]), format_name(fmt[1]), d.name,
+                g_norm[0] != Norm::Block || g_norm[1] != Norm::Block ? " norms " : "",
+                g_norm[0] != Norm::Block || g_norm[1] != Norm::Block
+                    ? (std::string(norm_name(g_norm[0])) + "/" + norm_name(g_norm[1])).c_str()
+                    : "");
   const std::string label = buf;
   const int moments = a.algo == Algo::AdamW || a.algo == Algo::Adam
                           ? 2
@@ -342,6 +358,39 @@ void run_algo(const AlgoCase& a) {
       run_case(a, kFormats[f], kDtypes[di], kSmall, 3, di == 2 ? 2 : 0, &cases);
   }
   std::printf("%s: %lld cases bit-identical\n", a.name, (long long)cases);
+}
+
+// Shaped parameters (issue 15): rank-1 moments and the factored second
+// moment, pass 1 (statistics), the pass between, pass 2 and the pass after,
+// against the CPU engine bit for bit: 1 x n, n x 1, 7 x 129, 3 x 5 x 257, a
+// 1-D param (blocks), and 300 x 500 (three chunks, rows across chunks),
+// several algorithms and dtypes, a NaN step and a param without a gradient.
+void test_shaped(void**) {
+  int64_t cases = 0;
+  const std::vector<ParamSpec> specs = {{300, 1, 0, 2, {1, 300}},   {300, 0, 1, 2, {300, 1}},
+                                        {903, 0, 0, 2, {7, 129}},   {3855, 1, 1, 3, {3, 5, 257}},
+                                        {1000, 0, 0, 0, {0, 0, 0}}, {150000, 0, 1, 2, {300, 500}}};
+  struct ShapedCase {
+    int algo;
+    Norm m, v;
+    lowbit_state_format_t fm, fv;
+  };
+  const ShapedCase shaped_cases[] = {
+      {0, Norm::Block, Norm::Rank1, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},     // lpmm 4-bit AdamW
+      {0, Norm::Block, Norm::Factored, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},  // 4-bit Factor
+      {1, Norm::Rank1, Norm::Rank1, LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT},     // Adam (L2): p in pass 1
+      {1, Norm::Rank1, Norm::Factored, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
+      {2, Norm::Rank1, Norm::Block, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},     // Lion
+      {3, Norm::Rank1, Norm::Block, LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT},     // SGD momentum
+  };
+  for (const ShapedCase& c : shaped_cases) {
+    g_norm[0] = c.m;
+    g_norm[1] = c.v;
+    const lowbit_state_format_t fmt[2] = {c.fm, c.fv};
+    for (int di : {0, 3, 8}) run_case(kAlgos[c.algo], fmt, kDtypes[di], specs, 3, di == 3 ? 2 : 0, &cases);
+  }
+  g_norm[0] = g_norm[1] = Norm::Block;
+  std::printf("shaped: %lld cases bit-identical\n", (long long)cases);
 }
 
 void test_adamw(void**) { run_algo(kAlgos[0]); }
@@ -621,7 +670,7 @@ int main() {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
       cmocka_unit_test(test_large),        cmocka_unit_test(test_many_params),  cmocka_unit_test(test_shared_count),
-      cmocka_unit_test(test_onebit_passes),
+      cmocka_unit_test(test_onebit_passes), cmocka_unit_test(test_shaped),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -93,14 +93,22 @@ inline int __syncthreads_or(int pred) { return ::lowbit::cuda::emu::block_or(pre
 
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- and 64-bit shuffles only");
   if (mask != 0xFFFFFFFFu) __builtin_trap();  // the kernels only shuffle full warps
-  uint32_t u;
-  std::memcpy(&u, &value, 4);
-  uint32_t r = ::lowbit::cuda::emu::warp_exchange(u, (threadIdx.x & 31u) ^ unsigned(lane_mask));
+  uint32_t u[2] = {0u, 0u}, r[2];
+  std::memcpy(u, &value, sizeof(T));
+  for (unsigned k = 0; k < sizeof(T) / 4; ++k)  // a 64-bit shuffle is two 32-bit ones, as on the GPU
+    r[k] = ::lowbit::cuda::emu::warp_exchange(u[k], (threadIdx.x & 31u) ^ unsigned(lane_mask));
   T out;
-  std::memcpy(&out, &r, 4);
+  std::memcpy(&out, r, sizeof(T));
   return out;
+}
+
+// Threads are fibers switched only at barriers: a read-modify-write is atomic.
+inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+  const unsigned int old = *p;
+  if (v > old) *p = v;
+  return old;
 }
 
 namespace lowbit {

@@ -3,6 +3,8 @@
 
 #include "cuda/aux_kernels.cuh"
 #include "cuda/onebit_kernels.cuh"
+#define LOWBIT_SHAPED_AUX_KERNELS 1
+#include "cuda/shaped_kernels.cuh"
 #include "cuda/step_kernel.cuh"
 
 namespace lowbit {
@@ -40,6 +42,26 @@ void launch_prepare(const PrepareArgs& args, void* stream) {
 void launch_finalize(const FinalizeArgs& args, void* stream) {
   if (args.num_params <= 0) return;
   emu::launch(unsigned((args.num_params + kThreads - 1) / kThreads), kThreads, [args] { finalize_kernel(args); }, stream);
+}
+
+template <Algo A>
+void launch_stats(const ShapedArgs& args, int64_t num_items, void* stream) {
+  if (num_items <= 0) return;
+  emu::launch(unsigned(num_items), kThreads, [args] { stats_kernel<A>(args, args.maps); }, stream);
+}
+template void launch_stats<Algo::AdamW>(const ShapedArgs&, int64_t, void*);
+template void launch_stats<Algo::Adam>(const ShapedArgs&, int64_t, void*);
+template void launch_stats<Algo::Lion>(const ShapedArgs&, int64_t, void*);
+template void launch_stats<Algo::Sgd>(const ShapedArgs&, int64_t, void*);
+
+void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream) {
+  if (num_shaped <= 0) return;
+  emu::launch(unsigned(num_shaped), kThreads, [args] { shaped_mid_kernel(args); }, stream);
+}
+
+void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stream) {
+  if (num_shaped <= 0) return;
+  emu::launch(unsigned(num_shaped), kThreads, [args] { shaped_finish_kernel(args); }, stream);
 }
 
 void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {

@@ -1,0 +1,133 @@
+// The CPU forms of the rank-1 and factored layouts (core/shape.hpp): tiles
+// for the engine's second pass, whole moments for read_moment / write_moment
+// and checkpoints.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "codec.hpp"
+#include "shape.hpp"
+
+namespace lowbit {
+namespace {
+
+// Per-element rank-1 scales of elements [base, base + n) from vectors `vecs`.
+void rank1_scales(const Shape& s, const float* vecs, int64_t base, int n, float* out) {
+  ShapeCursor cur;
+  cur.start(s, base);
+  const float* last = vecs + rank1_last_offset(s);
+  uint32_t row = rank1_row_bits(s, vecs, cur.q);
+  for (int i = 0; i < n; ++i) {
+    out[i] = bits_float(umin(row, float_bits(last[cur.c])));
+    if (cur.next() && i + 1 < n) row = rank1_row_bits(s, vecs, cur.q);
+  }
+}
+
+void set_code(void* data, bool four_bit, int64_t e, uint32_t code) {
+  uint8_t* d = static_cast<uint8_t*>(data);
+  if (!four_bit) {
+    d[e] = uint8_t(code);
+    return;
+  }
+  const int shift = 4 * int(e & 1);
+  d[e >> 1] = uint8_t((d[e >> 1] & ~(0xFu << shift)) | (code << shift));
+}
+
+// Mean of n values v(0..n) in the canonical lane order (core/shape.hpp).
+template <class Value>
+float lane_mean(int64_t n, const Value& v) {
+  double part[32] = {};
+  for (int64_t i = 0; i < n; ++i) part[i % 32] += double(v(i));
+  return float(lane_tree(part) / double(n));
+}
+
+}  // namespace
+
+void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int64_t base, int n, float* out) {
+  if (mv.norm == Norm::Factored) {
+    const float* f = static_cast<const float*>(mv.data);
+    ShapeCursor cur;
+    cur.start(s, base);
+    float rf = factored_row_factor(s, f, numel, cur.q);
+    const float* col = factored_col(s, f, numel, cur.q);
+    for (int i = 0; i < n; ++i) {
+      out[i] = rf * col[cur.c];
+      if (cur.next() && i + 1 < n) {
+        rf = factored_row_factor(s, f, numel, cur.q);
+        col = factored_col(s, f, numel, cur.q);
+      }
+    }
+    return;
+  }
+  float scale[kTile];
+  rank1_scales(s, mv.scales, base, n, scale);
+  const bool four = mv.format == LOWBIT_STATE_4BIT;
+  for (int i = 0; i < n; ++i) out[i] = mv.map->values[load_code(mv.data, four, base + i)] * scale[i];
+}
+
+void encode_rank1_tile(const MomentView& mv, const Shape& s, int64_t base, int n, const float* in) {
+  float scale[kTile];
+  rank1_scales(s, mv.scales + shape_dim_sum(s), base, n, scale);  // the new vectors
+  const bool four = mv.format == LOWBIT_STATE_4BIT;
+  for (int i = 0; i < n; ++i) set_code(mv.data, four, base + i, uint32_t(rank1_code(*mv.map, mv.second, in[i], scale[i])));
+}
+
+void decode_moment(const MomentView& mv, const Shape& s, int64_t numel, float* out) {
+  if (mv.norm == Norm::Block) {
+    decode_moment(mv, numel, out);
+    return;
+  }
+  for (int64_t base = 0; base < numel; base += kTile)
+    decode_shaped_tile(mv, s, numel, base, int(numel - base < kTile ? numel - base : kTile), out + base);
+}
+
+void encode_moment(const MomentView& mv, const Shape& s, int64_t numel, const float* in) {
+  if (mv.norm == Norm::Block) {
+    encode_moment(mv, numel, in);
+    return;
+  }
+  const int64_t C = shape_cols(s), rows = numel / C;
+  if (mv.norm == Norm::Factored) {
+    // The accumulators whose reconstruction is closest in Adafactor's sense:
+    // row = mean over the columns, col = mean over the rows of each batch
+    // (exact for a non-negative rank-1 v; otherwise v^ keeps only the row and
+    // column profiles of v).
+    const int64_t R = shape_batch_rows(s), B = rows / R;
+    float* f = static_cast<float*>(mv.data);
+    for (int64_t q = 0; q < rows; ++q) f[q] = lane_mean(C, [&](int64_t c) { return in[q * C + c]; });
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c) {
+        double sum = 0;
+        for (int64_t r = 0; r < R; ++r) sum += double(in[(b * R + r) * C + c]);
+        f[rows + b * C + c] = float(sum / double(R));
+      }
+    for (int64_t b = 0; b < B; ++b)
+      f[rows + B * C + b] = lane_mean(R, [&](int64_t r) { return f[b * R + r]; });
+    return;
+  }
+  // Rank-1: the vectors of |in|, then the codes; the workspace half is zero.
+  const int64_t S = shape_dim_sum(s);
+  std::vector<uint32_t> vec(size_t(S), 0u);
+  const int64_t last = rank1_last_offset(s);
+  for (int64_t q = 0; q < rows; ++q) {
+    uint32_t row = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const uint32_t a = float_bits(in[q * C + c]) & 0x7FFFFFFFu;
+      row = umax(row, a);
+      vec[size_t(last + c)] = umax(vec[size_t(last + c)], a);
+    }
+    rank1_scatter_row(s, q, row, [&](int64_t k, uint32_t bits) { vec[size_t(k)] = umax(vec[size_t(k)], bits); });
+  }
+  for (int64_t k = 0; k < S; ++k) {
+    mv.scales[S + k] = bits_float(vec[size_t(k)]);  // the new vectors, as a step leaves them before moving them
+    mv.scales[k] = 0.f;
+  }
+  for (int64_t base = 0; base < numel; base += kTile)
+    encode_rank1_tile(mv, s, base, int(numel - base < kTile ? numel - base : kTile), in + base);
+  for (int64_t k = 0; k < S; ++k) {
+    mv.scales[k] = mv.scales[S + k];
+    mv.scales[S + k] = 0.f;
+  }
+}
+
+}  // namespace lowbit
