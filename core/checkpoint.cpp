@@ -258,26 +258,31 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "not a lowbit checkpoint (bad magic)");
   uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ", version,
-                 " is not supported (this library reads version ", kVersion, ")");
+  LOWBIT_REQUIRE(version == 1 || version == kVersion, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint format version ",
+                 version, " is not supported (this library reads versions 1 and ", kVersion, ")");
   r.get<uint32_t>("mode");
   r.get<uint32_t>("algorithm");
   const uint32_t num_groups = r.get<uint32_t>("num_groups");
   const uint64_t total = r.get<uint64_t>("total_size");
   // The largest checkpoint of this optimizer's params with num_groups groups:
-  // the header, the groups, and per param its record with every moment in
-  // the widest format (fp32) and error-correction bytes, then the checksum.
+  // the header, the groups, and per param its record (with up to 8 dims) with
+  // every moment in the widest layout (fp32 values, or factored accumulators:
+  // at most 3 floats per element; block scales, or rank-1 vectors: 8 bytes
+  // per unit of the dims' sum) and error-correction bytes, then the checksum.
   // Saturating: a sum past 2^64 only makes the bound larger.
   auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
   auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
-  const uint64_t fixed = 56, group = 36, record = 32 + 8 + 4, moment = 24;
+  const uint64_t fixed = 56, group = 36, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
   uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
   for (const ParamState& p : params_) {
     const uint64_t n = uint64_t(p.param.numel);
     largest = add(largest, add(record, n));
     // fp32 data is the widest format except for tiny params, where one
     // scale per block can outweigh it: bound both together.
-    largest = add(largest, mul(uint64_t(p.num_moments), add(add(moment, mul(4, n)), mul(4, n / 128 + 1))));
+    uint64_t dim_sum = 0;
+    for (int k = 0; k < p.shape.ndim; ++k) dim_sum = add(dim_sum, uint64_t(p.shape.dim[k]));
+    const uint64_t widest = add(add(moment, mul(12, n)), add(mul(4, n / 128 + 1), mul(8, dim_sum)));
+    largest = add(largest, mul(uint64_t(p.num_moments), widest));
   }
   const uint64_t smallest = fixed + 4;
   LOWBIT_REQUIRE(total >= smallest && total <= largest, LOWBIT_ERROR_CORRUPT_DATA,

@@ -863,6 +863,16 @@ static void test_shaped_checkpoints(void** state) {
     uint8_t* buf = malloc((size_t)size);
     assert_int_equal(lowbit_optimizer_save(x.opt, LOWBIT_CHECKPOINT_COMPRESSED, buf, size, &size, NULL), LOWBIT_SUCCESS);
     assert_int_equal(lowbit_optimizer_load(y.opt, buf, size, NULL), LOWBIT_SUCCESS);
+    /* and through a file: load_file's size bound counts the dims, rank-1 vectors and factored accumulators */
+    for (int mode = LOWBIT_CHECKPOINT_COMPRESSED; mode <= LOWBIT_CHECKPOINT_MATERIALIZED_FP32; ++mode) {
+      char path[96];
+      snprintf(path, sizeof path, "/tmp/lowbit_shaped_%d_%d_%d.bin", (int)getpid(), preset, mode);
+      assert_int_equal(lowbit_optimizer_save_file(x.opt, (lowbit_checkpoint_mode_t)mode, path, NULL), LOWBIT_SUCCESS);
+      if (lowbit_optimizer_load_file(other.opt, path, NULL) != LOWBIT_SUCCESS)
+        fail_msg("preset %d mode %d through a file: %s", preset, mode, lowbit_optimizer_last_error(other.opt));
+      unlink(path);
+    }
+    assert_int_equal(lowbit_optimizer_load(y.opt, buf, size, NULL), LOWBIT_SUCCESS);
     for (int i = 0; i < 3; ++i) memcpy(y.p[i], x.p[i], kShapedN[i] * 4);
     shaped_steps(&x, 4, 3);
     shaped_steps(&y, 4, 3);
