@@ -293,7 +293,7 @@ class Optimizer:
         self.stream = stream_pointer(stream)
 
         cfg = ffi.new("lowbit_optimizer_config_t *")
-        call("lowbit_optimizer_config_init", cfg, int(self.algorithm))
+        call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(self.algorithm))
         cfg.device = int(self.device)
         cfg.device_index = self.device_index
         cfg.state_format = int(parse_state_format(state, "state"))
@@ -497,7 +497,7 @@ class Optimizer:
         if g is not None and g.numel != p.numel:
             raise ArrayError(f"grad: has {g.numel} elements but param has {p.numel}")
         pc = ffi.new("lowbit_param_config_t *")
-        call("lowbit_param_config_init", pc)
+        call("lowbit_param_config_init_sized", pc, ffi.sizeof(pc[0]))
         pc.param = p.desc[0]
         if g is not None:
             pc.grad = g.desc[0]

@@ -33,7 +33,7 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     with these settings (the optimizer-wide ones of lowbit_optimizer_config_t;
     `momentum` is SGD's, which decides whether it keeps a moment)."""
     cfg = ffi.new("lowbit_optimizer_config_t *")
-    call("lowbit_optimizer_config_init", cfg, int(algorithm))
+    call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(algorithm))
     cfg.state_format = int(state_format)
     cfg.second_state_format = int(second_state_format)
     cfg.min_quantized_numel = int(min_quantized_numel)
@@ -43,7 +43,7 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     call("lowbit_hparams_init", hp, int(algorithm))
     hp.momentum = float(momentum)
     pc = ffi.new("lowbit_param_config_t *")
-    call("lowbit_param_config_init", pc)
+    call("lowbit_param_config_init_sized", pc, ffi.sizeof(pc[0]))
     pc.param.numel = int(numel)
     pc.param.dtype = int(dtype)
     out = ffi.new("lowbit_state_plan_t *")

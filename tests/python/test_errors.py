@@ -171,7 +171,7 @@ def test_raw_null_pointers():
     assert st == lowbit.Status.ERROR_NULL_POINTER
     cfg = ffi.new("lowbit_optimizer_config_t *")
     hp = ffi.new("lowbit_hparams_t *")
-    assert _fn("lowbit_optimizer_config_init")(cfg, lowbit.Algorithm.ADAMW) == 0
+    assert _fn("lowbit_optimizer_config_init_sized")(cfg, ffi.sizeof(cfg[0]), lowbit.Algorithm.ADAMW) == 0
     assert _fn("lowbit_hparams_init")(hp, lowbit.Algorithm.ADAMW) == 0
     st = _fn("lowbit_optimizer_create")(ffi.NULL, cfg, hp)
     assert st == lowbit.Status.ERROR_NULL_POINTER and lowbit._lib.last_error()
@@ -192,7 +192,7 @@ def _copy_struct(ctype, src):
 def test_raw_unknown_struct_size_and_enum():
     cfg = ffi.new("lowbit_optimizer_config_t *")
     hp = ffi.new("lowbit_hparams_t *")
-    _fn("lowbit_optimizer_config_init")(cfg, lowbit.Algorithm.ADAMW)
+    _fn("lowbit_optimizer_config_init_sized")(cfg, ffi.sizeof(cfg[0]), lowbit.Algorithm.ADAMW)
     _fn("lowbit_hparams_init")(hp, lowbit.Algorithm.ADAMW)
     assert cfg.struct_size == ffi.sizeof(cfg[0]) and hp.struct_size == ffi.sizeof(hp[0])
     h = ffi.new("lowbit_optimizer_t *")
@@ -209,7 +209,7 @@ def test_raw_unknown_struct_size_and_enum():
 
     with lowbit.Optimizer("adamw") as opt:
         pc = ffi.new("lowbit_param_config_t *")
-        _fn("lowbit_param_config_init")(pc)
+        _fn("lowbit_param_config_init_sized")(pc, ffi.sizeof(pc[0]))
         arr = np.zeros(8, np.float32)
         data = ffi.cast("void *", arr.ctypes.data)
         handle = ffi.cast("lowbit_optimizer_t", opt.handle)
