@@ -1,5 +1,6 @@
 """The compressed communicator (lowbit_comm.h): 1-bit allreduce with error
-feedback over MPI (mpi4py communicators) or NCCL."""
+feedback over MPI (mpi4py communicators), NCCL, or a transport of Python
+functions (:meth:`Communicator.from_transport`, e.g. torch.distributed)."""
 
 from __future__ import annotations
 
@@ -114,6 +115,72 @@ class Communicator:
         call("lowbit_comm_create_nccl_comm", h, void_p(nccl_comm), NULL)
         return cls(h[0])
 
+    @classmethod
+    def from_transport(cls, *, rank: int, world_size: int, alltoall, allgather, allreduce_sum,
+                       allreduce_max=None, host_buffers: bool = True, device_buffers: bool = False,
+                       stream_ordered: bool = False, device_index: int = -1) -> "Communicator":
+        """Over a transport of Python functions (lowbit_comm_create_transport):
+        every collective of this communicator, and 1-bit Adam's, runs through
+        them, with the bits of the MPI transport. Not collective.
+
+        The functions get raw addresses (ints) and sizes, and return nothing
+        (an exception fails the lowbit call with CommunicationError, the
+        exception chained):
+
+        - ``alltoall(send, recv, m, stream)``: message r (bytes [r*m,
+          (r+1)*m) of ``send``) to rank r; rank r's message into ``recv +
+          r*m``;
+        - ``allgather(send, recv, m, stream)``: every rank's ``m`` bytes, in
+          rank order, into ``recv``;
+        - ``allreduce_sum(data, n, stream)``: in place, the sum over ranks of
+          ``n`` float32;
+        - ``allreduce_max(values, k)`` (optional: without it there is no
+          argument agreement): in place, the maximum over ranks of ``k``
+          int64 in host memory.
+
+        ``host_buffers``: they take host memory; ``device_buffers``: CUDA
+        device memory (``stream_ordered``: enqueued on ``stream``, else done
+        when they return)."""
+        errors = []
+
+        def wrap(fn, name):
+            def entry(user_data, *args):  # user_data is unused: the closure holds fn
+                fn(*(int(ffi.cast("uintptr_t", a)) if isinstance(a, ffi.CData) else a for a in args))
+                return 0
+
+            def on_error(exc_type, exc, tb):
+                errors.append(exc)
+            return entry, on_error
+
+        sig = {
+            "alltoall": "int32_t(void*, const void*, void*, int64_t, void*)",
+            "allgather": "int32_t(void*, const void*, void*, int64_t, void*)",
+            "allreduce_sum_f32": "int32_t(void*, float*, int64_t, void*)",
+            "allreduce_max_i64": "int32_t(void*, int64_t*, int32_t)",
+        }
+        fns = {"alltoall": alltoall, "allgather": allgather, "allreduce_sum_f32": allreduce_sum,
+               "allreduce_max_i64": allreduce_max}
+        t = ffi.new("lowbit_comm_transport_t *")
+        t.struct_size = ffi.sizeof("lowbit_comm_transport_t")
+        t.rank, t.world_size = int(rank), int(world_size)
+        t.host_buffers, t.device_buffers = int(bool(host_buffers)), int(bool(device_buffers))
+        t.stream_ordered, t.device_index = int(bool(stream_ordered)), int(device_index)
+        callbacks = []
+        for field, fn in fns.items():
+            if fn is None:
+                continue
+            if not callable(fn):
+                raise InvalidArgumentError(f"{field}={fn!r} is not callable")
+            entry, on_error = wrap(fn, field)
+            cb = ffi.callback(sig[field], entry, error=-1, onerror=on_error)
+            callbacks.append(cb)
+            setattr(t, field, cb)
+        h = ffi.new("lowbit_comm_t *")
+        call("lowbit_comm_create_transport", h, t, NULL)
+        comm = cls(h[0], keepalive=(callbacks, fns))
+        comm._transport_errors = errors
+        return comm
+
     # -- lifetime
 
     def close(self) -> None:
@@ -169,7 +236,15 @@ class Communicator:
         return h
 
     def _call(self, name, *args):
-        call(name, self._h(), *args, handle=self._handle, error_fn=_ERR)
+        errors = getattr(self, "_transport_errors", None)
+        if errors:
+            errors.clear()
+        try:
+            call(name, self._h(), *args, handle=self._handle, error_fn=_ERR)
+        except Exception as e:
+            if errors:  # the Python transport failed: chain its exception
+                raise e from errors[0]
+            raise
 
     @property
     def handle(self) -> int:
@@ -228,6 +303,49 @@ class Communicator:
         s = stream_pointer(stream)
         ref = self._tensor(array, s)
         self._call("lowbit_comm_allreduce_mean", ref.desc, void_p(s))
+
+    # -- codec stages (the caller moves the messages; lowbit_comm.h, "any transport")
+
+    def stage_message_bytes(self, numel: int) -> int:
+        """Bytes of one message of a compressed allreduce of `numel`
+        elements: compress writes and reduce reads world_size messages,
+        reduce writes one, decode reads world_size."""
+        self._call("lowbit_comm_stage_message_bytes", int(numel), self._i64)
+        return self._i64[0]
+
+    @staticmethod
+    def _bytes(buf, role, writable):
+        """A host byte buffer (a contiguous numpy array or anything with the
+        buffer protocol) as (cdata, size)."""
+        arr = np.asarray(buf)
+        if not arr.flags.c_contiguous:
+            raise ArrayError(f"{role}: the message buffer must be contiguous")
+        if writable and not arr.flags.writeable:
+            raise ArrayError(f"{role}: the message buffer is read-only")
+        return ffi.from_buffer("char[]", arr, require_writable=writable), arr.nbytes
+
+    def stage_compress(self, array, send, *, stream=None) -> None:
+        """Worker stage: array (float32, unchanged) + worker error -> send
+        (host bytes, world_size messages). Host tensors only from Python."""
+        s = stream_pointer(stream)
+        ref = self._tensor(array, s)
+        out, n = self._bytes(send, "send", True)
+        self._call("lowbit_comm_stage_compress", ref.desc, out, n, void_p(s))
+
+    def stage_reduce(self, recv, gsend, *, stream=None) -> None:
+        """Server stage: recv (world_size messages) + server error -> gsend."""
+        r, rn = self._bytes(recv, "recv", False)
+        g, gn = self._bytes(gsend, "gsend", True)
+        self._call("lowbit_comm_stage_reduce", r, rn, g, gn, void_p(stream_pointer(stream)))
+
+    def stage_decode(self, grecv, out, *, stream=None) -> None:
+        """Decode stage: grecv (world_size messages, rank order) -> out
+        (float32, the compress tensor's size); the sequence's error updates
+        take effect."""
+        s = stream_pointer(stream)
+        g, gn = self._bytes(grecv, "grecv", False)
+        ref = self._tensor(out, s)
+        self._call("lowbit_comm_stage_decode", g, gn, ref.desc, void_p(s))
 
     @property
     def last_nonfinite(self) -> bool:

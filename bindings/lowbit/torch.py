@@ -65,10 +65,12 @@ import torch
 
 from ._arrays import ArrayRef
 from ._ffi import Algorithm, Device, Dtype, StateFormat, Tensor
-from ._lib import ArrayError, InvalidArgumentError, StateMismatchError
+from ._lib import ArrayError, CommunicationError, InvalidArgumentError, StateMismatchError
 from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, resolve_num_threads
+from ._torch_dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 
-__all__ = ["AdamW", "Adam", "Lion", "SGD", "LowbitOptimizer"]
+__all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "LowbitOptimizer", "process_group_communicator",
+           "onebit_ddp_comm_hook", "ProcessGroupTransport"]
 
 _TORCH_DTYPES = {torch.float32: Dtype.FLOAT32, torch.bfloat16: Dtype.BFLOAT16, torch.float16: Dtype.FLOAT16}
 _DTYPE_CODES = {k: int(v) for k, v in _TORCH_DTYPES.items()}
@@ -808,6 +810,91 @@ class Adam(_AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kwargs):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
+
+
+class OneBitAdam(_AdamBase):
+    """1-bit Adam (Tang et al. 2021) for data-parallel training under
+    ``torchrun``: every rank steps the same model; the optimizer does the
+    communication over a torch.distributed ProcessGroup (gloo on CPU, NCCL on
+    GPU; default: the world group), or over a given :class:`lowbit.Communicator`.
+
+    - Warm-up (steps 1 .. freeze_step - 1 of the library's count, i.e. while
+      the step count is below ``freeze_step``): the gradients of all params,
+      fused into one buffer, are averaged uncompressed over the ranks and an
+      AdamW step runs on the average (as DDP + AdamW would).
+    - Compressed stage: the variance is frozen; each rank's local momentum is
+      averaged with the 1-bit compressed all-reduce (error feedback) and the
+      update uses it: about 1/32 of the bytes of an fp32 all-reduce.
+
+    Bias correction is AdamW's (both terms), also after the freeze (the
+    frozen variance keeps the correction of its last warm-up step count).
+    Use it with DDP through :func:`onebit_ddp_comm_hook`, which stops DDP's
+    own gradient all-reduce (the optimizer does it). The communicator's error
+    buffers are this rank's: ``state_dict()`` carries them (``"lowbit"``
+    ``"comm_errors"``), so save one state dict per rank; loading it on the
+    same rank of the same world size resumes bit for bit.
+    All params must be on one device."""
+
+    _algorithm = Algorithm.ONEBIT_ADAM
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, freeze_step=100,
+                 process_group=None, communicator=None, **kwargs):
+        if int(freeze_step) < 1:
+            raise ValueError(f"freeze_step={freeze_step} must be >= 1")
+        if communicator is not None and process_group is not None:
+            raise ValueError("give process_group or communicator, not both")
+        super().__init__(params, lr, betas, eps, weight_decay, **kwargs)
+        self.freeze_step = int(freeze_step)
+        self._config["freeze_step"] = self.freeze_step
+        self._comm = communicator if communicator is not None else process_group_communicator(process_group)
+
+    @property
+    def communicator(self):
+        return self._comm
+
+    def step(self, closure=None):
+        errors = getattr(self._comm, "_transport_errors", None)
+        if errors:
+            errors.clear()
+        try:
+            return super().step(closure)
+        except CommunicationError as e:
+            if errors:  # the torch.distributed transport raised: chain its exception
+                raise e from errors[0]
+            raise
+
+    def _device_state(self, device):
+        fresh = _device_key(device) not in self._devices
+        if fresh and self._devices:
+            raise ValueError(f"OneBitAdam keeps all params on one device; a param is on {device}, others on "
+                             f"{next(iter(self._devices))}")
+        dev = super()._device_state(device)
+        if fresh:
+            dev.handle.set_comm(self._comm)
+        return dev
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["lowbit"]["comm_errors"] = torch.frombuffer(bytearray(self._comm.save_errors()), dtype=torch.uint8)
+        sd["lowbit"]["rank"] = self._comm.rank
+        sd["lowbit"]["world_size"] = self._comm.world_size
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        lowbit = state_dict.get("lowbit") or {}
+        blob = lowbit.get("comm_errors")
+        for key, mine in (("rank", self._comm.rank), ("world_size", self._comm.world_size)):
+            if key in lowbit and lowbit[key] != mine:
+                raise StateMismatchError(f"this state dict was saved by {key} {lowbit[key]}, this optimizer's "
+                                         f"{key} is {mine}: 1-bit Adam's error buffers are per rank")
+        old = self._comm.save_errors()
+        if blob is not None:
+            self._comm.load_errors(bytes(blob.cpu().numpy().tobytes()))
+        try:
+            super().load_state_dict(state_dict)
+        except BaseException:
+            self._comm.load_errors(old)
+            raise
 
 
 class Lion(LowbitOptimizer):

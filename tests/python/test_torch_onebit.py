@@ -1,0 +1,141 @@
+"""lowbit.torch.OneBitAdam over torch.distributed (gloo, CPU) under torchrun,
+with DDP and lowbit.torch.onebit_ddp_comm_hook: training against DDP +
+torch.optim.Adam, parameters identical on every rank, resume, bad sizes and
+non-finite gradients on one rank (torch_onebit_worker.py does the work;
+every launch is bounded by a timeout)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import lowbit  # noqa: E402
+import lowbit.torch as lt  # noqa: E402
+
+WORKER = Path(__file__).with_name("torch_onebit_worker.py")
+TIMEOUT = 180
+
+
+def launch(nproc, case, seed):
+    torchrun = shutil.which("torchrun")
+    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"])
+    cmd += ["--standalone", "--nproc-per-node", str(nproc), str(WORKER), case, str(seed % 100000)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        [str(Path(lowbit.__file__).parents[1])] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    # its own session, so that a timeout kills the workers too, not only torchrun
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        stdout, stderr = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        pytest.fail(f"torchrun {case} on {nproc} ranks did not finish in {TIMEOUT} s:\n{stdout[-3000:]}\n"
+                    f"{stderr[-3000:]}")
+    r = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, f"torchrun {case} on {nproc} ranks failed (rc {r.returncode}):\n" \
+        f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ddp_onebit_adam_trains_like_adam(nproc, seed):
+    out = launch(nproc, "train", seed)
+    print(json.dumps(out, indent=1))
+    assert out["adam_same"] and out["onebit_same"], "params differ between ranks"
+    # within 2% of DDP + Adam's final loss (1-bit Adam: warm-up is AdamW on the
+    # averaged gradient with both bias corrections; after the freeze the
+    # variance stays frozen and the momentum is 1-bit compressed with error
+    # feedback)
+    assert abs(out["onebit_loss"] - out["adam_loss"]) <= 0.02 * out["adam_loss"], out
+    # bytes on the wire per step, from the transport's own counters
+    assert out["warmup_bytes_per_step"] >= out["ddp_fp32_bytes_per_step"]  # one fp32 all-reduce + agreement
+    assert out["compressed_bytes_per_step"] * 10 < out["ddp_fp32_bytes_per_step"], out
+
+
+@pytest.mark.parametrize("nproc", [2])
+def test_onebit_adam_resume_is_bit_identical(nproc, seed):
+    out = launch(nproc, "resume", seed)
+    assert all(v for k, v in out.items() if k.startswith("resume_equal")), out
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_mismatched_sizes_fail_on_every_rank(nproc, seed):
+    out = launch(nproc, "bad_sizes", seed)
+    assert all(e is not None and "numel" in e for e in out["errors"]), out["errors"]
+    assert all(out["unchanged"]), out
+
+
+@pytest.mark.parametrize("nproc", [2])
+def test_nan_on_one_rank_skips_on_every_rank(nproc, seed):
+    out = launch(nproc, "nonfinite", seed)
+    assert out["same"] and out["finite"], out
+    assert all(all(f) and len(f) == 2 for f in out["skipped_unchanged"]), out
+    steps = set(out["steps"])
+    assert steps == {out["freeze_step"] + 5 - 2}, out  # freeze_step + 5 steps, two of them skipped
+
+
+def test_transport_refuses_other_backends(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "ucc")
+    monkeypatch.setattr(dist, "group", type("G", (), {"WORLD": object()}))
+    with pytest.raises(lowbit.UnsupportedError, match="backend 'ucc'"):
+        lt.ProcessGroupTransport()
+
+
+def test_transport_needs_an_initialized_group(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(lowbit.InvalidStateError, match="init_process_group"):
+        lt.OneBitAdam([torch.nn.Parameter(torch.zeros(3))])
+
+
+def test_stages_from_python_match_the_built_in_scheme():
+    """One rank: the stages with the messages passed by hand give the bits of
+    a callback communicator's compressed allreduce."""
+    import numpy as np
+
+    def copy(send, recv, m, stream):
+        lowbit._ffi.ffi.memmove(lowbit._ffi.ffi.cast("char*", recv), lowbit._ffi.ffi.cast("char*", send), m)
+
+    def noop_sum(data, n, stream):
+        pass
+
+    a = lowbit.Communicator.from_transport(rank=0, world_size=1, alltoall=copy, allgather=copy,
+                                           allreduce_sum=noop_sum)
+    b = lowbit.Communicator.from_transport(rank=0, world_size=1, alltoall=copy, allgather=copy,
+                                           allreduce_sum=noop_sum)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        x = rng.standard_normal(1001).astype(np.float32)
+        y = x.copy()
+        a.compressed_allreduce(x)
+        m = b.stage_message_bytes(y.size)
+        send, gsend = np.zeros(m, np.uint8), np.zeros(m, np.uint8)
+        b.stage_compress(y, send)
+        b.stage_reduce(send, gsend)  # world 1: the all-to-all and all-gather are copies
+        b.stage_decode(gsend, y)
+        assert np.array_equal(x, y)
+        assert a.save_errors() == b.save_errors()
+    with pytest.raises(lowbit.InvalidStateError, match="stage_compress"):
+        b.stage_reduce(send, gsend)
+
+    def broken(send, recv, m, stream):
+        raise ConnectionError("link down")
+
+    c = lowbit.Communicator.from_transport(rank=0, world_size=1, alltoall=broken, allgather=copy,
+                                           allreduce_sum=noop_sum)
+    x = np.ones(64, np.float32)
+    with pytest.raises(lowbit.LowbitError, match="transport.alltoall") as info:
+        c.compressed_allreduce(x)
+    assert isinstance(info.value.__cause__, ConnectionError)
+    assert np.all(x == 1)
+    for comm in (a, b, c):
+        comm.close()

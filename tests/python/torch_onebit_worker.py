@@ -1,0 +1,192 @@
+"""Run by torchrun (tests/python/test_torch_onebit.py): DDP + lowbit.torch
+OneBitAdam against DDP + torch.optim.Adam on the same model and data, on
+CPU with gloo. Rank 0 prints one JSON line of results; every rank checks
+what it can (params identical on all ranks) and exits non-zero on failure.
+
+    torchrun --nproc-per-node N torch_onebit_worker.py <case> <seed>
+case: train | resume | bad_sizes | nonfinite
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import lowbit.torch as lt
+
+STEPS, FREEZE, LR = 800, 150, 1e-3
+
+
+def model(seed, hidden=64):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+
+def data(seed, rank, n=4096):
+    """This rank's shard of one noisy regression task (the teacher is shared)."""
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(32, 1, generator=g) / 4
+    g = torch.Generator().manual_seed(seed * 1000 + rank + 1)
+    x = torch.randn(n, 32, generator=g)
+    y = torch.sin(x @ teacher) + 0.3 * torch.randn(n, 1, generator=g)
+    return x, y
+
+
+BATCH = 64
+
+
+def global_loss(net, x, y):
+    with torch.no_grad():
+        loss = nn.functional.mse_loss(net(x), y)
+    dist.all_reduce(loss)
+    return loss.item() / dist.get_world_size()
+
+
+def same_on_all_ranks(net):
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    ref = flat.clone()
+    dist.broadcast(ref, 0)
+    return bool(torch.equal(flat, ref))
+
+
+def train(seed, make_opt, steps=STEPS, hook=False, on_step=None):
+    rank = dist.get_rank()
+    net = model(seed)
+    ddp = DDP(net)
+    opt = make_opt(net.parameters())
+    if hook:
+        ddp.register_comm_hook(None, lt.onebit_ddp_comm_hook(opt))
+    x, y = data(seed, rank)
+    g = torch.Generator().manual_seed(seed * 7 + rank)
+    for t in range(steps):
+        idx = torch.randint(0, x.shape[0], (BATCH,), generator=g)  # a fresh minibatch per step
+        opt.zero_grad()
+        nn.functional.mse_loss(ddp(x[idx]), y[idx]).backward()
+        if on_step:
+            on_step(t, net, opt)
+        opt.step()
+    return net, opt, x, y
+
+
+def case_train(seed):
+    out = {}
+    net, _, x, y = train(seed, lambda p: torch.optim.Adam(p, lr=LR))
+    out["adam_loss"] = global_loss(net, x, y)
+    out["adam_same"] = same_on_all_ranks(net)
+    bytes_per_step = []
+
+    def count(t, net, opt):
+        if t in (FREEZE - 5, FREEZE + 10):
+            opt.communicator.transport.reset_counters()
+        if t in (FREEZE - 4, FREEZE + 11):
+            bytes_per_step.append(opt.communicator.transport.total_bytes_sent())
+
+    net, opt, x, y = train(seed, lambda p: lt.OneBitAdam(p, lr=LR, freeze_step=FREEZE), hook=True, on_step=count)
+    out["onebit_loss"] = global_loss(net, x, y)
+    out["onebit_same"] = same_on_all_ranks(net)
+    numel = sum(p.numel() for p in net.parameters())
+    W = dist.get_world_size()
+    out["numel"] = numel
+    out["ddp_fp32_bytes_per_step"] = 2 * (W - 1) * 4 * numel // W
+    out["warmup_bytes_per_step"], out["compressed_bytes_per_step"] = bytes_per_step
+    out["comm_stats"] = opt.communicator.stats()
+    return out
+
+
+def case_resume(seed):
+    """Save at step K, take step K+1, restore, take step K+1 again: the same
+    bits (before and after the freeze)."""
+    out = {}
+    for K in (FREEZE - 10, FREEZE + 10):
+        saved = {}
+
+        def snap(t, net, opt):
+            if t == K:
+                saved["model"] = {k: v.clone() for k, v in net.state_dict().items()}
+                saved["opt"] = opt.state_dict()
+                saved["grads"] = [p.grad.clone() for p in net.parameters()]
+
+        net, opt, x, y = train(seed, lambda p: lt.OneBitAdam(p, lr=LR, freeze_step=FREEZE), steps=K + 1,
+                               hook=True, on_step=snap)
+        after = [p.detach().clone() for p in net.parameters()]
+        # a fresh model and optimizer, restored from the snapshot
+        net2 = model(seed + 1)
+        net2.load_state_dict(saved["model"])
+        opt2 = lt.OneBitAdam(net2.parameters(), lr=LR, freeze_step=FREEZE)
+        for p, g in zip(net2.parameters(), saved["grads"]):
+            p.grad = torch.zeros_like(p)  # registration needs a grad
+        opt2.load_state_dict(saved["opt"])
+        for p, g in zip(net2.parameters(), saved["grads"]):
+            p.grad = g.clone()
+        opt2.step()
+        out[f"resume_equal_at_{K}"] = all(torch.equal(a, b) for a, b in zip(after, net2.parameters()))
+    return out
+
+
+def case_bad_sizes(seed):
+    """Rank 0 has a wider model: the step fails on every rank, nothing changed."""
+    rank = dist.get_rank()
+    net = model(seed, hidden=64 if rank else 65)
+    opt = lt.OneBitAdam(net.parameters(), lr=LR, freeze_step=FREEZE)
+    x, y = data(seed, rank)
+    nn.functional.mse_loss(net(x), y).backward()
+    before = [p.detach().clone() for p in net.parameters()]
+    try:
+        opt.step()
+        err = None
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        err = f"{type(e).__name__}: {e}"
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, unchanged)
+    return {"errors": errs, "unchanged": flags}
+
+
+def case_nonfinite(seed):
+    """A NaN gradient on the last rank, once in warm-up and once after the
+    freeze: every rank skips that step (params and step counts unchanged)."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    result = {}
+
+    unchanged = []
+
+    def poison(t, net, opt):
+        if t - 1 in result:  # the poisoned step was skipped: params as before it
+            unchanged.append(all(torch.equal(a, b) for a, b in zip(result[t - 1], net.parameters())))
+        if t in (FREEZE - 3, FREEZE + 3):
+            if rank == W - 1:
+                next(net.parameters()).grad[0, 0] = float("nan")
+            result[t] = [p.detach().clone() for p in net.parameters()]
+
+    net, opt, x, y = train(seed, lambda p: lt.OneBitAdam(p, lr=LR, freeze_step=FREEZE), steps=FREEZE + 5,
+                           hook=True, on_step=poison)
+    steps = [s.item() if hasattr(s, "item") else s for s in
+             [opt.state[p]["step"] for p in net.parameters()]]
+    flags = [None] * W
+    dist.all_gather_object(flags, unchanged)
+    out = {"freeze_step": FREEZE, "steps": steps, "same": same_on_all_ranks(net), "skipped_unchanged": flags,
+           "finite": all(torch.isfinite(p).all().item() for p in net.parameters())}
+    return out
+
+
+def main():
+    case, seed = sys.argv[1], int(sys.argv[2])
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    out = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
+           "nonfinite": case_nonfinite}[case](seed)
+    out["world_size"] = dist.get_world_size()
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    sys.stdout.flush()
+    dist.barrier()
+    os._exit(0)  # skips gloo's teardown at interpreter exit (it can abort: pytorch/pytorch#179291)
+
+
+if __name__ == "__main__":
+    main()
