@@ -440,6 +440,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t o
  * LOWBIT_ALGORITHM_ONEBIT_ADAM optimizer; the optimizer does not own it. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm);
 
+/* 1-bit Adam: whether a warm-up step (step count < freeze_step) averages the
+ * gradients over the communicator (1, the default) or runs on gradients the
+ * caller already averaged over the ranks (0: e.g. DDP's all-reduce, which
+ * overlaps with backward); then the warm-up step exchanges only the
+ * communicator's argument agreement. Every rank must use the same setting
+ * (a mismatch fails the step on every rank). Not saved in checkpoints. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average);
+
 /* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
  * 0 keep a momentum of exactly zero. NULL removes the mask. Blocking, like
  * registration (the mask is copied into engine memory). */

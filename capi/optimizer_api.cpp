@@ -178,6 +178,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, low
   return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_comm(lowbit::communicator_from_handle(comm)); });
 }
 
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE(average == 0 || average == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "average = ", average,
+                   " (expected 0 or 1)");
+    o.set_onebit_warmup_average(average != 0);
+  });
+}
+
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel) {
   return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_momentum_mask(param_id, mask, numel); });

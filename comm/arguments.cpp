@@ -103,6 +103,7 @@ const char* op_name(int64_t op) {
     case kOpCompressedAllreduce: return "lowbit_comm_compressed_allreduce";
     case kOpAllreduceMean: return "lowbit_comm_allreduce_mean";
     case kOpSetTimeout: return "the timeout agreement of lowbit_comm_create_mpi*";
+    case kOpAgreeOnly: return "a step's argument agreement (no exchange)";
     default: break;
   }
   return "an unknown collective";
@@ -258,6 +259,10 @@ void Communicator::set_timeout_from_env() {
 }
 
 int64_t Communicator::timeout_ms() const { return impl_->t->timeout_ms(); }
+
+void Communicator::agree_only(const CollectiveCaller& who) {
+  impl_->agree(LOWBIT_SUCCESS, std::string(), kOpAgreeOnly, 0, LOWBIT_DTYPE_FLOAT32, who, false);
+}
 
 void Communicator::fail_collective(lowbit_status_t status, const std::string& message, const CollectiveCaller& who) {
   if (status == LOWBIT_SUCCESS) status = LOWBIT_ERROR_INTERNAL;

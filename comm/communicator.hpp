@@ -72,6 +72,11 @@ class Communicator {
   // waits. Always throws: Error(status, message) here; on the other ranks
   // their collective throws LOWBIT_ERROR_INVALID_ARGUMENT naming this rank
   // and quoting `message`. Over NCCL (no agreement) it only throws here.
+  // Collective: only the argument agreement of `who` (a 1-bit Adam warm-up
+  // step on gradients the caller averaged exchanges nothing else), so a
+  // mismatch or a failing rank is still reported on every rank.
+  void agree_only(const CollectiveCaller& who);
+
   [[noreturn]] void fail_collective(lowbit_status_t status, const std::string& message,
                                     const CollectiveCaller& who);
 

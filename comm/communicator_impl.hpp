@@ -29,7 +29,13 @@ struct CommArg {
 };
 
 // The collective operations, as they enter the argument agreement.
-enum CommOp : int32_t { kOpNone = 0, kOpCompressedAllreduce = 1, kOpAllreduceMean = 2, kOpSetTimeout = 3 };
+enum CommOp : int32_t {
+  kOpNone = 0,
+  kOpCompressedAllreduce = 1,
+  kOpAllreduceMean = 2,
+  kOpSetTimeout = 3,
+  kOpAgreeOnly = 4  // a step with no exchange agrees with the others (agree_only)
+};
 
 struct Communicator::Impl {
   std::unique_ptr<Transport> t;

@@ -68,6 +68,12 @@ void Optimizer::set_comm(Communicator& comm) {
   onebit_->comm = &comm;
 }
 
+void Optimizer::set_onebit_warmup_average(bool average) {
+  LOWBIT_REQUIRE(onebit_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
+                 "set_onebit_warmup_average: only a 1-bit Adam optimizer has a warm-up");
+  onebit_->average_warmup = average;
+}
+
 void Optimizer::set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel) {
   const ParamState& p = param(id);
   LOWBIT_REQUIRE(onebit_ != nullptr, LOWBIT_ERROR_INVALID_STATE,
@@ -144,14 +150,18 @@ void Optimizer::step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, boo
   const int32_t index = config_.device == LOWBIT_DEVICE_CUDA ? config_.device_index : 0;
 
   if (!compressed) {
-    engine_->onebit_gather(grads_.data(), bucket, stream);
-    comm.allreduce_mean(bucket, s.numel, device, index, stream, who);
-    std::vector<GradView>& avg = grads_;  // the step runs on the average
-    for (size_t i = 0; i < params_.size(); ++i) avg[i] = GradView{bucket + s.offsets[i], LOWBIT_DTYPE_FLOAT32};
+    if (s.average_warmup) {
+      engine_->onebit_gather(grads_.data(), bucket, stream);
+      comm.allreduce_mean(bucket, s.numel, device, index, stream, who);
+      for (size_t i = 0; i < params_.size(); ++i)  // the step runs on the average
+        grads_[i] = GradView{bucket + s.offsets[i], LOWBIT_DTYPE_FLOAT32};
+    } else {
+      comm.agree_only(who);  // the caller averaged the gradients: the step runs on them
+    }
     StepControl ctl;
     ctl.check_nonfinite = config_.skip_nonfinite != 0;  // every rank holds the same average: all skip alike
     ctl.seed = config_.seed;
-    engine_->step(algo_, avg.data(), num_params(), ctl, stream);
+    engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
     engine_->onebit_mask(stream);
   } else {
     engine_->onebit_momentum(grads_.data(), bucket, stream);

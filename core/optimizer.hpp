@@ -78,6 +78,9 @@ struct OneBitState {
   int64_t known_steps = 0;
   int64_t issued = 0;
   bool steps_differ = false;  // registration or set_step left params at different counts
+  // Warm-up steps average the gradients over the communicator; false: the
+  // caller gives gradients it averaged (DDP), and warm-up exchanges nothing.
+  bool average_warmup = true;
 };
 
 class Optimizer {
@@ -105,6 +108,7 @@ class Optimizer {
   void set_step(int64_t id, int64_t step, void* stream);
 
   void set_comm(Communicator& comm);
+  void set_onebit_warmup_average(bool average);
   void set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel);
 
   // Checkpoints (checkpoint.cpp).

@@ -618,6 +618,13 @@ class Optimizer:
         self._comm = comm
         comm._attach(self)
 
+    def set_onebit_warmup_average(self, average: bool) -> None:
+        """1-bit Adam: True (the default): a warm-up step averages the
+        gradients over the communicator; False: the gradients are already
+        averaged over the ranks (e.g. by DDP) and warm-up exchanges only the
+        argument agreement. The same on every rank."""
+        self._call("lowbit_optimizer_set_onebit_warmup_average", 1 if average else 0)
+
     def set_momentum_mask(self, param_id: int, mask) -> None:
         """1-bit Adam: elements where `mask` (numel values, host) is 0 keep a
         momentum of exactly zero. None removes the mask."""

@@ -140,19 +140,26 @@ def onebit_ddp_comm_hook(optimizer):
     """The DDP comm hook that pairs with :class:`lowbit.torch.OneBitAdam`:
     ``model.register_comm_hook(None, lowbit.torch.onebit_ddp_comm_hook(opt))``.
 
-    DDP then leaves each rank's gradients local in both stages, and the
-    optimizer does the communication: during warm-up (step < freeze_step) its
-    step averages the gradients with one uncompressed all-reduce of one
-    fused buffer (the bytes DDP's own all-reduce would move, after backward
-    instead of overlapped with it); after the freeze its step exchanges the
-    1-bit compressed momentum, which replaces DDP's all-reduce. Without the
-    hook DDP would all-reduce full gradients at every step as well."""
-    if not hasattr(optimizer, "freeze_step"):
+    During warm-up (the optimizer has taken fewer than freeze_step steps) DDP
+    averages the gradients with its usual fp32 all-reduce, overlapped with
+    backward, and the optimizer's warm-up steps run on them without
+    communicating (only a 128-byte argument agreement). After the freeze the
+    hook leaves the gradients local: the optimizer's 1-bit compressed
+    momentum exchange replaces DDP's all-reduce. Use the optimizer's process
+    group for DDP too (every rank of it must run the hook)."""
+    if not hasattr(optimizer, "freeze_step") or not hasattr(optimizer, "_warmup_averaged_by"):
         raise InvalidArgumentError(f"optimizer {type(optimizer).__name__} is not a lowbit.torch.OneBitAdam")
+    optimizer._warmup_averaged_by(True)
+    group = optimizer._process_group
 
     def hook(state, bucket):
+        buf = bucket.buffer()
+        if optimizer.steps_taken() < optimizer.freeze_step:
+            world = dist.get_world_size(group)
+            work = dist.all_reduce(buf.div_(world), group=group, async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
         fut = torch.futures.Future()
-        fut.set_result(bucket.buffer())
+        fut.set_result(buf)
         return fut
 
     return hook

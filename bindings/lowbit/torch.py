@@ -847,6 +847,8 @@ class OneBitAdam(_AdamBase):
         self.freeze_step = int(freeze_step)
         self._config["freeze_step"] = self.freeze_step
         self._comm = communicator if communicator is not None else process_group_communicator(process_group)
+        self._process_group = process_group
+        self._warmup_averaged_by_caller = False  # onebit_ddp_comm_hook: DDP averages the warm-up gradients
 
     @property
     def communicator(self):
@@ -871,7 +873,21 @@ class OneBitAdam(_AdamBase):
         dev = super()._device_state(device)
         if fresh:
             dev.handle.set_comm(self._comm)
+            dev.handle.set_onebit_warmup_average(not self._warmup_averaged_by_caller)
         return dev
+
+    def _warmup_averaged_by(self, caller: bool) -> None:
+        self._warmup_averaged_by_caller = bool(caller)
+        for dev in self._devices.values():
+            dev.handle.set_onebit_warmup_average(not caller)
+
+    def steps_taken(self) -> int:
+        """Steps the library applied (skipped steps do not count): the next
+        step is a warm-up step while this is below freeze_step."""
+        for dev in self._devices.values():
+            if dev.params:
+                return dev.handle.param_info(0).step
+        return 0
 
     def state_dict(self) -> dict:
         sd = super().state_dict()

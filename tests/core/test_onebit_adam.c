@@ -234,6 +234,55 @@ int main(int argc, char** argv) {
   }
   CHECK(nonzero > NW / 2, "unmasked momentum is zero");
   teardown(&m);
+
+  /* (5) Warm-up on gradients the caller averaged (lowbit_optimizer_set_onebit_warmup_average 0, e.g.
+   * DDP): given the mean of every rank's gradients, the same params as averaging inside (up to the
+   * order of the fp32 sum: MPI's here), through the freeze and after it. */
+  {
+    Run in, out;
+    setup(&in, 10, NULL);
+    setup(&out, 10, NULL);
+    OK(lowbit_optimizer_set_onebit_warmup_average(out.opt, 0));
+    for (int t = 0; t < 20; ++t) {
+      loss_grad(in.w, in.b, in.gw, in.gb);
+      OK(lowbit_optimizer_step(in.opt, NULL));
+      loss_grad(out.w, out.b, out.gw, out.gb);
+      if (t < 10) {  /* warm-up: the caller averages */
+        MPI_Allreduce(MPI_IN_PLACE, out.gw, NW, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, out.gb, C, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        for (int i = 0; i < NW; ++i) out.gw[i] /= (float)world;
+        for (int i = 0; i < C; ++i) out.gb[i] /= (float)world;
+      }
+      OK(lowbit_optimizer_step(out.opt, NULL));
+    }
+    double d = 0;
+    for (int i = 0; i < NW; ++i) d = fmax(d, fabs((double)in.w[i] - out.w[i]));
+    CHECK(d < 1e-4, "pre-averaged warm-up differs from the optimizer's own averaging by %g", d);
+    float w0[NW];
+    memcpy(w0, out.w, sizeof w0);
+    MPI_Bcast(w0, NW, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(memcmp(w0, out.w, sizeof w0) == 0, "pre-averaged warm-up: params differ across ranks");
+    lowbit_comm_stats_t st;
+    st.struct_size = sizeof st;
+    OK(lowbit_comm_get_stats(out.comm, &st));
+    CHECK(st.mean_calls == 0, "a pre-averaged warm-up all-reduced %lld times", (long long)st.mean_calls);
+    /* bad values, and an optimizer without a warm-up */
+    CHECK(lowbit_optimizer_set_onebit_warmup_average(out.opt, 2) == LOWBIT_ERROR_INVALID_ARGUMENT &&
+              strstr(lowbit_optimizer_last_error(out.opt), "average"),
+          "average = 2 was not refused");
+    teardown(&in), teardown(&out);
+    /* ranks disagreeing on the setting: every rank fails its warm-up step, nothing waits */
+    if (world > 1) {
+      Run r;
+      setup(&r, 10, NULL);
+      if (rank == 0) OK(lowbit_optimizer_set_onebit_warmup_average(r.opt, 0));
+      loss_grad(r.w, r.b, r.gw, r.gb);
+      CHECK(lowbit_optimizer_step(r.opt, NULL) == LOWBIT_ERROR_INVALID_ARGUMENT,
+            "a step with the warm-up averaging set differently on rank 0 did not fail: %s",
+            lowbit_optimizer_last_error(r.opt));
+      teardown(&r);
+    }
+  }
   if (rank == 0) printf("1-bit Adam: all checks passed at world size %d\n", world);
   MPI_Finalize();
   return 0;

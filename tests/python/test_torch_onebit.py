@@ -57,7 +57,9 @@ def test_ddp_onebit_adam_trains_like_adam(nproc, seed):
     # feedback)
     assert abs(out["onebit_loss"] - out["adam_loss"]) <= 0.02 * out["adam_loss"], out
     # bytes on the wire per step, from the transport's own counters
-    assert out["warmup_bytes_per_step"] >= out["ddp_fp32_bytes_per_step"]  # one fp32 all-reduce + agreement
+    # warm-up: DDP's own fp32 all-reduce (the hook) moves the gradients; the
+    # optimizer's transport carries only its 128-byte argument agreement
+    assert out["warmup_bytes_per_step"] <= 2 * 128, out
     assert out["compressed_bytes_per_step"] * 10 < out["ddp_fp32_bytes_per_step"], out
 
 

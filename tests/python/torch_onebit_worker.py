@@ -52,7 +52,7 @@ def same_on_all_ranks(net):
     return bool(torch.equal(flat, ref))
 
 
-def train(seed, make_opt, steps=STEPS, hook=False, on_step=None):
+def train(seed, make_opt, steps=STEPS, hook=False, on_step=None, nan_steps=()):
     rank = dist.get_rank()
     net = model(seed)
     ddp = DDP(net)
@@ -64,7 +64,10 @@ def train(seed, make_opt, steps=STEPS, hook=False, on_step=None):
     for t in range(steps):
         idx = torch.randint(0, x.shape[0], (BATCH,), generator=g)  # a fresh minibatch per step
         opt.zero_grad()
-        nn.functional.mse_loss(ddp(x[idx]), y[idx]).backward()
+        loss = nn.functional.mse_loss(ddp(x[idx]), y[idx])
+        if t in nan_steps and rank == dist.get_world_size() - 1:
+            loss = loss * float("nan")  # a NaN in this rank's backward, before DDP's all-reduce
+        loss.backward()
         if on_step:
             on_step(t, net, opt)
         opt.step()
@@ -155,16 +158,16 @@ def case_nonfinite(seed):
 
     unchanged = []
 
+    poisoned = (FREEZE - 3, FREEZE + 3)
+
     def poison(t, net, opt):
         if t - 1 in result:  # the poisoned step was skipped: params as before it
             unchanged.append(all(torch.equal(a, b) for a, b in zip(result[t - 1], net.parameters())))
-        if t in (FREEZE - 3, FREEZE + 3):
-            if rank == W - 1:
-                next(net.parameters()).grad[0, 0] = float("nan")
+        if t in poisoned:
             result[t] = [p.detach().clone() for p in net.parameters()]
 
     net, opt, x, y = train(seed, lambda p: lt.OneBitAdam(p, lr=LR, freeze_step=FREEZE), steps=FREEZE + 5,
-                           hook=True, on_step=poison)
+                           hook=True, on_step=poison, nan_steps=poisoned)
     steps = [s.item() if hasattr(s, "item") else s for s in
              [opt.state[p]["step"] for p in net.parameters()]]
     flags = [None] * W
