@@ -53,6 +53,8 @@ RUNS = [
     ("AdamW bf16", "adamw", "bf16", 3e-3, 1e-4),
     ("AdamW 8-bit", "adamw", "8bit", 3e-3, 1e-4),
     ("AdamW 4-bit", "adamw", "4bit", 3e-3, 1e-4),
+    ("4-bit rank-1", "adamw", "4bit-rank1", 3e-3, 1e-4),  # lpmm's 4-bit AdamW: v rank-1 normalised
+    ("4-bit Factor", "adamw", "4bit-factor", 3e-3, 1e-4),  # lpmm's 4-bit Factor: v factored
     ("AdamW fp8", "adamw", "fp8", 3e-3, 1e-4),
     ("Lion 8-bit", "lion", "8bit", 1e-3, 1e-3),
 ]

@@ -183,6 +183,7 @@ ENUM_CLASS_NAMES = {
     "lowbit_checkpoint_mode_t": "CheckpointMode",
     "lowbit_comm_backend_t": "CommBackend",
     "lowbit_comm_cuda_aware_t": "CommCudaAware",
+    "lowbit_normalization_t": "Normalization",
 }
 
 
@@ -231,6 +232,7 @@ Rounding = ENUMS["lowbit_rounding_t"]
 CheckpointMode = ENUMS["lowbit_checkpoint_mode_t"]
 CommBackend = ENUMS["lowbit_comm_backend_t"]
 CommCudaAware = ENUMS["lowbit_comm_cuda_aware_t"]
+Normalization = ENUMS["lowbit_normalization_t"]
 _errors.bind_statuses(Status)
 
 NCCL_UNIQUE_ID_BYTES = lib.LOWBIT_NCCL_UNIQUE_ID_BYTES

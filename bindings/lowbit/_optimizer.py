@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string
-from ._ffi import NULL, Algorithm, CData, CheckpointMode, Device, Dtype, StateFormat, Status, ffi, void_p
+from ._ffi import NULL, Algorithm, CData, CheckpointMode, Device, Dtype, Normalization, StateFormat, Status, ffi, lib, void_p
 from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call, failure
 
 # ----------------------------------------------------------------- names
@@ -68,6 +68,55 @@ def parse_algorithm(algorithm) -> Algorithm:
     if key not in ALGORITHMS:
         raise InvalidArgumentError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}")
     return ALGORITHMS[key]
+
+
+MAX_DIMS = lib.LOWBIT_MAX_DIMS
+
+# How a moment's quantized values are scaled (lowbit.h, "Shaped parameters").
+NORMALIZATIONS = {
+    None: Normalization.DEFAULT,
+    "default": Normalization.DEFAULT,
+    "block": Normalization.BLOCK,
+    "blocks": Normalization.BLOCK,
+    "rank1": Normalization.RANK1,
+    "rank-1": Normalization.RANK1,
+    "factored": Normalization.FACTORED,
+    "factor": Normalization.FACTORED,
+}
+NORMALIZATION_NAMES = {Normalization.DEFAULT: "default", Normalization.BLOCK: "block",
+                       Normalization.RANK1: "rank1", Normalization.FACTORED: "factored"}
+# state= names of the lpmm 4-bit optimizers ("Memory Efficient Optimizers with
+# 4-bit States"): (format, first moment's normalisation, second moment's).
+STATE_PRESETS = {
+    "4bit-rank1": (StateFormat.BIT4, Normalization.BLOCK, Normalization.RANK1),  # lpmm's 4-bit AdamW
+    "4bit-factor": (StateFormat.BIT4, Normalization.BLOCK, Normalization.FACTORED),  # lpmm's 4-bit Factor
+}
+
+
+def parse_normalization(value, arg) -> Normalization:
+    if isinstance(value, Normalization):
+        return value
+    key = value.lower() if isinstance(value, str) else value
+    if key not in NORMALIZATIONS:
+        names = sorted(k for k in NORMALIZATIONS if isinstance(k, str))
+        raise InvalidArgumentError(f"{arg}={value!r} is not one of {names}")
+    return NORMALIZATIONS[key]
+
+
+def parse_state_option(state, first_normalization=None, second_normalization=None, arg="state"):
+    """(format, first normalisation, second normalisation) of a state= value:
+    a format name, or a preset of STATE_PRESETS; explicit normalisations
+    override the preset's."""
+    key = state.lower() if isinstance(state, str) else None
+    if key in STATE_PRESETS:
+        fmt, n1, n2 = STATE_PRESETS[key]
+    else:
+        fmt, n1, n2 = parse_state_format(state, arg), Normalization.DEFAULT, Normalization.DEFAULT
+    if first_normalization is not None:
+        n1 = parse_normalization(first_normalization, "first_normalization")
+    if second_normalization is not None:
+        n2 = parse_normalization(second_normalization, "second_normalization")
+    return fmt, n1, n2
 
 
 def parse_state_format(fmt, arg="state") -> StateFormat:
@@ -203,6 +252,9 @@ class ParamInfo:
     stochastic_rounding: bool
     error_correction: bool
     state_bytes: int
+    first_normalization: str = "block"
+    second_normalization: str | None = None
+    ndim: int = 0
 
 
 def _destroy(handle_value):
@@ -274,6 +326,8 @@ class Optimizer:
         bias_correction=None,
         state="fp32",
         second_state=None,
+        first_normalization=None,
+        second_normalization=None,
         min_quantized_numel=None,
         seed=0,
         stochastic_rounding=False,
@@ -296,8 +350,11 @@ class Optimizer:
         call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(self.algorithm))
         cfg.device = int(self.device)
         cfg.device_index = self.device_index
-        cfg.state_format = int(parse_state_format(state, "state"))
+        fmt, n1, n2 = parse_state_option(state, first_normalization, second_normalization)
+        cfg.state_format = int(fmt)
         cfg.second_state_format = int(parse_state_format(second_state, "second_state"))
+        cfg.first_normalization = int(n1)
+        cfg.second_normalization = int(n2)
         if min_quantized_numel is not None:
             cfg.min_quantized_numel = int(min_quantized_numel)
         cfg.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
@@ -317,6 +374,8 @@ class Optimizer:
         self._finalizer = weakref.finalize(self, _destroy, self.handle)
         # What a deep copy needs to build the same optimizer.
         self._config = dict(state=StateFormat(cfg.state_format), second_state=StateFormat(cfg.second_state_format),
+                            first_normalization=Normalization(cfg.first_normalization),
+                            second_normalization=Normalization(cfg.second_normalization),
                             min_quantized_numel=cfg.min_quantized_numel, seed=cfg.seed,
                             stochastic_rounding=bool(cfg.stochastic_rounding),
                             error_correction=bool(cfg.error_correction), skip_nonfinite=bool(cfg.skip_nonfinite),
@@ -326,6 +385,7 @@ class Optimizer:
         self._i32 = ffi.new("int32_t *")  # out-params, reused
         self._i64 = ffi.new("int64_t *")
         self._params: list[ArrayRef] = []
+        self._shapes: list = []  # per param: the shape given to the library (() for none)
         self._grads: list[ArrayRef | None] = []
         self._step_grads: TensorArray | None = None  # descriptors of step(grads), reused
         self._has_masks = False
@@ -384,10 +444,14 @@ class Optimizer:
                 info = self.param_info(pid)
                 p2 = _copy.deepcopy(_owner(p), memo)
                 g2 = None if g is None else _copy.deepcopy(_owner(g), memo)
+                factored = info.second_normalization == "factored"  # its format reads fp32 (accumulators)
                 new.add_param(p2, g2, group=info.group, state=info.state_format,
-                              second_state=info.second_state_format, stochastic_rounding=info.stochastic_rounding,
+                              second_state=None if factored else info.second_state_format,
+                              stochastic_rounding=info.stochastic_rounding,
                               error_correction=info.error_correction, dtype=p.dtype,
-                              grad_dtype=None if g is None else g.dtype)
+                              grad_dtype=None if g is None else g.dtype, shape=self._shapes[pid],
+                              first_normalization=info.first_normalization,
+                              second_normalization=info.second_normalization)
             if self._params:
                 new.load(self.save("compressed"))
         except BaseException:
@@ -479,6 +543,9 @@ class Optimizer:
         error_correction=None,
         dtype=None,
         grad_dtype=None,
+        shape=None,
+        first_normalization=None,
+        second_normalization=None,
     ) -> int:
         """Register `param` (updated in place) and optionally its gradient
         buffer (read at each step()). Returns the parameter id (0, 1, ...).
@@ -486,14 +553,21 @@ class Optimizer:
         state/second_state override the optimizer's state format for this
         param (an explicit format also applies below min_quantized_numel).
         dtype/grad_dtype are needed only for uint16 arrays holding bf16/fp16 bits.
+        shape: the param's shape for rank-1 and factored moments (lowbit.h,
+        "Shaped parameters"; row-major, product = numel); default: the
+        array's own shape when it has 2 to 8 dims. first/second_normalization
+        override the optimizer's ("block", "rank1", "factored").
         """
         p = self._ref(param, "param", True, dtype)
         g = self._ref(grad, "grad", False, grad_dtype) if grad is not None else None
         return self._add_param_ref(p, g, group=group, state=state, second_state=second_state,
-                                   stochastic_rounding=stochastic_rounding, error_correction=error_correction)
+                                   stochastic_rounding=stochastic_rounding, error_correction=error_correction,
+                                   shape=shape, first_normalization=first_normalization,
+                                   second_normalization=second_normalization)
 
     def _add_param_ref(self, p: ArrayRef, g: ArrayRef | None, *, group=0, state=None, second_state=None,
-                       stochastic_rounding=None, error_correction=None) -> int:
+                       stochastic_rounding=None, error_correction=None, shape=None, first_normalization=None,
+                       second_normalization=None) -> int:
         if g is not None and g.numel != p.numel:
             raise ArrayError(f"grad: has {g.numel} elements but param has {p.numel}")
         pc = ffi.new("lowbit_param_config_t *")
@@ -508,9 +582,20 @@ class Optimizer:
             pc.stochastic_rounding = int(bool(stochastic_rounding))
         if error_correction is not None:
             pc.error_correction = int(bool(error_correction))
+        if shape is None:
+            shape = p.shape if 2 <= len(p.shape) <= MAX_DIMS else ()
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_DIMS:
+            raise InvalidArgumentError(f"shape={shape} has {len(shape)} dims; lowbit takes at most {MAX_DIMS}")
+        pc.ndim = len(shape)
+        for k, d in enumerate(shape):
+            pc.shape[k] = d
+        pc.first_normalization = int(parse_normalization(first_normalization, "first_normalization"))
+        pc.second_normalization = int(parse_normalization(second_normalization, "second_normalization"))
         self._call("lowbit_optimizer_add_param", pc, self._i64)
         pid = self._i64[0]
         assert pid == len(self._params), "library param ids must be 0, 1, 2, ..."
+        self._shapes.append(shape)
         self._params.append(p)
         self._grads.append(g)
         self._step_grads = None
@@ -657,6 +742,10 @@ class Optimizer:
             stochastic_rounding=bool(info.stochastic_rounding),
             error_correction=bool(info.error_correction),
             state_bytes=info.state_bytes,
+            first_normalization=NORMALIZATION_NAMES[Normalization(info.first_normalization)],
+            second_normalization=(None if info.second_normalization == Normalization.DEFAULT
+                                  else NORMALIZATION_NAMES[Normalization(info.second_normalization)]),
+            ndim=info.ndim,
         )
 
     def state_bytes(self, param_id: int | None = None) -> int:

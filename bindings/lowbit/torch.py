@@ -66,7 +66,7 @@ import torch
 from ._arrays import ArrayRef
 from ._ffi import Algorithm, Device, Dtype, StateFormat, Tensor
 from ._lib import ArrayError, CommunicationError, InvalidArgumentError, StateMismatchError
-from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, resolve_num_threads
+from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, parse_state_option, resolve_num_threads
 from ._torch_dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "LowbitOptimizer", "process_group_communicator",
@@ -215,6 +215,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
                  error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=None,
+                 first_normalization=None, second_normalization=None,
                  foreach=None, fused=None, capturable=False, differentiable=False):
         # torch's implementation switches: lowbit always runs its own fused
         # kernel, so foreach/fused are accepted and have no effect.
@@ -225,11 +226,16 @@ class LowbitOptimizer(torch.optim.Optimizer):
             raise ValueError("differentiable=True is not supported by lowbit")
         if num_threads is not None:
             resolve_num_threads(num_threads)  # validate now; None is resolved when the CPU handle is created
-        self._state_format = parse_state_format(state, "state")
+        # state: a format, or "4bit-rank1" / "4bit-factor" (lpmm's 4-bit AdamW
+        # and 4-bit Factor: rank-1 or factored second moments of params with
+        # 2+ dims, whose shapes the library takes from the tensors)
+        self._state_format, n1, n2 = parse_state_option(state, first_normalization, second_normalization)
         self._second_state = parse_state_format(second_state, "second_state")
         self._config = dict(
             state=self._state_format,
             second_state=self._second_state,
+            first_normalization=n1,
+            second_normalization=n2,
             min_quantized_numel=min_quantized_numel,
             seed=seed,
             stochastic_rounding=bool(stochastic_rounding),
@@ -458,7 +464,8 @@ class LowbitOptimizer(torch.optim.Optimizer):
             ref, None, group=gi,
             state=None if fmt == self._state_format else fmt,
             stochastic_rounding=group.get("stochastic_rounding"),
-            error_correction=group.get("error_correction"))
+            error_correction=group.get("error_correction"),
+            shape=tuple(local.shape) if 2 <= local.dim() <= 8 else ())
         dev.params.append(p)
         dev.ptrs.append(local.data_ptr())
         dev.numels.append(local.numel())
