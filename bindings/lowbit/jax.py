@@ -617,8 +617,8 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None,
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
-         first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
-         num_threads=None) -> LowbitTransformation:
+         first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False, error_correction=False,
+         seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
     return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
