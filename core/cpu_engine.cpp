@@ -281,8 +281,6 @@ bool chunk_has_nonfinite(const GradView& grad, const Chunk& c) {
 // threads (BLAS, data loading) between steps.
 constexpr int64_t kParallelMinElements = 1 << 18;
 
-int32_t layout_format(const ParamView& v, int m) { return m < v.num_moments ? int32_t(v.moment[m].format) : 0; }
-
 class CpuEngine final : public Engine {
  public:
   explicit CpuEngine(int num_threads) : num_threads_(num_threads) {
@@ -357,9 +355,11 @@ class CpuEngine final : public Engine {
       scalars_[i] = make_step_scalars(h, algo != Algo::Lion, t);
       keys_[i] = rounding_key(ctl.seed, uint64_t(i), uint64_t(t + 1));
       if (ctl.layout) {
-        const int32_t* rec = ctl.layout + 3 * i;
-        skip |= rec[0] != layout_format(params_[i], 0) || rec[1] != layout_format(params_[i], 1) ||
-                rec[2] != int32_t(params_[i].rounding);
+        const ParamView& v = params_[i];
+        const int32_t formats[2] = {int32_t(v.moment[0].format), int32_t(v.moment[1].format)};
+        const int32_t norms[2] = {int32_t(v.moment[0].norm), int32_t(v.moment[1].norm)};
+        skip |= !layout_matches(ctl.layout + int64_t(kLayoutColumns) * int64_t(i), v.num_moments, formats, norms,
+                                int32_t(v.rounding), v.shape);
       }
     }
     if (!skip && ctl.check_nonfinite) skip = any_nonfinite();

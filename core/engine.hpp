@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "layout_record.hpp"
 #include "state.hpp"
 
 namespace lowbit {
@@ -45,9 +46,9 @@ struct StepControl {
   const int32_t* shared_count = nullptr;
   int32_t* shared_count_out = nullptr;
   const float* lr = nullptr;  // when set, replaces hparams.lr of every group
-  // When set: N x 3 int32 (format of moment 0, of moment 1 (0: none),
-  // lowbit_rounding_t) recorded with the state; a parameter whose entry
-  // differs from how it is bound makes the step change nothing.
+  // When set: N x kLayoutColumns int32 recorded with the state
+  // (core/layout_record.hpp); a parameter whose entry differs from how it is bound
+  // makes the step change nothing.
   const int32_t* layout = nullptr;
 };
 

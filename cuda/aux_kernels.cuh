@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "core/layout_record.hpp"
 #include "core/rounding.hpp"
 #include "core/step_scalars.hpp"
 #include "cuda/tables.hpp"
@@ -89,9 +90,11 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
   a.dyn[i].scalar_idx = int32_t(i);
   if (a.layout) {
-    const int32_t* rec = a.layout + 3 * i;
-    const int32_t f0 = P.num_moments > 0 ? int32_t(P.format[0]) : 0, f1 = P.num_moments > 1 ? int32_t(P.format[1]) : 0;
-    if (rec[0] != f0 || rec[1] != f1 || rec[2] != int32_t(P.rounding)) *a.flag = 1;
+    const int32_t formats[2] = {int32_t(P.format[0]), int32_t(P.format[1])};
+    const int32_t norms[2] = {int32_t(P.norm[0]), int32_t(P.norm[1])};
+    if (!layout_matches(a.layout + int64_t(kLayoutColumns) * i, int(P.num_moments), formats, norms,
+                        int32_t(P.rounding), P.shape))
+      *a.flag = 1;
   }
 }
 

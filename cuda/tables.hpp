@@ -125,7 +125,7 @@ struct PrepareArgs {
   const int64_t* steps;
   const int32_t* shared_count;  // non-null: the step count of every parameter (JAX)
   const float* lr;              // non-null: replaces hparams.lr
-  const int32_t* layout;        // non-null: N x 3 recorded (format 0, format 1, rounding); a mismatch sets *flag
+  const int32_t* layout;        // non-null: N x kLayoutColumns records (core/layout_record.hpp); a mismatch sets *flag
   int32_t* flag;
   uint64_t seed;
   int64_t num_params;

@@ -45,13 +45,14 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
                    ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets, int32_t algorithm, float beta1,
                    float beta2, float eps, float momentum, float dampening, int32_t nesterov,
                    int32_t bias_correction, ffi::Span<const float> weight_decay, ffi::Span<const int32_t> formats,
-                   ffi::Span<const int32_t> rounding, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
+                   ffi::Span<const int32_t> rounding,
+                   ffi::Span<const int32_t> normalizations, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
                    std::string_view names) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
     LOWBIT_REQUIRE(num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", num_threads, " must be >= 0");
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, seed, skip_nonfinite, names};
+                weight_decay, formats,   rounding, normalizations, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;  // keeps its capacity from step to step
     StepDecoder decoder(a, args, rets);
     const float* host_lr = static_cast<const float*>(lr.untyped_data());
@@ -66,28 +67,49 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
 }
 
 ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi::AnyBuffer> out, int32_t format,
-                     int32_t moment) {
+                     int32_t moment, int32_t normalization) {
   return guarded("decode_moment", [&] {
     LOWBIT_REQUIRE(format >= LOWBIT_STATE_FP32 && format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "format = ", format, " is not a lowbit_state_format_t value");
     LOWBIT_REQUIRE(moment == 0 || moment == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "moment = ", moment,
                    " must be 0 or 1");
+    LOWBIT_REQUIRE(normalization >= LOWBIT_NORMALIZATION_BLOCK && normalization <= LOWBIT_NORMALIZATION_FACTORED,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "normalization = ", normalization,
+                   " is not block (1), rank1 (2) or factored (3)");
     LOWBIT_REQUIRE(out->element_type() == ffi::DataType::F32, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "the output must be float32");
     const lowbit_state_format_t f = lowbit_state_format_t(format);
+    const Norm norm = from_c_norm(lowbit_normalization_t(normalization));
     const int64_t numel = int64_t(out->element_count());
+    // A rank-1 or factored moment is decoded with the shape of the output
+    // (the param's).
+    Shape shape{};
+    if (norm != Norm::Block) {
+      const auto dims = out->dimensions();
+      LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims) && numel > 0,
+                     LOWBIT_ERROR_INVALID_ARGUMENT, "a ", norm_name(norm), " moment needs an output of 2 to ",
+                     kMaxDims, " non-zero dims, got ", shape_string(dims));
+      shape.ndim = int32_t(dims.size());
+      for (size_t k = 0; k < dims.size(); ++k) shape.dim[k] = dims[k];
+      LOWBIT_REQUIRE(norm != Norm::Rank1 || f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT,
+                     LOWBIT_ERROR_INVALID_ARGUMENT, "a rank1 moment needs the 8bit or 4bit format");
+      LOWBIT_REQUIRE(norm != Norm::Factored || (f == LOWBIT_STATE_FP32 && moment == 1),
+                     LOWBIT_ERROR_INVALID_ARGUMENT, "a factored moment is the second one, in fp32 accumulators");
+    }
     const ffi::DataType ddt = moment_data_dtype(f);
-    LOWBIT_REQUIRE(data.element_type() == ddt && int64_t(data.size_bytes()) == moment_data_bytes(f, numel),
+    const int64_t data_bytes = moment_data_bytes(f, norm, shape, numel);
+    const int64_t scale_bytes = moment_scale_bytes(f, norm, shape, numel);
+    LOWBIT_REQUIRE(data.element_type() == ddt && int64_t(data.size_bytes()) == data_bytes,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "moment data is ", ffi_dtype_name(data.element_type()),
-                   shape_string(data.dimensions()), " but the ", format_name(f), " format of ", numel,
-                   " elements needs ", moment_data_bytes(f, numel), " bytes of ", ffi_dtype_name(ddt));
-    LOWBIT_REQUIRE(scales.element_type() == ffi::DataType::F32 &&
-                       int64_t(scales.size_bytes()) == moment_scale_bytes(f, numel),
+                   shape_string(data.dimensions()), " but the ", format_name(f), " ", norm_name(norm), " format of ",
+                   numel, " elements needs ", data_bytes, " bytes of ", ffi_dtype_name(ddt));
+    LOWBIT_REQUIRE(scales.element_type() == ffi::DataType::F32 && int64_t(scales.size_bytes()) == scale_bytes,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "moment scales are ", ffi_dtype_name(scales.element_type()),
-                   shape_string(scales.dimensions()), " but the ", format_name(f), " format of ", numel,
-                   " elements needs ", moment_scale_bytes(f, numel) / 4, " float32 scales");
+                   shape_string(scales.dimensions()), " but the ", format_name(f), " ", norm_name(norm),
+                   " format of ", numel, " elements needs ", scale_bytes / 4, " float32 scales");
     MomentView mv = moment_view(f, moment, data.untyped_data(), static_cast<float*>(scales.untyped_data()));
-    decode_moment(mv, numel, static_cast<float*>(out->untyped_data()));
+    mv.norm = norm;
+    decode_moment(mv, shape, numel, static_cast<float*>(out->untyped_data()));
   });
 }
 
@@ -106,7 +128,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
                                   .Arg<ffi::AnyBuffer>()  // scales
                                   .Ret<ffi::AnyBuffer>()  // fp32 moment
                                   .Attr<int32_t>("format")
-                                  .Attr<int32_t>("moment"));
+                                  .Attr<int32_t>("moment")
+                                  .Attr<int32_t>("normalization"));
 
 int32_t lowbit_jax_protocol_version(void) { return lowbit::jaxffi::kProtocolVersion; }
 

@@ -9,8 +9,11 @@
 //   inputs   0: lr      f32[]          learning rate of this step (a buffer so
 //                                      that a schedule can produce it under jit)
 //            1: count   s32[]          steps applied so far (t - 1)
-//            2: layout  s32[N, 3]      per param, as recorded at init:
-//                                      format of moment 0, of moment 1, rounding
+//            2: layout  s32[N, 14]     per param, as recorded at init
+//                                      (core/layout_record.hpp): formats of
+//                                      moments 0 and 1, rounding,
+//                                      normalisations of moments 0 and 1, ndim
+//                                      and dims of the bound shape
 //            3 + 7 i + k, k = 0..6:    param i, grad i, mu, mu_scale, nu,
 //                                      nu_scale, ecc (absent parts: 0 elements)
 //   outputs  0: count (aliases input 1), +1 unless the step was skipped (on
@@ -23,9 +26,14 @@
 //            weight_decay (f32[N]), formats (s32[2N]: lowbit_state_format_t of
 //            each moment, 0 where the algorithm keeps no such moment),
 //            rounding (s32[N]: 0 nearest, 1 stochastic, 2 error correction),
+//            normalizations (s32[2N]: lowbit_normalization_t of each moment,
+//            resolved as lowbit_plan_param_state reports it, 0 where the
+//            algorithm keeps no such moment; a param with a RANK1 or FACTORED
+//            moment is bound with the shape of its buffer, others flat),
 //            seed (u64), skip_nonfinite (s32), num_threads (s32),
 //            names (string: the N leaf names separated by '\n', for messages).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +44,7 @@
 #include <vector>
 
 #include "core/engine.hpp"
+#include "core/layout_record.hpp"
 #include "core/error.hpp"
 #include "core/state.hpp"
 #include "core/step_scalars.hpp"
@@ -49,7 +58,7 @@ namespace ffi = ::xla::ffi;
 
 // Bumped whenever the buffer or attribute layout above changes; the Python
 // side refuses a module with another version.
-constexpr int32_t kProtocolVersion = 1;
+constexpr int32_t kProtocolVersion = 2;
 constexpr size_t kLeadingArgs = 3;
 constexpr size_t kArgsPerParam = 7;
 constexpr size_t kRetsPerParam = 6;
@@ -61,6 +70,7 @@ struct StepAttrs {
   ffi::Span<const float> weight_decay;
   ffi::Span<const int32_t> formats;
   ffi::Span<const int32_t> rounding;
+  ffi::Span<const int32_t> normalizations;
   uint64_t seed;
   int32_t skip_nonfinite;
   std::string_view names;
@@ -119,9 +129,25 @@ inline const char* rounding_name(int32_t r) {
   return "unknown";
 }
 
-inline std::string formats_string(int32_t f0, int32_t f1, int32_t r) {
+inline const char* norm_value_name(int32_t n) {
+  switch (n) {
+    case 0: return "none";
+    case LOWBIT_NORMALIZATION_BLOCK: return "block";
+    case LOWBIT_NORMALIZATION_RANK1: return "rank1";
+    case LOWBIT_NORMALIZATION_FACTORED: return "factored";
+  }
+  return "unknown";
+}
+
+// A layout record (core/layout_record.hpp) for messages.
+inline std::string layout_string(const int32_t* r) {
   auto name = [](int32_t f) { return f == 0 ? "none" : format_name(lowbit_state_format_t(f)); };
-  return concat("(moment 0: ", name(f0), ", moment 1: ", name(f1), ", rounding: ", rounding_name(r), ")");
+  std::string shape = "(";
+  for (int k = 0; k < r[5] && k < kMaxDims; ++k) shape += concat(k ? ", " : "", r[6 + k]);
+  shape += r[5] == 1 ? ",)" : ")";
+  return concat("(moment 0: ", name(r[0]), " ", norm_value_name(r[3]), ", moment 1: ", name(r[1]), " ",
+                norm_value_name(r[4]), ", rounding: ", rounding_name(r[2]), ", shape: ", r[5] ? shape : "flat",
+                ")");
 }
 
 inline ffi::ErrorCode error_code(lowbit_status_t s) {
@@ -214,18 +240,19 @@ class StepDecoder {
     const size_t n = args_.size() / kArgsPerParam;
     LOWBIT_REQUIRE(rets_.size() == n * kRetsPerParam, LOWBIT_ERROR_INVALID_ARGUMENT, "expected 1 + 6 * ", n,
                    " outputs, got ", rets_.size() + 1);
-    LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "attributes weight_decay/rounding/formats have ",
-                   a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), " entries for ", n,
-                   " params (expected N/N/2N)");
+    LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n &&
+                       a_.normalizations.size() == 2 * n,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "attributes weight_decay/rounding/formats/normalizations have ",
+                   a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), "/",
+                   a_.normalizations.size(), " entries for ", n, " params (expected N/N/2N/2N)");
     num_leaves_ = n;
     names_split_ = false;
     LOWBIT_REQUIRE(!count || (*count >= 0 && *count < INT32_MAX), LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ",
                    count ? *count : 0, " must be in [0, 2^31 - 1)");
-    LOWBIT_REQUIRE(layout_dims.size() == 2 && layout_dims[0] == int64_t(n) && layout_dims[1] == 3,
+    LOWBIT_REQUIRE(layout_dims.size() == 2 && layout_dims[0] == int64_t(n) && layout_dims[1] == kLayoutColumns,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "state.layout has shape ", shape_string(layout_dims),
-                   " but the optimizer has ", n, " params: expected (", n,
-                   ", 3) (a state made by init() for another params tree?)");
+                   " but the optimizer has ", n, " params: expected (", n, ", ", kLayoutColumns,
+                   ") (a state made by init() for another params tree, or by an older lowbit.jax?)");
 
     lowbit_hparams_t h{};
     h.struct_size = sizeof(h);
@@ -263,7 +290,7 @@ class StepDecoder {
       out.groups[i] = int32_t(g);
       LeafBuffers b = leaf(i);
       ParamView& v = out.views[i];
-      check_leaf(i, b, num_moments, layout ? layout + 3 * i : nullptr, v, out.grads[i]);
+      check_leaf(i, b, algorithm, num_moments, layout ? layout + kLayoutColumns * i : nullptr, v, out.grads[i]);
       append_chunks(out.chunks, int32_t(i), v.numel);
       // Views write into the outputs; an output XLA did not alias to its
       // input starts as a copy of it.
@@ -321,8 +348,8 @@ class StepDecoder {
          " (a state made for another param, dtype or format?)");
   }
 
-  void check_leaf(size_t i, const LeafBuffers& b, int num_moments, const int32_t* recorded, ParamView& v,
-                  GradView& gv) const {
+  void check_leaf(size_t i, const LeafBuffers& b, lowbit_algorithm_t algorithm, int num_moments,
+                  const int32_t* recorded, ParamView& v, GradView& gv) const {
     const ffi::AnyBuffer& param = b.in[0];
     const ffi::AnyBuffer& grad = b.in[1];
     LOWBIT_REQUIRE(to_lowbit_dtype(param.element_type(), &v.param_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
@@ -341,19 +368,40 @@ class StepDecoder {
     v.num_moments = num_moments;
 
     const int32_t f[2] = {a_.formats[2 * i], a_.formats[2 * i + 1]};
+    const int32_t nz[2] = {a_.normalizations[2 * i], a_.normalizations[2 * i + 1]};
     const int32_t rounding = a_.rounding[i];
-    LOWBIT_REQUIRE(!recorded || (recorded[0] == f[0] && recorded[1] == f[1] && recorded[2] == rounding),
+    // The shape the engine binds: the buffer's, for a param with a RANK1 or
+    // FACTORED moment; flat otherwise (no moment reads it).
+    const bool shaped = nz[0] == LOWBIT_NORMALIZATION_RANK1 || nz[0] == LOWBIT_NORMALIZATION_FACTORED ||
+                        nz[1] == LOWBIT_NORMALIZATION_RANK1 || nz[1] == LOWBIT_NORMALIZATION_FACTORED;
+    v.shape = Shape{};
+    if (shaped) {
+      const auto dims = param.dimensions();
+      LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+                     name(i), " has shape ", shape_string(dims), ": rank1 and factored moments need 2 to ",
+                     kMaxDims, " dims");
+      v.shape.ndim = int32_t(dims.size());
+      for (size_t k = 0; k < dims.size(); ++k) {
+        LOWBIT_REQUIRE(dims[k] >= 1 && dims[k] <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i),
+                       " has shape ", shape_string(dims), ": rank1 and factored moments need dims in [1, 2^31)");
+        v.shape.dim[k] = dims[k];
+      }
+    }
+    int32_t expected[kLayoutColumns] = {f[0], f[1], rounding, nz[0], nz[1], v.shape.ndim};
+    for (int k = 0; k < v.shape.ndim; ++k) expected[6 + k] = int32_t(v.shape.dim[k]);
+    LOWBIT_REQUIRE(!recorded || std::equal(expected, expected + kLayoutColumns, recorded),
                    LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": the state was created with ",
-                   recorded ? formats_string(recorded[0], recorded[1], recorded[2]) : std::string(),
-                   " but this optimizer uses ", formats_string(f[0], f[1], rounding), " for it");
+                   recorded ? layout_string(recorded) : std::string(), " but this optimizer uses ",
+                   layout_string(expected), " for it");
     static const char* const data_part[2] = {"mu", "nu"};
     static const char* const scale_part[2] = {"mu_scale", "nu_scale"};
     for (int m = 0; m < 2; ++m) {
       const ffi::AnyBuffer& data = b.in[2 + 2 * m];
       const ffi::AnyBuffer& scales = b.in[3 + 2 * m];
       if (m >= num_moments) {
-        LOWBIT_REQUIRE(f[m] == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": formats[", 2 * i + m,
-                       "] = ", f[m], " but the algorithm keeps only ", num_moments, " moments (expected 0)");
+        LOWBIT_REQUIRE(f[m] == 0 && nz[m] == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": formats[",
+                       2 * i + m, "] = ", f[m], " and normalizations[", 2 * i + m, "] = ", nz[m],
+                       " but the algorithm keeps only ", num_moments, " moments (expected 0)");
         auto why = [] { return "an algorithm without this moment"; };
         check_size(i, data_part[m], data, ffi::DataType::F32, 0, why);
         check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, why);
@@ -362,14 +410,40 @@ class StepDecoder {
       LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                      name(i), ": formats[", 2 * i + m, "] = ", f[m], " is not a lowbit_state_format_t value");
       const lowbit_state_format_t fmt = lowbit_state_format_t(f[m]);
+      Norm norm = Norm::Block;
+      switch (nz[m]) {
+        case LOWBIT_NORMALIZATION_BLOCK: break;
+        case LOWBIT_NORMALIZATION_RANK1:
+          LOWBIT_REQUIRE(fmt == LOWBIT_STATE_8BIT || fmt == LOWBIT_STATE_4BIT, LOWBIT_ERROR_INVALID_ARGUMENT,
+                         "param ", name(i), ": normalizations[", 2 * i + m, "] = rank1 needs the 8bit or 4bit format (",
+                         format_name(fmt), ")");
+          norm = Norm::Rank1;
+          break;
+        case LOWBIT_NORMALIZATION_FACTORED:
+          LOWBIT_REQUIRE(m == 1 && fmt == LOWBIT_STATE_FP32 &&
+                             (algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM),
+                         LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m,
+                         "] = factored needs the second moment of AdamW or Adam, stored as fp32 accumulators");
+          norm = Norm::Factored;
+          break;
+        default:
+          fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m, "] = ", nz[m],
+               " is not block (1), rank1 (2) or factored (3)");
+      }
       const ffi::DataType ddt = moment_data_dtype(fmt);
       const int64_t elem_bytes = ddt == ffi::DataType::F32 ? 4 : (ddt == ffi::DataType::BF16 ? 2 : 1);
-      const int64_t data_elems = moment_data_bytes(fmt, numel) / elem_bytes;
-      auto why = [&] { return concat("the ", format_name(fmt), " format of a ", numel, "-element param"); };
+      const int64_t data_elems = moment_data_bytes(fmt, norm, v.shape, numel) / elem_bytes;
+      auto why = [&] {
+        if (norm == Norm::Block) return concat("the ", format_name(fmt), " format of a ", numel, "-element param");
+        return concat("the ", format_name(fmt), " ", norm_name(norm), " format of a param of shape ",
+                      shape_string(ffi::Span<const int64_t>(v.shape.dim, size_t(v.shape.ndim))));
+      };
       check_size(i, data_part[m], data, ddt, data_elems, why);
-      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, numel) / 4, why);
+      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, norm, v.shape, numel) / 4,
+                 why);
       v.moment[m] = moment_view(fmt, m, b.out[1 + 2 * m].untyped_data(),
                                 static_cast<float*>(b.out[2 + 2 * m].untyped_data()));
+      v.moment[m].norm = norm;
     }
     const ffi::AnyBuffer& ecc = b.in[6];
     switch (rounding) {
@@ -441,6 +515,7 @@ auto bind_step_signature(Binding b) {
       .template Attr<ffi::Span<const float>>("weight_decay")
       .template Attr<ffi::Span<const int32_t>>("formats")
       .template Attr<ffi::Span<const int32_t>>("rounding")
+      .template Attr<ffi::Span<const int32_t>>("normalizations")
       .template Attr<uint64_t>("seed")
       .template Attr<int32_t>("skip_nonfinite")
       .template Attr<int32_t>("num_threads")

@@ -1,15 +1,20 @@
 """The optimizer state a parameter gets, planned by the library
 (lowbit_plan_param_state): the one home of format resolution, the size
-threshold, moment counts, block and byte sizes and the rounding precedence.
-Used by lowbit.jax, which keeps the state itself."""
+threshold, moment counts, normalisations (block, rank-1, factored: capi/
+lowbit.h "Shaped parameters"), block and byte sizes and the rounding
+precedence. Used by lowbit.jax, which keeps the state itself."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
-from ._ffi import Algorithm, Dtype, Rounding, StateFormat, ffi
+from ._ffi import ENUMS, Algorithm, Dtype, Rounding, StateFormat, ffi
 from ._lib import call
+
+Normalization = ENUMS["lowbit_normalization_t"]  # DEFAULT, BLOCK, RANK1, FACTORED
+Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR
+MAX_DIMS = 8  # LOWBIT_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -22,16 +27,28 @@ class StatePlan:
     rounding: Rounding
     ecc_bytes: int
     state_bytes: int
+    # Normalization of moments 0 and 1, resolved (BLOCK for unquantized
+    # formats and params under 2 dims; DEFAULT where the algorithm keeps none)
+    normalization: tuple = (Normalization.DEFAULT, Normalization.DEFAULT)
 
 
 @functools.lru_cache(maxsize=4096)
 def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_format=StateFormat.FP32,
                      second_state_format=StateFormat.DEFAULT, min_quantized_numel: int = 4096,
                      stochastic_rounding: bool = False, error_correction: bool = False,
-                     momentum: float = 0.0) -> StatePlan:
+                     momentum: float = 0.0, shape: tuple = (),
+                     first_normalization=Normalization.DEFAULT,
+                     second_normalization=Normalization.DEFAULT) -> StatePlan:
     """The state of a param of `numel` elements and `dtype` in an optimizer
     with these settings (the optimizer-wide ones of lowbit_optimizer_config_t;
-    `momentum` is SGD's, which decides whether it keeps a moment)."""
+    `momentum` is SGD's, which decides whether it keeps a moment).
+
+    `shape`: the param's dims (a tuple of at most 8 ints >= 1 whose product is
+    `numel`; () = 1-D), which rank-1 and factored moments follow.
+    `first_normalization` / `second_normalization`: the optimizer's
+    (lowbit_normalization_t); the plan's `normalization` says what each
+    moment gets. Arguments must be hashable (the plan is cached): a shape is a
+    tuple, not a list."""
     cfg = ffi.new("lowbit_optimizer_config_t *")
     call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(algorithm))
     cfg.state_format = int(state_format)
@@ -39,6 +56,8 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     cfg.min_quantized_numel = int(min_quantized_numel)
     cfg.stochastic_rounding = int(bool(stochastic_rounding))
     cfg.error_correction = int(bool(error_correction))
+    cfg.first_normalization = int(first_normalization)
+    cfg.second_normalization = int(second_normalization)
     hp = ffi.new("lowbit_hparams_t *")
     call("lowbit_hparams_init", hp, int(algorithm))
     hp.momentum = float(momentum)
@@ -46,6 +65,13 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     call("lowbit_param_config_init_sized", pc, ffi.sizeof(pc[0]))
     pc.param.numel = int(numel)
     pc.param.dtype = int(dtype)
+    if not isinstance(shape, tuple):
+        raise TypeError(f"shape must be a tuple of ints, got {type(shape).__name__}")
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"shape {shape} has {len(shape)} dims; lowbit takes at most {MAX_DIMS}")
+    pc.ndim = len(shape)
+    for k, d in enumerate(shape):
+        pc.shape[k] = int(d)
     out = ffi.new("lowbit_state_plan_t *")
     out.struct_size = ffi.sizeof("lowbit_state_plan_t")
     call("lowbit_plan_param_state", cfg, hp, pc, out)
@@ -58,4 +84,17 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
         rounding=Rounding(out.rounding),
         ecc_bytes=out.ecc_bytes,
         state_bytes=out.state_bytes,
+        normalization=tuple(Normalization(n) for n in out.normalization),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def preset_config(preset) -> tuple:
+    """(state_format, second_state_format, first_normalization,
+    second_normalization) of a lowbit_preset_t, as
+    lowbit_optimizer_config_preset sets them."""
+    cfg = ffi.new("lowbit_optimizer_config_t *")
+    call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(Algorithm.ADAMW))
+    call("lowbit_optimizer_config_preset", cfg, int(preset))
+    return (StateFormat(cfg.state_format), StateFormat(cfg.second_state_format),
+            Normalization(cfg.first_normalization), Normalization(cfg.second_normalization))

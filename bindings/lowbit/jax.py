@@ -20,12 +20,29 @@ in one pass and in place (the outputs alias the inputs).
 
 State formats are those of the C API: ``"fp32"``, ``"bf16"``, ``"8bit"``,
 ``"4bit"``, ``"fp8"``; params with fewer than ``min_quantized_numel`` (4096)
-elements keep fp32 state when a quantized format is asked for. The state is a
+elements keep fp32 state when a quantized format is asked for.
+
+Shaped moments (capi/lowbit.h, "Shaped parameters"; lpmm's 4-bit
+optimizers): each leaf's shape goes to the library's plan, and a moment may be
+normalised per block (``"block"``, the default), rank-1 (``"rank1"``: one
+max vector per dim, 8bit/4bit moments of leaves with >= 2 dims) or factored
+(``"factored"``: Adafactor-style fp32 row and column accumulators instead of
+Adam's second moment, leaves with >= 2 dims), through
+``first_normalization`` / ``second_normalization``, or the presets of the C
+API as ``state_format`` of ``adamw`` / ``adam``:
+
+    ljax.adamw(1e-3, state_format="4bit-rank1")   # lpmm 4-bit AdamW: m 4-bit blocks, v 4-bit rank-1
+    ljax.adamw(1e-3, state_format="4bit-factor")  # lpmm 4-bit Factor: m 4-bit blocks, v factored
+
+1-D leaves (and leaves of more than 8 dims) keep blocks; leaves under
+``min_quantized_numel`` keep fp32 state, as in the C API. The state is a
 pytree of arrays (:class:`LowbitState`), so it checkpoints with ordinary JAX
 tools. Its arrays are the library's storage, flattened: moment data
-(float32, bfloat16 or uint8 codes), one float32 scale per block, the
-error-correction bytes of 16-bit params, an int32 step count, and the layout
-(formats and rounding of each param) that the step checks on every call.
+(float32, bfloat16 or uint8 codes; a factored moment's fp32 accumulators),
+one float32 scale per block (a rank-1 moment: its vectors and their step
+workspace), the error-correction bytes of 16-bit params, an int32 step count,
+and the layout (formats, normalisations, rounding and shape of each param)
+that the step checks on every call.
 
 Semantics of ``update``: optax wants updates, the fused step computes new
 params, so ``update`` returns ``new_params - params`` computed in the param
@@ -57,7 +74,7 @@ from ._ffi import Algorithm, Dtype, StateFormat
 from ._lib import JAX_LIBRARY_ENV as LIBRARY_ENV
 from ._lib import jax_module_candidates
 from ._optimizer import resolve_num_threads
-from ._plan import plan_param_state
+from ._plan import MAX_DIMS, Normalization, Preset, plan_param_state, preset_config
 
 __all__ = [
     "LIBRARY_ENV",
@@ -71,7 +88,8 @@ __all__ = [
     "sgd",
 ]
 
-PROTOCOL_VERSION = 1  # bindings/jax/step_common.hpp kProtocolVersion
+PROTOCOL_VERSION = 2  # bindings/jax/step_common.hpp kProtocolVersion
+LAYOUT_COLUMNS = 14  # core/layout_record.hpp kLayoutColumns
 
 _STEP_TARGET = "lowbit_step"
 _DECODE_TARGET = "lowbit_decode_moment"
@@ -87,6 +105,19 @@ _FORMATS = {
     "int4": StateFormat.BIT4,
     "fp8": StateFormat.FP8,
     "e4m3": StateFormat.FP8,
+}
+# state_format presets (lowbit_preset_t): AdamW / Adam only
+_PRESETS = {
+    "4bit-rank1": Preset.LPMM_ADAMW_4BIT,
+    "lpmm-4bit": Preset.LPMM_ADAMW_4BIT,
+    "4bit-factor": Preset.ADAMW_4BIT_FACTOR,
+}
+_NORMALIZATIONS = {
+    "block": Normalization.BLOCK,
+    "rank1": Normalization.RANK1,
+    "rank-1": Normalization.RANK1,
+    "factored": Normalization.FACTORED,
+    "factor": Normalization.FACTORED,
 }
 _PARAM_DTYPES = {jnp.dtype(jnp.float32): Dtype.FLOAT32, jnp.dtype(jnp.bfloat16): Dtype.BFLOAT16,
                  jnp.dtype(jnp.float16): Dtype.FLOAT16}
@@ -175,10 +206,13 @@ class LowbitState(NamedTuple):
     (per-block float32 scales) and ``ecc`` (error-correction bytes) are pytrees
     with the structure of the params whose leaves are flat arrays, empty where
     a param has no such part. ``count`` is the number of steps applied (a
-    skipped non-finite step does not count); ``layout[i]`` = (format of moment
-    0, format of moment 1, rounding) of leaf i, as lowbit_state_format_t
-    values (0: no such moment) and 0 nearest / 1 stochastic / 2 error
-    correction."""
+    skipped non-finite step does not count); ``layout[i]`` (14 int32) =
+    format of moment 0, format of moment 1 (lowbit_state_format_t values, 0:
+    no such moment), rounding (0 nearest / 1 stochastic / 2 error
+    correction), normalisation of moment 0 and 1 (lowbit_normalization_t
+    values, 0: no such moment), then ndim and the 8 dims of the shape the
+    step binds (the leaf's, when a moment is rank-1 or factored; else ndim 0).
+    A factored second moment has format fp32 (its accumulators)."""
 
     count: jax.Array
     layout: jax.Array
@@ -226,6 +260,8 @@ class Config:
     mask: Any = None
     state_format: StateFormat = StateFormat.FP32
     second_state_format: Optional[StateFormat] = None
+    first_normalization: Normalization = Normalization.DEFAULT
+    second_normalization: Normalization = Normalization.DEFAULT
     min_quantized_numel: int = 4096
     stochastic_rounding: bool = False
     error_correction: bool = False
@@ -247,12 +283,30 @@ def _parse_format(fmt, arg):
     return _FORMATS[key]
 
 
+def _parse_normalization(norm, arg):
+    if norm is None:
+        return Normalization.DEFAULT
+    if isinstance(norm, Normalization):
+        return norm
+    key = norm.lower() if isinstance(norm, str) else norm
+    if key not in _NORMALIZATIONS:
+        raise ValueError(f"lowbit.jax: {arg}={norm!r} is not one of {sorted(_NORMALIZATIONS)}")
+    return _NORMALIZATIONS[key]
+
+
 class _Leaf(NamedTuple):
     formats: tuple  # (moment 0, moment 1) lowbit_state_format_t values, 0 = none
     rounding: int
     data_bytes: tuple
     scale_count: tuple
     ecc_bytes: int
+    normalizations: tuple  # (moment 0, moment 1) lowbit_normalization_t values, 0 = none
+    bound_shape: tuple  # the shape the step binds: the leaf's when a moment is rank-1 / factored, else ()
+
+    def layout_row(self):
+        shape = list(self.bound_shape) + [0] * (MAX_DIMS - len(self.bound_shape))
+        return [self.formats[0], self.formats[1], self.rounding, self.normalizations[0], self.normalizations[1],
+                len(self.bound_shape)] + shape
 
 
 def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
@@ -260,14 +314,24 @@ def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
     dtype = jnp.dtype(dtype)
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"lowbit.jax: param {name} has dtype {dtype}; lowbit updates float32, bfloat16 and float16")
+    shape = tuple(int(d) for d in shape)
     numel = int(np.prod(shape, dtype=np.int64))
+    # The library plans 1..8 dims; a leaf of more dims (or none, or an empty
+    # one) is planned flat, so its moments keep blocks.
+    plan_shape = shape if 1 <= len(shape) <= MAX_DIMS and numel > 0 else ()
     plan = plan_param_state(
         cfg.algorithm, numel, _PARAM_DTYPES[dtype], state_format=cfg.state_format,
         second_state_format=cfg.second_state_format if cfg.second_state_format is not None else StateFormat.DEFAULT,
         min_quantized_numel=cfg.min_quantized_numel, stochastic_rounding=cfg.stochastic_rounding,
-        error_correction=cfg.error_correction, momentum=cfg.momentum)
+        error_correction=cfg.error_correction, momentum=cfg.momentum, shape=plan_shape,
+        first_normalization=cfg.first_normalization, second_normalization=cfg.second_normalization)
+    norms = tuple(int(n) for n in plan.normalization)
+    shaped = any(n in (Normalization.RANK1, Normalization.FACTORED) for n in norms)
+    if shaped and max(shape) > 2**31 - 1:
+        raise ValueError(f"lowbit.jax: param {name} has shape {shape}: rank1 and factored moments need dims "
+                         "< 2^31")
     return _Leaf(tuple(int(f) for f in plan.formats), int(plan.rounding), plan.data_bytes, plan.scale_count,
-                 plan.ecc_bytes)
+                 plan.ecc_bytes, norms, shape if shaped else ())
 
 
 def _moment_arrays(plan: _Leaf, m: int):
@@ -323,11 +387,11 @@ def _init(params, cfg: Config) -> LowbitState:
         nu.append(d1)
         nus.append(s1)
         ecc.append(jnp.zeros((plan.ecc_bytes,), jnp.uint8))
-        layout.append((plan.formats[0], plan.formats[1], plan.rounding))
+        layout.append(plan.layout_row())
     un = treedef.unflatten
     return LowbitState(
         count=jnp.zeros((), jnp.int32),
-        layout=jnp.asarray(np.array(layout, dtype=np.int32).reshape(len(leaves), 3)),
+        layout=jnp.asarray(np.array(layout, dtype=np.int32).reshape(len(leaves), LAYOUT_COLUMNS)),
         mu=un(mu),
         mu_scale=un(mus),
         nu=un(nu),
@@ -391,6 +455,7 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
         weight_decay=np.array(_weight_decays(params, treedef, cfg), np.float32),
         formats=np.array([f for p in plans for f in p.formats], np.int32),
         rounding=np.array([p.rounding for p in plans], np.int32),
+        normalizations=np.array([n for p in plans for n in p.normalizations], np.int32),
         seed=np.uint64(cfg.seed),
         skip_nonfinite=np.int32(cfg.skip_nonfinite),
         num_threads=np.int32(cfg.num_threads),
@@ -451,11 +516,37 @@ def _make(cfg: Config) -> LowbitTransformation:
     return t
 
 
+def _formats(state_format, second_state_format, first_normalization, second_normalization, presets):
+    """state_format (a format or, where `presets`, a preset name), the second
+    moment's format and the normalisations; explicit arguments win over a
+    preset's."""
+    first_norm = _parse_normalization(first_normalization, "first_normalization")
+    second_norm = _parse_normalization(second_normalization, "second_normalization")
+    if first_norm == Normalization.FACTORED:
+        raise ValueError("lowbit.jax: first_normalization='factored': only the second moment of AdamW / Adam can "
+                         "be factored (second_normalization)")
+    key = state_format.lower() if isinstance(state_format, str) else None
+    if key in _PRESETS:
+        if not presets:
+            raise ValueError(f"lowbit.jax: state_format={state_format!r} is a preset of AdamW / Adam "
+                             f"(adamw, adam); this optimizer takes one of {sorted(_FORMATS)}")
+        fmt, fmt2, n1, n2 = preset_config(_PRESETS[key])
+        second = _parse_format(second_state_format, "second_state_format")
+        return dict(state_format=fmt, second_state_format=second if second is not None else fmt2,
+                    first_normalization=first_norm if first_norm != Normalization.DEFAULT else n1,
+                    second_normalization=second_norm if second_norm != Normalization.DEFAULT else n2)
+    if isinstance(state_format, str) and key not in _FORMATS:
+        choices = sorted(_FORMATS) + (sorted(_PRESETS) if presets else [])
+        raise ValueError(f"lowbit.jax: state_format={state_format!r} is not one of {choices}")
+    return dict(state_format=_parse_format(state_format, "state_format") or StateFormat.FP32,
+                second_state_format=_parse_format(second_state_format, "second_state_format"),
+                first_normalization=first_norm, second_normalization=second_norm)
+
+
 def _common(state_format, second_state_format, min_quantized_numel, stochastic_rounding, error_correction, seed,
-            skip_nonfinite, num_threads):
+            skip_nonfinite, num_threads, first_normalization=None, second_normalization=None, presets=False):
     return dict(
-        state_format=_parse_format(state_format, "state_format") or StateFormat.FP32,
-        second_state_format=_parse_format(second_state_format, "second_state_format"),
+        **_formats(state_format, second_state_format, first_normalization, second_normalization, presets),
         min_quantized_numel=int(min_quantized_numel),
         stochastic_rounding=bool(stochastic_rounding),
         error_correction=bool(error_correction),
@@ -474,7 +565,16 @@ def _num_threads(num_threads) -> int:
 
 _COMMON_DOC = """
     state_format: "fp32" (default), "bf16", "8bit", "4bit" or "fp8", of both
-        moments unless ``second_state_format`` is given.
+        moments unless ``second_state_format`` is given. AdamW / Adam also
+        take the presets of the C API (lowbit_preset_t): "4bit-rank1" (alias
+        "lpmm-4bit": m 4-bit blocks, v 4-bit rank-1) and "4bit-factor" (m
+        4-bit blocks, v factored); explicit formats and normalisations given
+        with a preset win over its own.
+    first_normalization / second_normalization: "block" (default), "rank1"
+        (8bit / 4bit moments of leaves with >= 2 dims: one max vector per dim)
+        or "factored" (second moment of AdamW / Adam only: fp32 row and column
+        accumulators); leaves with fewer than 2 dims keep blocks. Lion and
+        SGD take ``first_normalization`` only.
     min_quantized_numel: params with fewer elements keep fp32 state when the
         format is quantized (8bit/4bit/fp8), as in the C API.
     stochastic_rounding / error_correction: how 16-bit params are written back
@@ -490,8 +590,9 @@ _COMMON_DOC = """
 
 
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=None, *, bias_correction=True,
-          state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
-          error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
+          state_format="fp32", second_state_format=None, first_normalization=None, second_normalization=None,
+          min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
+          num_threads=None) -> LowbitTransformation:
     """AdamW (decoupled weight decay), the arguments and defaults of
     ``optax.adamw``: p = p * (1 - lr * wd) - lr * m_hat / (sqrt(v_hat) + eps).
     ``mask`` (pytree of bools or callable params -> pytree) selects the params
@@ -499,48 +600,52 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=Non
     return _make(Config(Algorithm.ADAMW, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
                         bias_correction=bias_correction,
                         **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
-                                  error_correction, seed, skip_nonfinite, num_threads)))
+                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization,
+                                  second_normalization, presets=True)))
 
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
-         state_format="fp32", second_state_format=None, min_quantized_numel=4096, stochastic_rounding=False,
-         error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
+         state_format="fp32", second_state_format=None, first_normalization=None, second_normalization=None,
+         min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
+         num_threads=None) -> LowbitTransformation:
     """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
     return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
                         bias_correction=bias_correction,
                         **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
-                                  error_correction, seed, skip_nonfinite, num_threads)))
+                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization,
+                                  second_normalization, presets=True)))
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
-         min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
-         num_threads=None) -> LowbitTransformation:
+         first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False, error_correction=False,
+         seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
     return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
                         **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
-                                  seed, skip_nonfinite, num_threads)))
+                                  seed, skip_nonfinite, num_threads, first_normalization)))
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_decay=0.0, mask=None,
-        state_format="fp32", min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0,
-        skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
+        state_format="fp32", first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False,
+        error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """SGD as torch.optim.SGD (L2 ``weight_decay``, ``momentum`` with
     ``dampening``, Nesterov); with dampening 0 it equals ``optax.sgd``. No
     momentum: no state besides the count.""" + _COMMON_DOC
     return _make(Config(Algorithm.SGD, learning_rate, momentum=float(momentum or 0.0), dampening=dampening,
                         nesterov=bool(nesterov), weight_decay=weight_decay, mask=mask,
                         **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
-                                  seed, skip_nonfinite, num_threads)))
+                                  seed, skip_nonfinite, num_threads, first_normalization)))
 
 
 # ----------------------------------------------------------------- inspection
 
 
-def _decode(data, scales, fmt, moment, shape):
-    numel = int(np.prod(shape, dtype=np.int64))
-    call = jax.ffi.ffi_call(_DECODE_TARGET, jax.ShapeDtypeStruct((numel,), jnp.float32), vmap_method="sequential")
-    return call(data, scales, format=np.int32(fmt), moment=np.int32(moment)).reshape(shape)
+def _decode(data, scales, fmt, norm, moment, shape):
+    # the output has the param's shape: rank-1 and factored moments decode with it
+    call = jax.ffi.ffi_call(_DECODE_TARGET, jax.ShapeDtypeStruct(tuple(shape), jnp.float32),
+                            vmap_method="sequential")
+    return call(data, scales, format=np.int32(fmt), moment=np.int32(moment), normalization=np.int32(norm))
 
 
 def moments(state: LowbitState, params):
@@ -550,8 +655,9 @@ def moments(state: LowbitState, params):
     _MODULE.load()
     leaves, treedef = jax.tree_util.tree_flatten(params)
     layout = np.asarray(jax.device_get(state.layout))
-    if layout.shape != (len(leaves), 3):
-        raise ValueError(f"lowbit.jax: state.layout has shape {layout.shape}, the params have {len(leaves)} leaves")
+    if layout.shape != (len(leaves), LAYOUT_COLUMNS):
+        raise ValueError(f"lowbit.jax: state.layout has shape {layout.shape}, expected ({len(leaves)}, "
+                         f"{LAYOUT_COLUMNS}) for params of {len(leaves)} leaves")
     cpu = jax.devices("cpu")[0]
     out = []
     for m, (data_tree, scale_tree) in enumerate(((state.mu, state.mu_scale), (state.nu, state.nu_scale))):
@@ -563,7 +669,14 @@ def moments(state: LowbitState, params):
             if fmt == 0:
                 vals.append(None)
                 continue
+            norm = int(layout[i, 3 + m])
+            if norm not in (Normalization.BLOCK, Normalization.RANK1, Normalization.FACTORED):
+                raise ValueError(f"lowbit.jax: state.layout[{i}, {3 + m}] = {norm} is not a normalisation")
+            bound = tuple(int(d) for d in layout[i, 6:6 + int(layout[i, 5])])
+            if norm != Normalization.BLOCK and bound != tuple(jnp.shape(p)):
+                raise ValueError(f"lowbit.jax: state of leaf {i} was made for shape {bound}, the param has shape "
+                                 f"{tuple(jnp.shape(p))}")
             d, s = jax.device_put(data[i], cpu), jax.device_put(scales[i], cpu)
-            vals.append(_decode(d, s, fmt, m, jnp.shape(p)))
+            vals.append(_decode(d, s, fmt, norm, m, jnp.shape(p)))
         out.append(treedef.unflatten(vals))
     return tuple(out)

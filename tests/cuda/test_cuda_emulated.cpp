@@ -474,7 +474,10 @@ void test_shared_count(void**) {
       append_chunks(chunks, int32_t(i), specs[i].numel);
       groups.push_back(specs[i].group);
       const ParamView& v = cpu.views[i];
-      layout.insert(layout.end(), {int32_t(fmt[0]), moments > 1 ? int32_t(fmt[1]) : 0, int32_t(v.rounding)});
+      // core/layout_record.hpp: formats, rounding, block normalisations, no bound shape
+      const int32_t rec[kLayoutColumns] = {int32_t(fmt[0]), moments > 1 ? int32_t(fmt[1]) : 0, int32_t(v.rounding),
+                                           LOWBIT_NORMALIZATION_BLOCK, moments > 1 ? LOWBIT_NORMALIZATION_BLOCK : 0};
+      layout.insert(layout.end(), rec, rec + kLayoutColumns);
     }
     const int64_t np = int64_t(specs.size()), nc = int64_t(chunks.size());
     // Engine memory for the count, lr and layout (device memory on the GPU side).
@@ -498,7 +501,7 @@ void test_shared_count(void**) {
     int32_t expect = 0;
     for (int s = 1; s <= 6; ++s) {
       if (s == 3) *mem[0].lr = *mem[1].lr = a.lr * 0.5f;
-      const bool nan = s == 4, bad_layout = s == 5;
+      const bool nan = s == 4, bad_layout = s == 5 || s == 6;
       std::vector<GradView> g[2] = {std::vector<GradView>(specs.size()), std::vector<GradView>(specs.size())};
       for (size_t i = 0; i < specs.size(); ++i) {
         fill(cpu.grads[i], d.g, specs[i].numel, -12, 0);
@@ -515,7 +518,12 @@ void test_shared_count(void**) {
         g[1][i] = GradView{gpu.grads[i], d.g};
       }
       for (int k = 0; k < 2; ++k) {
-        mem[k].layout[4] = bad_layout ? 99 : layout[4];
+        // step 5: param 1's format of moment 1 (0 for one-moment algorithms)
+        // differs from how it is bound; step 6: param 2's bound shape
+        const size_t bad = s == 5 ? size_t(kLayoutColumns) + 1 : size_t(2 * kLayoutColumns + 5);
+        mem[k].layout[kLayoutColumns + 1] = layout[kLayoutColumns + 1];
+        mem[k].layout[2 * kLayoutColumns + 5] = layout[2 * kLayoutColumns + 5];
+        if (bad_layout) mem[k].layout[bad] = 99;
         StepControl ctl;
         ctl.check_nonfinite = true;
         ctl.seed = seed;

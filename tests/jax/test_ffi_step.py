@@ -323,7 +323,8 @@ def test_state_layout_and_sizes(ljax):
     assert s.mu["small"].dtype == jnp.float32 and s.mu["small"].shape == (10,)  # under the threshold
     assert s.mu["half"].shape == (2049,) and s.ecc["half"].shape == (4097,) and s.ecc["big"].shape == (0,)
     layout = {k: tuple(v) for k, v in zip(sorted(params), np.asarray(s.layout).tolist())}
-    assert layout == {"big": (4, 4, 0), "half": (4, 4, 2), "small": (1, 1, 0)}
+    flat = (1, 1, 0) + (0,) * 8  # block normalisations, no bound shape
+    assert layout == {"big": (4, 4, 0) + flat, "half": (4, 4, 2) + flat, "small": (1, 1, 0) + flat}
     s = ljax.sgd(0.1).init(params)  # no momentum: no moments
     assert all(x.size == 0 for x in jax.tree.leaves((s.mu, s.nu, s.mu_scale, s.ecc)))
     s = ljax.lion(1e-4, state_format="bf16").init(params)

@@ -55,7 +55,8 @@ def test_report_json_is_build_info():
     jax_module = got.pop("jax_module")
     assert got == lowbit.build_info()
     if jax_module:
-        assert Path(jax_module["path"]).name == "liblowbit_jax.so" and jax_module.get("protocol") == 1
+        # protocol: bindings/jax/step_common.hpp kProtocolVersion
+        assert Path(jax_module["path"]).name == "liblowbit_jax.so" and jax_module.get("protocol") == 2
     assert isinstance(got["cuda"], bool) and got["version"].count(".") == 2
 
 
