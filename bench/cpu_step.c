@@ -168,11 +168,11 @@ int main(int argc, char** argv) {
     }
     const double ms = median(times, kStepReps) * 1e3;
     /* the found-inf pre-pass reads the grads once more; shaped params' pass 1
-     * reads them twice more (rows, then column strips) and, for the rank-1 v,
-     * its codes twice */
-    const double pass1 = cases[k].preset ? 2.0 * (double)es * (double)n +
-                                               (cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? (double)n : 0.0)
-                                         : 0.0;
+     * reads them once more for rank-1 (rows only), with the rank-1 v's 4-bit
+     * codes, and twice more for factored (rows, then column strips) */
+    const double pass1 = cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? (double)es * (double)n + 0.5 * (double)n
+                         : cases[k].preset                               ? 2.0 * (double)es * (double)n
+                                                                         : 0.0;
     const double bytes = (3.0 + cases[k].check) * (double)es * (double)n + 2.0 * (double)state + pass1;
     const double frac = bytes / (ms * 1e-3) / bw.ref;
     printf("%-6s %-6s %-6s %-5s %-4s %10.2f %9.3f %10.3f %7.1f%%\n", cases[k].name,

@@ -87,6 +87,7 @@ inline bool simd_tile(int n) {
 }  // namespace
 
 void use_portable_codec(bool on) { portable_only.store(on); }
+bool simd_codec_active() { return avx512_codec_supported() && !portable_only.load(std::memory_order_relaxed); }
 
 LOWBIT_VECTOR_CLONES
 void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {

@@ -35,5 +35,8 @@ void encode_moment(const MomentView& mv, const Shape& s, int64_t numel, const fl
 // Tests: the portable codec everywhere, even where the AVX-512 one
 // (codec_avx512.hpp) would run; both give the same bits.
 void use_portable_codec(bool on);
+// Whether the AVX-512 codec runs (this CPU has it, neither
+// LOWBIT_CPU_KERNELS=generic nor use_portable_codec turned it off).
+bool simd_codec_active();
 
 }  // namespace lowbit

@@ -15,6 +15,8 @@ namespace lowbit {
 bool avx512_codec_supported() { return false; }
 bool avx512_decode_tile(const MomentView&, int64_t, float*) { return false; }
 bool avx512_encode_tile(const MomentView&, int64_t, const float*) { return false; }
+int avx512_decode_rank1(const MomentView&, int64_t, int, const float*, float*) { return 0; }
+int avx512_encode_rank1(const MomentView&, int64_t, int, const float*, const float*) { return 0; }
 
 #else
 
@@ -195,19 +197,20 @@ inline __m512 level2_candidates(const Search8Regs& r, __m512i idx) {
                               _mm512_permutex2var_ps(r.t2[2], idx, r.t2[3]));
 }
 
-inline void search8(const Search8Regs& r, const __m512 (&x)[kLanes], __m512i (&pos)[kLanes]) {
-  for (int k = 0; k < kLanes; ++k)
+template <int L>
+inline void search8(const Search8Regs& r, const __m512 (&x)[L], __m512i (&pos)[L]) {
+  for (int k = 0; k < L; ++k)
     pos[k] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(x[k], r.m127, _CMP_GT_OQ), _mm512_set1_epi32(128));
   auto advance = [&](int k, int step, __m512 candidate) {
     pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(x[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
   };
-  for (int k = 0; k < kLanes; ++k) advance(k, 64, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 7), r.t64));
-  for (int k = 0; k < kLanes; ++k) advance(k, 32, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 6), r.t32));
-  for (int k = 0; k < kLanes; ++k) advance(k, 16, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 5), r.t16));
-  for (int k = 0; k < kLanes; ++k) advance(k, 8, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 4), r.t8));
-  for (int k = 0; k < kLanes; ++k) advance(k, 4, _mm512_permutex2var_ps(r.t4[0], _mm512_srli_epi32(pos[k], 3), r.t4[1]));
-  for (int k = 0; k < kLanes; ++k) advance(k, 2, level2_candidates(r, _mm512_srli_epi32(pos[k], 2)));
-  for (int k = 0; k < kLanes; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
+  for (int k = 0; k < L; ++k) advance(k, 64, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 7), r.t64));
+  for (int k = 0; k < L; ++k) advance(k, 32, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 6), r.t32));
+  for (int k = 0; k < L; ++k) advance(k, 16, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 5), r.t16));
+  for (int k = 0; k < L; ++k) advance(k, 8, _mm512_permutexvar_ps(_mm512_srli_epi32(pos[k], 4), r.t8));
+  for (int k = 0; k < L; ++k) advance(k, 4, _mm512_permutex2var_ps(r.t4[0], _mm512_srli_epi32(pos[k], 3), r.t4[1]));
+  for (int k = 0; k < L; ++k) advance(k, 2, level2_candidates(r, _mm512_srli_epi32(pos[k], 2)));
+  for (int k = 0; k < L; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
 }
 
 void encode8(const Search8& search, int zero_code, bool second, const float* x, uint8_t* codes, float* scale) {
@@ -266,7 +269,101 @@ void encode4(const Search4& map, int zero_code, bool second, const float* x, uin
   }
 }
 
+// ---- rank-1 tiles: a scale per element ---------------------------------------
+
+// normalize() per element: x / scale, or 0 where scale is not > 0.
+inline __m512 normalized_each(const float* x, const float* scale) {
+  const __m512 s = _mm512_loadu_ps(scale);
+  return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_loadu_ps(x), s);
+}
+
+// 16 * L elements (even first element): codes as encode4's, packed.
+template <int L>
+inline void encode4_each(const Search4& map, int zero_code, bool second, const float* x, const float* scale,
+                         uint8_t* packed) {
+  const __m512 mid = _mm512_load_ps(map.mid);
+  const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
+  __m512 xn[L];
+  __m512i pos[L];
+  for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k), pos[k] = _mm512_setzero_si512();
+  for (int step = 8; step >= 1; step >>= 1)
+    for (int k = 0; k < L; ++k) {
+      const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
+      pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
+    }
+  for (int k = 0; k < L; ++k) {
+    if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
+    const __m512i pairs = _mm512_or_si512(_mm512_and_si512(pos[k], low_nibble), _mm512_and_si512(_mm512_srli_epi64(pos[k], 28), high_nibble));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
+  }
+}
+
+template <int L>
+inline void encode8_each(const Search8Regs& r, int zero_code, bool second, const float* x, const float* scale,
+                         uint8_t* codes) {
+  __m512 xn[L];
+  __m512i c[L];
+  for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k);
+  search8<L>(r, xn, c);
+  for (int k = 0; k < L; ++k) {
+    if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
+  }
+}
+
 }  // namespace
+
+int avx512_decode_rank1(const MomentView& mv, int64_t base, int n, const float* scale, float* out) {
+  const Tables& t = tables();
+  int i = 0;
+  if (mv.format == LOWBIT_STATE_4BIT && (base & 1) == 0) {
+    const __m512 values = _mm512_load_ps(t.map4[map_index(mv.map) - 2].values);
+    const uint8_t* packed = static_cast<const uint8_t*>(mv.data) + base / 2;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(packed + i / 2), values), _mm512_loadu_ps(scale + i)));
+  } else if (mv.format == LOWBIT_STATE_8BIT) {
+    const BytePlanes& bp = t.values8[map_index(mv.map)];
+    const uint8_t* codes = static_cast<const uint8_t*>(mv.data) + base;
+    __m512i p[4][4];
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 4; ++j) p[k][j] = _mm512_load_si512(bp.plane[k] + 64 * j);
+    const __m512i order = _mm512_load_si512(bp.order);
+    for (; i + 64 <= n; i += 64) {
+      const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
+      const __mmask64 high = _mm512_movepi8_mask(idx);
+      __m512i b[4];
+      for (int k = 0; k < 4; ++k)
+        b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p[k][0], idx, p[k][1]),
+                                      _mm512_permutex2var_epi8(p[k][2], idx, p[k][3]));
+      const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+      const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), _mm512_loadu_ps(scale + i)));
+      _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), _mm512_loadu_ps(scale + i + 16)));
+      _mm512_storeu_ps(out + i + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), _mm512_loadu_ps(scale + i + 32)));
+      _mm512_storeu_ps(out + i + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), _mm512_loadu_ps(scale + i + 48)));
+    }
+  }
+  return i;
+}
+
+int avx512_encode_rank1(const MomentView& mv, int64_t base, int n, const float* scale, const float* in) {
+  const Tables& t = tables();
+  const int m = map_index(mv.map);
+  int i = 0;
+  if (mv.format == LOWBIT_STATE_4BIT && (base & 1) == 0) {
+    uint8_t* packed = static_cast<uint8_t*>(mv.data) + base / 2;
+    for (; i + 16 * kLanes <= n; i += 16 * kLanes)
+      encode4_each<kLanes>(t.map4[m - 2], t.zero_code[m], mv.second, in + i, scale + i, packed + i / 2);
+    for (; i + 16 <= n; i += 16) encode4_each<1>(t.map4[m - 2], t.zero_code[m], mv.second, in + i, scale + i, packed + i / 2);
+  } else if (mv.format == LOWBIT_STATE_8BIT) {
+    const Search8Regs r(t.search8[m]);
+    uint8_t* codes = static_cast<uint8_t*>(mv.data) + base;
+    for (; i + 16 * kLanes <= n; i += 16 * kLanes)
+      encode8_each<kLanes>(r, t.zero_code[m], mv.second, in + i, scale + i, codes + i);
+    for (; i + 16 <= n; i += 16) encode8_each<1>(r, t.zero_code[m], mv.second, in + i, scale + i, codes + i);
+  }
+  return i;
+}
 
 bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out) {
   const Tables& t = tables();

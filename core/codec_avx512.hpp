@@ -19,4 +19,11 @@ bool avx512_codec_supported();
 bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out);
 bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in);
 
+// Rank-1 tiles (8BIT / 4BIT, any base and n): elements [base, base + n) with
+// a scale per element, as rank1_code() and the portable decode give them.
+// They handle a prefix (whole groups of 16 or 64 elements; nothing for a
+// 4BIT tile at an odd base) and return its length: the caller does the rest.
+int avx512_decode_rank1(const MomentView& mv, int64_t base, int n, const float* scale, float* out);
+int avx512_encode_rank1(const MomentView& mv, int64_t base, int n, const float* scale, const float* in);
+
 }  // namespace lowbit

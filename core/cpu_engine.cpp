@@ -124,8 +124,10 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
 // ---- shaped parameters: pass 1 (core/shape.hpp) -----------------------------
 
 // Work of pass 1: rows [a, b) of a parameter (kind 0), or columns [c0, c1) of
-// batch `batch` over the rows of column chunk `chunk` (kind 1). Rank-1 reads
-// every row as one batch.
+// batch `batch` over the rows of column chunk `chunk` (kind 1). A parameter
+// without a factored moment has row items only (they also take the rank-1
+// column maxima); with one, the column items take the rank-1 first moment's
+// column maxima too.
 struct StatItem {
   int32_t param, kind;
   int64_t a, b, batch, chunk;
@@ -164,11 +166,23 @@ void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& 
       }
     return;
   }
-  for (int i = 0; i < n; ++i) update_element<A>(s, t.p[i], t.g[i], t.m[i], t.v[i]);
+  update_tile<A>(s, n, t.p, t.g, t.m, t.v);  // pass 2's loop: the same bits
+}
+
+// max of the |x| bits over x[0, n), from `init` (order-free: a max of bits).
+LOWBIT_VECTOR_CLONES uint32_t umax_abs(uint32_t init, const float* x, int n) {
+  for (int i = 0; i < n; ++i) init = umax(init, float_bits(x[i]) & 0x7FFFFFFFu);
+  return init;
+}
+
+// mx[i] = max(mx[i], |x[i]| bits).
+LOWBIT_VECTOR_CLONES void umax_abs_each(uint32_t* __restrict mx, const float* __restrict x, int n) {
+  for (int i = 0; i < n; ++i) mx[i] = umax(mx[i], float_bits(x[i]) & 0x7FFFFFFFu);
 }
 
 template <Algo A>
-void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it, double* partials) {
+void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it, double* partials,
+               uint32_t* colmax) {
   const Shape& sh = pv.shape;
   const int64_t C = shape_cols(sh);
   const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
@@ -177,6 +191,9 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
   const int64_t S = shape_dim_sum(sh);
   Tile t;
   if (it.kind == 0) {
+    // colmax (a rank-1 param without a factored moment): the rows' column
+    // maxima too, C per moment, so that no column strips run.
+    if (colmax) std::memset(colmax, 0, sizeof(uint32_t) * size_t(2 * C));
     for (int64_t q = it.a; q < it.b; ++q) {
       uint32_t mx[2] = {0u, 0u};
       double part[32] = {};
@@ -185,8 +202,8 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
         stat_segment<A>(pv, grad, s, q * C + c0, n, t);
         for (int k = 0; k < 2; ++k)
           if (r1[k]) {
-            const float* x = k ? t.v : t.m;
-            for (int i = 0; i < n; ++i) mx[k] = umax(mx[k], float_bits(x[i]) & 0x7FFFFFFFu);
+            mx[k] = umax_abs(mx[k], k ? t.v : t.m, n);
+            if (colmax) umax_abs_each(colmax + k * C + c0, k ? t.v : t.m, n);
           }
         if (fac)
           for (int i = 0; i < n; ++i) part[(c0 + i) % 32] += double(t.v[i]);
@@ -201,6 +218,12 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
         row[q] = factored_ema(s, row[q], lane_tree(part), C);
       }
     }
+    if (colmax)
+      for (int k = 0; k < 2; ++k)
+        if (r1[k]) {
+          float* last = pv.moment[k].scales + S + rank1_last_offset(sh);
+          for (int64_t c = 0; c < C; ++c) atomic_umax(last + c, colmax[k * C + c]);
+        }
     return;
   }
   // Columns [a, b) over the rows of one chunk.
@@ -214,8 +237,7 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
     stat_segment<A>(pv, grad, s, q * C + it.a, n, t);
     for (int k = 0; k < 2; ++k)
       if (r1[k]) {
-        const float* x = k ? t.v : t.m;
-        for (int i = 0; i < n; ++i) mx[k][i] = umax(mx[k][i], float_bits(x[i]) & 0x7FFFFFFFu);
+        umax_abs_each(mx[k], k ? t.v : t.m, n);
       }
     if (fac)
       for (int i = 0; i < n; ++i) acc[i] += double(t.v[i]);
@@ -468,11 +490,13 @@ class CpuEngine final : public Engine {
   }
   bool parallel() const { return total_ >= kParallelMinElements; }
 
-  // The pass-1 work of the shaped parameters (rows in groups, column strips
-  // of kTile by chunks of kColChunkRows rows) and the factored partials.
+  // The pass-1 work of the shaped parameters (rows in groups; with a factored
+  // moment, column strips of kTile by chunks of kColChunkRows rows) and the
+  // factored partials.
   void build_stat_items() {
     stat_items_.clear();
     shaped_.clear();
+    colmax_cols_ = 0;
     partial_off_.assign(params_.size(), 0);
     int64_t partials = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -481,20 +505,25 @@ class CpuEngine final : public Engine {
       shaped_.push_back(i);
       const Shape& sh = pv.shape;
       const int64_t C = shape_cols(sh), rows = shape_rows(sh, pv.numel);
-      const int64_t per = std::max<int64_t>(1, 8192 / C);
-      for (int64_t q = 0; q < rows; q += per) stat_items_.push_back({int32_t(i), 0, q, std::min(rows, q + per), 0, 0});
       const bool fac = shaped_moment(pv, 1) && pv.moment[1].norm == Norm::Factored;
-      const int64_t R = fac ? shape_batch_rows(sh) : rows, B = rows / R;
+      // Rank-1 only: the row items take the column maxima as well (larger
+      // items: their C atomics per moment are spread over more rows).
+      const int64_t per = std::max<int64_t>(1, (fac ? 8192 : 32768) / C);
+      for (int64_t q = 0; q < rows; q += per) stat_items_.push_back({int32_t(i), 0, q, std::min(rows, q + per), 0, 0});
+      if (!fac) {
+        colmax_cols_ = std::max(colmax_cols_, C);
+        continue;
+      }
+      const int64_t R = shape_batch_rows(sh), B = rows / R;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t k = 0; k < col_chunks(R); ++k)
           for (int64_t c = 0; c < C; c += kTile)
             stat_items_.push_back({int32_t(i), 1, c, std::min(C, c + kTile), b, k});
-      if (fac) {
-        partial_off_[i] = partials;
-        partials += B * col_chunks(R) * C;
-      }
+      partial_off_[i] = partials;
+      partials += B * col_chunks(R) * C;
     }
     partials_.assign(size_t(partials), 0.0);
+    colmax_.assign(size_t(std::max(1, num_threads_)) * size_t(2 * colmax_cols_), 0u);
   }
 
   void pass1(Algo algo) {
@@ -506,11 +535,18 @@ class CpuEngine final : public Engine {
       const size_t i = size_t(it.param);
       if (!grads_[i].data) continue;
       double* part = partials_.data() + partial_off_[i];
+      const bool fac = shaped_moment(params_[i], 1) && params_[i].moment[1].norm == Norm::Factored;
+#ifdef _OPENMP
+      const size_t thread = size_t(omp_get_thread_num());
+#else
+      const size_t thread = 0;
+#endif
+      uint32_t* colmax = fac ? nullptr : colmax_.data() + thread * size_t(2 * colmax_cols_);
       switch (algo) {
-        case Algo::AdamW: stat_item<Algo::AdamW>(params_[i], grads_[i], scalars_[i], it, part); break;
-        case Algo::Adam: stat_item<Algo::Adam>(params_[i], grads_[i], scalars_[i], it, part); break;
-        case Algo::Lion: stat_item<Algo::Lion>(params_[i], grads_[i], scalars_[i], it, part); break;
-        case Algo::Sgd: stat_item<Algo::Sgd>(params_[i], grads_[i], scalars_[i], it, part); break;
+        case Algo::AdamW: stat_item<Algo::AdamW>(params_[i], grads_[i], scalars_[i], it, part, colmax); break;
+        case Algo::Adam: stat_item<Algo::Adam>(params_[i], grads_[i], scalars_[i], it, part, colmax); break;
+        case Algo::Lion: stat_item<Algo::Lion>(params_[i], grads_[i], scalars_[i], it, part, colmax); break;
+        case Algo::Sgd: stat_item<Algo::Sgd>(params_[i], grads_[i], scalars_[i], it, part, colmax); break;
       }
     }
     for (size_t i : shaped_)
@@ -554,6 +590,9 @@ class CpuEngine final : public Engine {
   std::vector<size_t> shaped_;
   std::vector<int64_t> partial_off_;
   std::vector<double> partials_;
+  // Per thread, 2 * colmax_cols_ column maxima of a rank-1 row item.
+  std::vector<uint32_t> colmax_;
+  int64_t colmax_cols_ = 0;
 };
 
 }  // namespace

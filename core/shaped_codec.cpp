@@ -6,20 +6,30 @@
 #include <vector>
 
 #include "codec.hpp"
+#include "codec_avx512.hpp"
+#include "simd.hpp"
 #include "shape.hpp"
 
 namespace lowbit {
 namespace {
 
+LOWBIT_VECTOR_CLONES
+void min_row(uint32_t row, const float* __restrict last, int n, float* __restrict out) {
+  for (int i = 0; i < n; ++i) out[i] = bits_float(umin(row, float_bits(last[i])));
+}
+
 // Per-element rank-1 scales of elements [base, base + n) from vectors `vecs`.
 void rank1_scales(const Shape& s, const float* vecs, int64_t base, int n, float* out) {
-  ShapeCursor cur;
-  cur.start(s, base);
+  // Row by row: the leading dims give one value per row, min'ed with the
+  // last dim's vector element-wise.
+  const int64_t C = shape_cols(s);
+  int64_t q = base / C, c = base - q * C;
   const float* last = vecs + rank1_last_offset(s);
-  uint32_t row = rank1_row_bits(s, vecs, cur.q);
-  for (int i = 0; i < n; ++i) {
-    out[i] = bits_float(umin(row, float_bits(last[cur.c])));
-    if (cur.next() && i + 1 < n) row = rank1_row_bits(s, vecs, cur.q);
+  for (int i = 0; i < n; c = 0, ++q) {
+    const uint32_t row = rank1_row_bits(s, vecs, q);
+    const int len = int(C - c < int64_t(n - i) ? C - c : int64_t(n - i));
+    min_row(row, last + c, len, out + i);
+    i += len;
   }
 }
 
@@ -62,14 +72,30 @@ void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int
   float scale[kTile];
   rank1_scales(s, mv.scales, base, n, scale);
   const bool four = mv.format == LOWBIT_STATE_4BIT;
-  for (int i = 0; i < n; ++i) out[i] = mv.map->values[load_code(mv.data, four, base + i)] * scale[i];
+  int i = 0;
+  if (simd_codec_active()) {
+    if (four && (base & 1) && n > 0) {  // the odd first element, then whole bytes
+      out[0] = mv.map->values[load_code(mv.data, four, base)] * scale[0];
+      i = 1;
+    }
+    i += avx512_decode_rank1(mv, base + i, n - i, scale + i, out + i);
+  }
+  for (; i < n; ++i) out[i] = mv.map->values[load_code(mv.data, four, base + i)] * scale[i];
 }
 
 void encode_rank1_tile(const MomentView& mv, const Shape& s, int64_t base, int n, const float* in) {
   float scale[kTile];
   rank1_scales(s, mv.scales + shape_dim_sum(s), base, n, scale);  // the new vectors
   const bool four = mv.format == LOWBIT_STATE_4BIT;
-  for (int i = 0; i < n; ++i) set_code(mv.data, four, base + i, uint32_t(rank1_code(*mv.map, mv.second, in[i], scale[i])));
+  int i = 0;
+  if (simd_codec_active()) {
+    if (four && (base & 1) && n > 0) {  // the odd first element, then whole bytes
+      set_code(mv.data, four, base, uint32_t(rank1_code(*mv.map, mv.second, in[0], scale[0])));
+      i = 1;
+    }
+    i += avx512_encode_rank1(mv, base + i, n - i, scale + i, in + i);
+  }
+  for (; i < n; ++i) set_code(mv.data, four, base + i, uint32_t(rank1_code(*mv.map, mv.second, in[i], scale[i])));
 }
 
 void decode_moment(const MomentView& mv, const Shape& s, int64_t numel, float* out) {
