@@ -213,19 +213,26 @@ inline void search8(const Search8Regs& r, const __m512 (&x)[L], __m512i (&pos)[L
   for (int k = 0; k < L; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
 }
 
+// The 8-bit code search of L vectors of normalised values, floor_positive
+// for a second moment, the codes into codes[0, 16 L).
+template <int L>
+inline void search_store8(const Search8Regs& r, int zero_code, bool second, const __m512 (&xn)[L], uint8_t* codes) {
+  __m512i c[L];
+  search8<L>(r, xn, c);
+  for (int k = 0; k < L; ++k) {
+    if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
+  }
+}
+
 void encode8(const Search8& search, int zero_code, bool second, const float* x, uint8_t* codes, float* scale) {
   const float absmax = absmax_bits(x, kBlock8);
   *scale = absmax;
   const Search8Regs r(search);
   for (int i = 0; i < kBlock8; i += 16 * kLanes) {
     __m512 xn[kLanes];
-    __m512i c[kLanes];
     for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + i + 16 * k, absmax);
-    search8(r, xn, c);
-    for (int k = 0; k < kLanes; ++k) {
-      if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i + 16 * k), _mm512_cvtepi32_epi8(c[k]));
-    }
+    search_store8<kLanes>(r, zero_code, second, xn, codes + i);
   }
 }
 
@@ -247,26 +254,35 @@ void decode4(const Search4& map, const uint8_t* packed, const float* scales, flo
   }
 }
 
-void encode4(const Search4& map, int zero_code, bool second, const float* x, uint8_t* packed, float* scale) {
-  const float absmax = absmax_bits(x, kBlock4);
-  *scale = absmax;
+// The 4-bit code search of L vectors of normalised values in lockstep (x >
+// mid is an ordered compare: NaN lanes get 0), floor_positive for a second
+// moment, packed two codes per byte into packed[0, 8 L).
+template <int L>
+inline void search_pack4(const Search4& map, int zero_code, bool second, const __m512 (&xn)[L], uint8_t* packed) {
   const __m512 mid = _mm512_load_ps(map.mid);
   const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
-  static_assert(kBlock4 == 16 * kLanes, "one 4-bit block is one lockstep group");
-  __m512 xn[kLanes];
-  __m512i pos[kLanes];
-  for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + 16 * k, absmax), pos[k] = _mm512_setzero_si512();
+  __m512i pos[L];
+  for (int k = 0; k < L; ++k) pos[k] = _mm512_setzero_si512();
   for (int step = 8; step >= 1; step >>= 1)
-    for (int k = 0; k < kLanes; ++k) {
+    for (int k = 0; k < L; ++k) {
       const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
       pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
     }
-  for (int k = 0; k < kLanes; ++k) {
+  for (int k = 0; k < L; ++k) {
     if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
     // qword lane j = code[2j] | code[2j + 1] << 32 -> byte code[2j] | code[2j + 1] << 4
     const __m512i pairs = _mm512_or_si512(_mm512_and_si512(pos[k], low_nibble), _mm512_and_si512(_mm512_srli_epi64(pos[k], 28), high_nibble));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
   }
+}
+
+void encode4(const Search4& map, int zero_code, bool second, const float* x, uint8_t* packed, float* scale) {
+  const float absmax = absmax_bits(x, kBlock4);
+  *scale = absmax;
+  static_assert(kBlock4 == 16 * kLanes, "one 4-bit block is one lockstep group");
+  __m512 xn[kLanes];
+  for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + 16 * k, absmax);
+  search_pack4<kLanes>(map, zero_code, second, xn, packed);
 }
 
 // ---- rank-1 tiles: a scale per element ---------------------------------------
@@ -281,34 +297,17 @@ inline __m512 normalized_each(const float* x, const float* scale) {
 template <int L>
 inline void encode4_each(const Search4& map, int zero_code, bool second, const float* x, const float* scale,
                          uint8_t* packed) {
-  const __m512 mid = _mm512_load_ps(map.mid);
-  const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
   __m512 xn[L];
-  __m512i pos[L];
-  for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k), pos[k] = _mm512_setzero_si512();
-  for (int step = 8; step >= 1; step >>= 1)
-    for (int k = 0; k < L; ++k) {
-      const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
-      pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
-    }
-  for (int k = 0; k < L; ++k) {
-    if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
-    const __m512i pairs = _mm512_or_si512(_mm512_and_si512(pos[k], low_nibble), _mm512_and_si512(_mm512_srli_epi64(pos[k], 28), high_nibble));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
-  }
+  for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k);
+  search_pack4<L>(map, zero_code, second, xn, packed);
 }
 
 template <int L>
 inline void encode8_each(const Search8Regs& r, int zero_code, bool second, const float* x, const float* scale,
                          uint8_t* codes) {
   __m512 xn[L];
-  __m512i c[L];
   for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k);
-  search8<L>(r, xn, c);
-  for (int k = 0; k < L; ++k) {
-    if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
-  }
+  search_store8<L>(r, zero_code, second, xn, codes);
 }
 
 }  // namespace
