@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-from jax_reference import ALGORITHMS, _tensor  # noqa: E402
+from jax_reference import ALGORITHMS, CapiOptimizer, _tensor  # noqa: E402
 from lowbit._ffi import ffi  # noqa: E402
 
 import seeding  # noqa: E402
@@ -26,9 +26,9 @@ LION_HP = dict(lr=1e-3, beta1=0.9, beta2=0.99, weight_decay=0.1)
 SHAPES = {"a": (7, 129), "b": (3, 5, 33), "c": (1000,), "d": (65, 130)}
 
 
-class CapiShaped:
-    """A lowbit_optimizer_t driven through the raw C calls with shaped
-    params (lowbit_param_config_t.ndim / shape)."""
+class CapiShaped(CapiOptimizer):
+    """CapiOptimizer with shaped params (lowbit_param_config_t.ndim / shape),
+    presets and normalisations."""
 
     def __init__(self, lib, algo, hparams, params, preset=None, first_normalization="default",
                  second_normalization="default", state_format=None, min_quantized_numel=4096, **config):
@@ -66,36 +66,6 @@ class CapiShaped:
                 pc.shape[k] = d
             pid = ffi.new("int64_t *")
             self._ok(lib.lowbit_optimizer_add_param(self.h, pc, pid))
-
-    def _ok(self, status):
-        if status != 0:
-            msg = self.lib.lowbit_optimizer_last_error(self.h) if self.h else self.lib.lowbit_last_error()
-            raise AssertionError(f"C API call failed with status {status}: {ffi.string(msg).decode()}")
-
-    def set_lr(self, lr):
-        self._ok(self.lib.lowbit_optimizer_set_lr(self.h, 0, float(lr)))
-
-    def step(self, grads):
-        grads = [np.ascontiguousarray(g).reshape(-1) for g in grads]
-        arr = ffi.new("lowbit_tensor_t[]", [_tensor(g) for g in grads])
-        self._ok(self.lib.lowbit_optimizer_step_with_grads(self.h, arr, len(grads), ffi.NULL))
-
-    def read_moment(self, i, m):
-        out = np.empty(self.params[i].size, np.float32)
-        self._ok(self.lib.lowbit_optimizer_read_moment(self.h, i, m, ffi.from_buffer("float[]", out), out.size,
-                                                       ffi.NULL))
-        return out
-
-    def info(self, i):
-        info = ffi.new("lowbit_param_info_t *")
-        info.struct_size = ffi.sizeof(info[0])
-        self._ok(self.lib.lowbit_optimizer_param_info(self.h, i, info))
-        return info
-
-    def close(self):
-        if self.h:
-            self.lib.lowbit_optimizer_destroy(self.h)
-            self.h = None
 
 
 def bits(x):
