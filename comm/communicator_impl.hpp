@@ -6,7 +6,8 @@
 //   compressed_allreduce.cpp  the host and device pipelines of the 1-bit allreduce
 //   allreduce_mean.cpp        the uncompressed mean
 //   error_blob.cpp            error save / load / reset / read
-//   stages.cpp                the codec stages (the caller moves the bytes)
+//   stages.cpp                the phases of one compressed allreduce, and the codec
+//                             stages over them (the caller moves the bytes)
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -81,6 +82,17 @@ struct Communicator::Impl {
   int64_t error_numel() const { return bound ? buf.n : (has_pending ? pending_n : 0); }
   // The live (or pending) errors into host or device memory (nullptr: skipped).
   void copy_errors_out(float* worker, float* server, void* stream) const;
+
+  // The three phases of one compressed allreduce on the bound buffers and the
+  // given messages (stages.cpp), shared by compressed_allreduce and the codec
+  // stages. worker_phase: `sumsq` is host_worker_sumsq of the tensor and the
+  // bound error (host tensors; unused on CUDA). finish_phase counts the call,
+  // decodes into `out` and commits both errors; false (host tensors, nothing
+  // changed) when a gathered scale is not finite, with `nonfinite` as the
+  // reason.
+  void worker_phase(const CommArg& a, double sumsq, uint8_t* send, void* stream);
+  void server_phase(const CommArg& a, const uint8_t* recv, uint8_t* gsend, void* stream);
+  bool finish_phase(const CommArg& a, const uint8_t* grecv, float* out, const char* nonfinite, void* stream);
 
   // compressed_allreduce.cpp
   // One exchange of the device pipeline (alltoall, or allgather if `gather`),

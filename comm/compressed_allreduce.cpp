@@ -1,7 +1,9 @@
-// The 1-bit compressed allreduce: the host pipeline (CPU tensors) and the
-// device pipeline (CUDA tensors), and the outcome of the last call.
+// The 1-bit compressed allreduce: argument agreement, the phases of
+// stages.cpp with the transport's exchanges between them, and the outcome of
+// the last call.
 #include <cmath>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "communicator_impl.hpp"
@@ -83,7 +85,6 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
   }
   const int bad_rank =
       I.agree(st, msg, kOpCompressedAllreduce, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, nonfinite);
-  const int64_t W = I.world();
   if (bad_rank >= 0) {
     I.last_nonfinite = true;
     I.last_was_device = false;
@@ -92,60 +93,30 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     return false;
   }
   I.activate(a, stream);
+#ifdef LOWBIT_HAVE_CUDA
+  std::optional<cuda::DeviceGuard> guard;  // the exchanges' copies and syncs too
+  if (a.device == LOWBIT_DEVICE_CUDA) guard.emplace(a.index);
+#endif
   Buffers& B = I.buf;
   const Layout& L = B.layout;
-  if (a.device == LOWBIT_DEVICE_CPU) {
-    // activate() has put the errors the sum used into B.err (the pending
-    // ones, or zeros: x = t + 0 either way).
-    const float scale = onebit::scale_from_sumsq(sumsq, L.n);
-    onebit::host_worker_pack_from(a.data, B.err.as<float>(), scale, L, B.ws_err.as<float>(), B.send.as<uint8_t>());
+  // activate() has put the errors the sum used into B.err (the pending ones,
+  // or zeros: x = t + 0 either way).
+  I.worker_phase(a, sumsq, B.send.as<uint8_t>(), stream);
+  if (a.device == LOWBIT_DEVICE_CPU)
     T.alltoall(B.send.as(), B.recv.as(), L.msg, stream);
-    onebit::host_server_reduce(B.recv.as<uint8_t>(), B.serr.as<float>(), L, B.ws_serr.as<float>(),
-                               B.gsend.as<uint8_t>());
+  else
+    I.exchange(false, B.send.as<uint8_t>(), B.recv.as<uint8_t>(), B.hsend.as<uint8_t>(), B.hrecv.as<uint8_t>(),
+               stream);
+  I.server_phase(a, B.recv.as<uint8_t>(), B.gsend.as<uint8_t>(), stream);
+  if (a.device == LOWBIT_DEVICE_CPU)
     T.allgather(B.gsend.as(), B.grecv.as(), L.msg, stream);
-    I.stats.compressed_calls += 1;
-    I.stats.compressed_elements += a.n;
-    I.stats.compressed_bytes_sent += 2 * (W - 1) * L.msg;
-    if (!onebit::host_gathered_finite(B.grecv.as<uint8_t>(), L)) {
-      I.last_nonfinite = true;
-      I.last_was_device = false;
-      I.nonfinite_message =
-          "tensor: the server average overflowed to a non-finite value on some rank; nothing was updated on any "
-          "rank";
-      return false;
-    }
-    onebit::host_decode(B.grecv.as<uint8_t>(), L, a.data);
-    B.err.swap(B.ws_err);
-    B.serr.swap(B.ws_serr);
-    I.last_nonfinite = false;
-    I.last_was_device = false;
-    return true;
-  }
-#ifdef LOWBIT_HAVE_CUDA
-  cuda::DeviceGuard guard(a.index);
-  onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), L, B.send.as<uint8_t>(),
-                      B.partials.as<double>(), B.scal.as<float>(), stream);
-  I.exchange(false, B.send.as<uint8_t>(), B.recv.as<uint8_t>(), B.hsend.as<uint8_t>(), B.hrecv.as<uint8_t>(), stream);
-  onebit::dev::server(B.recv.as<uint8_t>(), B.serr.as<float>(), B.ws_serr.as<float>(), L, B.gsend.as<uint8_t>(),
-                      B.partials.as<double>(), B.scal.as<float>(), stream);
-  I.exchange(true, B.gsend.as<uint8_t>(), B.grecv.as<uint8_t>(), B.hgsend.as<uint8_t>(), B.hgrecv.as<uint8_t>(),
-             stream);
-  onebit::dev::finalize(B.grecv.as<uint8_t>(), L, a.data, B.err.as<float>(), B.ws_err.as<float>(),
-                        B.serr.as<float>(), B.ws_serr.as<float>(), B.flag.as<int32_t>(),
-                        B.host_flag.alias<int32_t>(), stream);
-  // finalize left the old errors in ws_* when the input was not finite, so
-  // the swap is right either way.
-  B.err.swap(B.ws_err);
-  B.serr.swap(B.ws_serr);
-  I.last_was_device = true;
-  I.last_nonfinite = false;
-  I.stats.compressed_calls += 1;
-  I.stats.compressed_elements += a.n;
-  I.stats.compressed_bytes_sent += 2 * (W - 1) * L.msg;
-  return true;
-#else
-  fail(LOWBIT_ERROR_INTERNAL, "communicator: CUDA tensor without CUDA");
-#endif
+  else
+    I.exchange(true, B.gsend.as<uint8_t>(), B.grecv.as<uint8_t>(), B.hgsend.as<uint8_t>(), B.hgrecv.as<uint8_t>(),
+               stream);
+  return I.finish_phase(a, B.grecv.as<uint8_t>(), a.data,
+                        "tensor: the server average overflowed to a non-finite value on some rank; nothing was "
+                        "updated on any rank",
+                        stream);
 }
 
 const int32_t* Communicator::device_nonfinite_flag() const {

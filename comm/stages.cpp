@@ -1,8 +1,9 @@
-// The codec stages of the 1-bit compressed allreduce (lowbit_comm.h, "any
-// transport"): compress, reduce and decode with the caller moving the bytes.
-// They run the kernels of the built-in pipeline (compressed_allreduce.cpp)
-// on the caller's message buffers, so a transport built from them gives its
-// bits. Error updates stay in the ws_* buffers until decode commits them.
+// The three phases of the 1-bit compressed allreduce (worker, server,
+// finish), shared by the built-in call (compressed_allreduce.cpp) and the
+// codec stages (lowbit_comm.h, "any transport"), which run them on the
+// caller's message buffers: a transport built from the stages gives the
+// built-in bits. Error updates stay in the ws_* buffers until finish commits
+// them.
 #include <string>
 
 #include "communicator_impl.hpp"
@@ -50,18 +51,9 @@ void Communicator::stage_compress(const lowbit_tensor_t* tensor, void* send, int
   check_buffer(send, send_bytes, int64_t(L.world) * L.msg, "send", a);
   I.prepare(a, stream);
   I.activate(a, stream);
-  Buffers& B = I.buf;
-  if (a.device == LOWBIT_DEVICE_CPU) {
-    const float* e = B.err.as<float>();
-    const float scale = onebit::scale_from_sumsq(onebit::host_worker_sumsq(a.data, e, a.n), a.n);
-    onebit::host_worker_pack_from(a.data, e, scale, B.layout, B.ws_err.as<float>(), static_cast<uint8_t*>(send));
-  } else {
-#ifdef LOWBIT_HAVE_CUDA
-    cuda::DeviceGuard guard(a.index);
-    onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), B.layout, static_cast<uint8_t*>(send),
-                        B.partials.as<double>(), B.scal.as<float>(), stream);
-#endif
-  }
+  const double sumsq = a.device == LOWBIT_DEVICE_CPU ? onebit::host_worker_sumsq(a.data, I.buf.err.as<float>(), a.n)
+                                                      : 0.0;
+  I.worker_phase(a, sumsq, static_cast<uint8_t*>(send), stream);
   I.stage_arg = a;
   I.stage = Impl::Stage::Compressed;
 }
@@ -77,16 +69,7 @@ void Communicator::stage_reduce(const void* recv, int64_t recv_bytes, void* gsen
   const Layout& L = B.layout;
   check_buffer(recv, recv_bytes, int64_t(L.world) * L.msg, "recv", a);
   check_buffer(gsend, gsend_bytes, L.msg, "gsend", a);
-  if (a.device == LOWBIT_DEVICE_CPU) {
-    onebit::host_server_reduce(static_cast<const uint8_t*>(recv), B.serr.as<float>(), L, B.ws_serr.as<float>(),
-                               static_cast<uint8_t*>(gsend));
-  } else {
-#ifdef LOWBIT_HAVE_CUDA
-    cuda::DeviceGuard guard(a.index);
-    onebit::dev::server(static_cast<const uint8_t*>(recv), B.serr.as<float>(), B.ws_serr.as<float>(), L,
-                        static_cast<uint8_t*>(gsend), B.partials.as<double>(), B.scal.as<float>(), stream);
-#endif
-  }
+  I.server_phase(a, static_cast<const uint8_t*>(recv), static_cast<uint8_t*>(gsend), stream);
   I.stage = Impl::Stage::Reduced;
 }
 
@@ -105,34 +88,79 @@ bool Communicator::stage_decode(const void* grecv, int64_t grecv_bytes, const lo
   LOWBIT_REQUIRE(o.device == a.device && o.index == a.index, LOWBIT_ERROR_INVALID_ARGUMENT, "out.device is ",
                  comm_device_name(o.device), ":", o.index, ", but the compress stage ran on ",
                  comm_device_name(a.device), ":", a.index);
-  const uint8_t* g = static_cast<const uint8_t*>(grecv);
   I.stage = Impl::Stage::Idle;
-  I.stats.compressed_calls += 1;
-  I.stats.compressed_elements += a.n;
-  I.stats.compressed_bytes_sent += 2 * int64_t(L.world - 1) * L.msg;
+  return I.finish_phase(a, static_cast<const uint8_t*>(grecv), o.data,
+                        "grecv: a gathered scale is not finite (some rank's input held a NaN or an Inf, or the "
+                        "server average overflowed); nothing was updated",
+                        stream);
+}
+
+// ---- the phases, shared with compressed_allreduce ---------------------------
+
+void Communicator::Impl::worker_phase(const CommArg& a, double sumsq, uint8_t* send, void* stream) {
+  Buffers& B = buf;
   if (a.device == LOWBIT_DEVICE_CPU) {
-    I.last_was_device = false;
-    if (!onebit::host_gathered_finite(g, L)) {
-      I.last_nonfinite = true;
-      I.nonfinite_message =
-          "grecv: a gathered scale is not finite (some rank's input held a NaN or an Inf, or the server "
-          "average overflowed); nothing was updated";
+    const float scale = onebit::scale_from_sumsq(sumsq, a.n);
+    onebit::host_worker_pack_from(a.data, B.err.as<float>(), scale, B.layout, B.ws_err.as<float>(), send);
+    return;
+  }
+#ifdef LOWBIT_HAVE_CUDA
+  cuda::DeviceGuard guard(a.index);
+  onebit::dev::worker(a.data, B.err.as<float>(), B.ws_err.as<float>(), B.layout, send, B.partials.as<double>(),
+                      B.scal.as<float>(), stream);
+#else
+  (void)stream;
+  fail(LOWBIT_ERROR_INTERNAL, "communicator: CUDA tensor without CUDA");
+#endif
+}
+
+void Communicator::Impl::server_phase(const CommArg& a, const uint8_t* recv, uint8_t* gsend, void* stream) {
+  Buffers& B = buf;
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    onebit::host_server_reduce(recv, B.serr.as<float>(), B.layout, B.ws_serr.as<float>(), gsend);
+    return;
+  }
+#ifdef LOWBIT_HAVE_CUDA
+  cuda::DeviceGuard guard(a.index);
+  onebit::dev::server(recv, B.serr.as<float>(), B.ws_serr.as<float>(), B.layout, gsend, B.partials.as<double>(),
+                      B.scal.as<float>(), stream);
+#else
+  (void)stream;
+  fail(LOWBIT_ERROR_INTERNAL, "communicator: CUDA tensor without CUDA");
+#endif
+}
+
+bool Communicator::Impl::finish_phase(const CommArg& a, const uint8_t* grecv, float* out, const char* nonfinite,
+                                      void* stream) {
+  Buffers& B = buf;
+  const Layout& L = B.layout;
+  stats.compressed_calls += 1;
+  stats.compressed_elements += a.n;
+  stats.compressed_bytes_sent += 2 * int64_t(L.world - 1) * L.msg;
+  if (a.device == LOWBIT_DEVICE_CPU) {
+    last_was_device = false;
+    if (!onebit::host_gathered_finite(grecv, L)) {
+      last_nonfinite = true;
+      nonfinite_message = nonfinite;
       return false;
     }
-    onebit::host_decode(g, L, o.data);
+    onebit::host_decode(grecv, L, out);
   } else {
 #ifdef LOWBIT_HAVE_CUDA
     cuda::DeviceGuard guard(a.index);
-    onebit::dev::finalize(g, L, o.data, B.err.as<float>(), B.ws_err.as<float>(), B.serr.as<float>(),
+    onebit::dev::finalize(grecv, L, out, B.err.as<float>(), B.ws_err.as<float>(), B.serr.as<float>(),
                           B.ws_serr.as<float>(), B.flag.as<int32_t>(), B.host_flag.alias<int32_t>(), stream);
-    I.last_was_device = true;
+    last_was_device = true;
+#else
+    (void)stream;
+    fail(LOWBIT_ERROR_INTERNAL, "communicator: CUDA tensor without CUDA");
 #endif
   }
   // On CUDA, finalize put the old errors back into ws_* when a scale was not
   // finite, so the swap is right either way.
   B.err.swap(B.ws_err);
   B.serr.swap(B.ws_serr);
-  I.last_nonfinite = false;
+  last_nonfinite = false;
   return true;
 }
 
