@@ -143,14 +143,14 @@ class Communicator:
         when they return)."""
         errors = []
 
-        def wrap(fn, name):
+        def on_error(exc_type, exc, tb):  # the C call then fails; _call chains exc
+            errors.append(exc)
+
+        def wrap(fn):
             def entry(user_data, *args):  # user_data is unused: the closure holds fn
                 fn(*(int(ffi.cast("uintptr_t", a)) if isinstance(a, ffi.CData) else a for a in args))
                 return 0
-
-            def on_error(exc_type, exc, tb):
-                errors.append(exc)
-            return entry, on_error
+            return entry
 
         sig = {
             "alltoall": "int32_t(void*, const void*, void*, int64_t, void*)",
@@ -171,8 +171,7 @@ class Communicator:
                 continue
             if not callable(fn):
                 raise InvalidArgumentError(f"{field}={fn!r} is not callable")
-            entry, on_error = wrap(fn, field)
-            cb = ffi.callback(sig[field], entry, error=-1, onerror=on_error)
+            cb = ffi.callback(sig[field], wrap(fn), error=-1, onerror=on_error)
             callbacks.append(cb)
             setattr(t, field, cb)
         h = ffi.new("lowbit_comm_t *")
