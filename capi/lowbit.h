@@ -182,6 +182,8 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
   LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
   LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,
+  LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: see "0/1 Adam and 1-bit LAMB" below */
+  LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: see "0/1 Adam and 1-bit LAMB" below */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
@@ -447,6 +449,88 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, low
  * communicator's argument agreement. Every rank must use the same setting
  * (a mismatch fails the step on every rank). Not saved in checkpoints. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average);
+
+/* 0/1 Adam and 1-bit LAMB (DeepSpeed's ZeroOneAdam and OnebitLamb; their
+ * hyper-parameter names). Both keep fp32 state, need a communicator
+ * (lowbit_optimizer_set_comm) like 1-bit Adam, share one flat fp32 bucket
+ * over all parameters (one collective per step), have no bias correction
+ * (hparams.bias_correction must be 0: the lowbit_hparams_init default) and
+ * take the L2 weight decay inside the update (AdamW's decoupled form for
+ * 0/1 Adam, u = m / D + wd p scaled by the trust ratio for LAMB), with
+ * D = sqrt(v) + eps. Step t is the step count after the step (1, 2, ...);
+ * DeepSpeed counts one more (its construction-time dummy step). A skipped
+ * step (non-finite input on any rank) changes nothing on any rank and does
+ * not advance the schedules.
+ *
+ * 0/1 Adam (Lu et al. 2022), config.freeze_step = var_freeze_step:
+ *   steps t <= var_freeze_step (phase 1): when t % var_interval == 0 (a
+ *     variance step) the gradients are averaged uncompressed and m, v take
+ *     an ordinary step (then var_counter += 1, and after var_update_scaler
+ *     such steps var_interval doubles); otherwise the gradient goes through
+ *     the 1-bit compressed allreduce and m <- beta1 m + (1 - beta1) avg(g),
+ *     v unchanged; both: p <- p (1 - lr wd) - lr m / D.
+ *   steps t > var_freeze_step (phase 2, v frozen): local steps m <- beta1 m
+ *     + (1 - beta1) g, p <- p (1 - lr wd) - lr m / D with this rank's g and
+ *     no exchange but a one-float agreement on non-finite gradients; when
+ *     t % local_step_interval == 0 a synchronisation: with p_sync the params
+ *     at the last synchronisation and L the sum of lr since then, d =
+ *     avg_1bit((p_sync - p) D), m <- d / L, p <- p_sync - d / D, so every
+ *     rank holds the same params (DeepSpeed restores p - u + d / D, which
+ *     drifts by rounding). local_step_interval starts at 1 and doubles every
+ *     local_step_scaler phase-2 steps, capped at local_step_clipper. The
+ *     communicator's error buffers are zeroed at the first phase-2 step.
+ * 1-bit LAMB (Li et al. 2021), config.freeze_step = freeze_step:
+ *   steps t <= freeze_step (warm-up; freeze_step >= 1): LAMB on averaged gradients: m, v as
+ *     Adam's, u = m / D + wd p, trust c = clip(||p|| / ||u||, min_coeff,
+ *     max_coeff) per parameter (1 if either norm is 0), p <- p - lr c u;
+ *     coeff_freeze <- coeff_beta coeff_freeze + (1 - coeff_beta) c when
+ *     c != 1; the step t == freeze_step seeds v_fresh <- v.
+ *   steps t > freeze_step (compression, v and coeff_freeze frozen): each
+ *     rank's m' = beta1 m + (1 - beta1) g, scaled per parameter by s_p = S /
+ *     rms(m_p) (computed once, at the first compression step, S the mean of
+ *     the parameters' rms), goes through ONE 1-bit allreduce of all
+ *     parameters; m <- avg / s_p; the reconstructed gradient g~ = (m -
+ *     beta1 m_old) / (1 - beta1) feeds v_fresh <- beta2 v_fresh + (1 - beta2)
+ *     g~^2; factor f = max_i D_i / (sqrt(v_fresh_i) + eps), blended by rho =
+ *     min(1, ||m / D|| / ||u||) when wd > 0 (f <- f rho + 1 - rho), clipped to
+ *     [factor_min, factor_max] and to last_factor (1 -+ factor_threshold);
+ *     p <- p - lr coeff_freeze f u.
+ * Checkpoints save the schedules, p_sync / v_fresh and the LAMB scalars;
+ * the communicator's error buffers are per rank (lowbit_comm_save_errors). */
+typedef struct lowbit_onebit_options {
+  size_t struct_size;
+  int64_t var_update_scaler;  /* 0/1 Adam: variance steps per interval before it doubles (16), >= 1 */
+  int64_t local_step_scaler;  /* 0/1 Adam: phase-2 steps per local interval before it doubles (32678), >= 1 */
+  int64_t local_step_clipper; /* 0/1 Adam: the largest local interval (16), >= 1 */
+  float max_coeff;            /* LAMB: upper clip of the warm-up trust ratio (10), > min_coeff */
+  float min_coeff;            /* LAMB: lower clip (0.01), > 0 */
+  float coeff_beta;           /* LAMB: EMA factor of the trust ratio (0.9), in [0, 1) */
+  float factor_max;           /* LAMB: upper clip of the factor (4), >= factor_min */
+  float factor_min;           /* LAMB: lower clip (0.5), > 0 */
+  float factor_threshold;     /* LAMB: largest relative change of the factor per step (0.1), in [0, 1) */
+} lowbit_onebit_options_t;
+
+LOWBIT_API lowbit_status_t lowbit_onebit_options_init(lowbit_onebit_options_t* options);
+
+/* Sets the options of a 0/1 Adam or 1-bit LAMB optimizer (any time between
+ * steps; every rank must use the same; not saved in checkpoints). */
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_options(lowbit_optimizer_t opt,
+                                                               const lowbit_onebit_options_t* options);
+
+/* Where a 1-bit optimizer stands (1-bit Adam, 0/1 Adam, 1-bit LAMB). */
+typedef struct lowbit_onebit_status {
+  size_t struct_size;
+  int64_t step;               /* steps applied (CUDA: waits for the device) */
+  int32_t phase;              /* 0: warm-up / 0/1 Adam phase 1; 1: compressed / phase 2 */
+  int32_t next_full_average;  /* 1 if the next step runs on gradients averaged uncompressed (built-in, or by
+                                 the caller after lowbit_optimizer_set_onebit_warmup_average(opt, 0)) */
+  int64_t var_interval, var_counter;            /* 0/1 Adam */
+  int64_t local_step_interval, local_step_counter; /* 0/1 Adam */
+  int32_t next_exchange;      /* the next step's exchange: 0 none, 1 uncompressed average, 2 1-bit */
+  int32_t reserved_;
+} lowbit_onebit_status_t;
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out);
 
 /* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
  * 0 keep a momentum of exactly zero. NULL removes the mask. Blocking, like

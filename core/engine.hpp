@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "layout_record.hpp"
+#include "onebit_rules.hpp"
 #include "state.hpp"
 
 namespace lowbit {
@@ -59,6 +60,37 @@ struct OneBitApply {
   uint64_t seed = 0;
   bool skip = false;                        // CPU: the exchange found a non-finite value
   const int32_t* device_skip = nullptr;     // CUDA: the same, written in stream order by the exchange
+  // Engine memory, read in stream order: > 0 skips the step like `skip`
+  // (0/1 Adam's local steps: the mean over the ranks of nonfinite_flag).
+  const float* skip_if_positive = nullptr;
+  // false: m <- bucket (1-bit Adam, 0/1 Adam's local steps); true:
+  // m <- beta1 m + (1 - beta1) bucket (0/1 Adam's 1-bit gradient steps:
+  // the bucket holds the exchanged gradient).
+  bool blend = false;
+};
+
+// 0/1 Adam's synchronisation, after the exchange of zeroone_sync_pack's bucket.
+struct ZeroOneSync {
+  const float* bucket = nullptr;          // the averaged (p_sync - p') * D
+  float* sync_params = nullptr;           // flat fp32 (bind_onebit offsets): the params at the last sync
+  const float* group_inv_lrs = nullptr;   // engine memory, one per group: 1 / (sum of lr since the last sync)
+  uint64_t seed = 0;
+  bool skip = false;
+  const int32_t* device_skip = nullptr;
+};
+
+// One 1-bit LAMB step after its exchange (or a warm-up step).
+struct LambStep {
+  const float* bucket = nullptr;   // compression stage: the exchanged scaled momentum
+  LambScalars* scalars = nullptr;  // engine memory, one per param
+  LambPartial* partials = nullptr; // engine memory, one per bound chunk (scratch)
+  float* fresh_v = nullptr;        // flat fp32 (bind_onebit offsets): v_fresh
+  LambOptions options;
+  bool seed_fresh_v = false;       // the last warm-up step (t == freeze_step): v_fresh <- the new v
+  bool check_nonfinite = false;    // warm-up: a non-finite gradient skips the step
+  uint64_t seed = 0;
+  bool skip = false;                     // compression stage: the exchange found a non-finite value (CPU)
+  const int32_t* device_skip = nullptr;  // CUDA: the same
 };
 
 class Engine {
@@ -122,6 +154,46 @@ class Engine {
   // of the same step: m <- bucket (0 where masked), the frozen-variance
   // update, step counts + 1; nothing changes when the exchange was not finite.
   virtual void onebit_apply(const OneBitApply& a, void* stream) = 0;
+  // flag (engine memory, one float) <- 1 if data[0..n) holds a non-finite
+  // value, else 0.
+  virtual void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) = 0;
+
+  // ---- 0/1 Adam (core/zeroone_adam.cpp), after bind_onebit; fp32 m and v.
+  // sync_params <- the params as fp32 (as a step loads them).
+  virtual void zeroone_snapshot(float* sync_params, void* stream) = 0;
+  // A synchronising step's local part, written to the bucket only: with
+  // m' = beta1 m + (1 - beta1) g and p' = the param after onebit_apply's
+  // update with m' (AdamW, frozen v, no bias correction), in fp32 before
+  // rounding to the param's dtype: bucket <- (sync_params - p') * (sqrt(v) +
+  // eps), 0 where masked.
+  virtual void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) = 0;
+  // After the exchange, unless skipped: m <- bucket * group_inv_lrs[group]
+  // (0 where masked); p <- sync_params - bucket / (sqrt(v) + eps), stored as
+  // a step stores it (rounding key of the new step count); sync_params <- p
+  // as loaded back; step counts + 1.
+  virtual void zeroone_sync_apply(const ZeroOneSync& a, void* stream) = 0;
+
+  // ---- 1-bit LAMB (core/onebit_lamb.cpp), after bind_onebit; fp32 m, v.
+  // Warm-up step on `grads` (averaged over the ranks): pass A reduces per
+  // chunk ||p||^2 and ||u||^2 with u = lamb_update(m', v', p), m' and v' the
+  // new moments, and finds non-finite gradients; per param, unless the step
+  // is skipped: trust = lamb_warmup_trust (EMA into coeff_freeze); pass B:
+  // m <- m' (0 where masked), v <- v', fresh_v <- v' if seed_fresh_v,
+  // p <- p - lr * trust * u; step counts + 1.
+  virtual void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) = 0;
+  // First compression step, before lamb_momentum: per param rms_p =
+  // sqrt(||m||^2 / numel) (the fixed reduction order), S = their mean (in
+  // param order, double), scalars[i].scaling <- lamb_scaling(rms_p, S).
+  virtual void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) = 0;
+  // bucket <- (beta1 m + (1 - beta1) g) * scaling (0 where masked).
+  virtual void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) = 0;
+  // Compression step after the exchange, unless skipped: pass A: mk =
+  // bucket / scaling (0 where masked), g_rec = (mk - beta1 m) / (1 - beta1),
+  // fresh_v <- beta2 fresh_v + (1 - beta2) g_rec^2, m <- mk, reducing
+  // ||m/D||^2, ||u||^2 (u = lamb_update with the frozen v) and the max of
+  // D / (sqrt(fresh_v) + eps); per param trust = lamb_compressed_trust;
+  // pass B: p <- p - lr * trust * u; step counts + 1.
+  virtual void lamb_compressed(const LambStep& a, void* stream) = 0;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(int num_threads);

@@ -1,0 +1,84 @@
+// The math of 0/1 Adam (core/zeroone_adam.cpp) and 1-bit LAMB
+// (core/onebit_lamb.cpp) that the CPU engine and the CUDA kernels share:
+// per element, and per parameter from the reductions of a pass. Neither
+// algorithm has a bias correction (as DeepSpeed's ZeroOneAdam and
+// OnebitLamb); D = sqrt(v) + eps throughout.
+//
+// Reductions (sums of squares) follow one fixed order on every engine, so
+// CPU and CUDA agree bit for bit and every rank gets the same trust ratio:
+// per chunk (core/engine.hpp), lane l in [0, kLambLanes) sums in double, in
+// index order, the elements begin + l, begin + l + kLambLanes, ...; the lane
+// sums combine by a pairwise tree (lane l += lane l + h for h = 128, 64, ...,
+// 1); a parameter's chunk sums add up in chunk order. Maxima are
+// order-free.
+#pragma once
+#include <cmath>
+
+#include "hd.hpp"
+
+namespace lowbit {
+
+constexpr int kLambLanes = 256;
+
+// 1-bit LAMB's options (lowbit_onebit_options_t, DeepSpeed's names).
+struct LambOptions {
+  float max_coeff = 10.f, min_coeff = 0.01f, coeff_beta = 0.9f;
+  float factor_max = 4.f, factor_min = 0.5f, factor_threshold = 0.1f;
+};
+
+// Per-parameter scalars of 1-bit LAMB, in engine memory (checkpointed).
+struct LambScalars {
+  float coeff_freeze;  // EMA of the warm-up trust ratio (starts at 0)
+  float last_factor;   // the last compression-stage factor (starts at 1)
+  float scaling;       // momentum scaling of the compression stage (0: not yet computed)
+  float trust;         // this step's coefficient (scratch)
+};
+
+// Per-chunk partials of a LAMB pass A.
+struct LambPartial {
+  double sum_a;   // warm-up: ||p||^2;             compression: ||m / D||^2
+  double sum_b;   // warm-up: ||m/D + wd p||^2;    compression: ||m/D + wd p||^2
+  float max_ratio;  // compression: max (sqrt(v) + eps) / (sqrt(v_fresh) + eps)
+  int32_t nonfinite;  // warm-up: a gradient element was not finite
+};
+
+LOWBIT_HD float lamb_update(float m, float v, float p, float eps, float wd) {
+  return m / (sqrtf(v) + eps) + wd * p;
+}
+
+// Warm-up trust ratio from ||p||^2 and ||update||^2; updates the EMA as
+// DeepSpeed does (only when the ratio is not exactly 1, no bias correction).
+LOWBIT_HD float lamb_warmup_trust(double sum_p2, double sum_u2, const LambOptions& o, float& coeff_freeze) {
+  const float w = float(sqrt(sum_p2)), r = float(sqrt(sum_u2));
+  float c = 1.f;
+  if (w != 0.f && r != 0.f) c = fminf(fmaxf(w / r, o.min_coeff), o.max_coeff);
+  if (c != 1.f) coeff_freeze = o.coeff_beta * coeff_freeze + (1.f - o.coeff_beta) * c;
+  return c;
+}
+
+// Compression-stage coefficient: the frozen trust ratio times the factor
+// (max of the frozen over the fresh denominator, blended toward 1 by the
+// weight decay's share of the update, clipped absolutely and relative to the
+// last factor, which it replaces).
+LOWBIT_HD float lamb_compressed_trust(float max_ratio, double sum_pre2, double sum_u2, float wd, const LambOptions& o,
+                                      float coeff_freeze, float& last_factor) {
+  float f = max_ratio;
+  if (wd > 0.f) {
+    const float r = float(sqrt(sum_u2));
+    const float rho = r != 0.f ? fminf(1.f, float(sqrt(sum_pre2)) / r) : 1.f;
+    f = f * rho + (1.f - rho);
+  }
+  f = fminf(fmaxf(f, o.factor_min), o.factor_max);
+  f = fminf(fmaxf(f, last_factor * (1.f - o.factor_threshold)), last_factor * (1.f + o.factor_threshold));
+  last_factor = f;
+  return coeff_freeze * f;
+}
+
+// The scaling that equalises the tensors' momentum RMS before the one fused
+// compression: S / rms_p with S the mean of the rms over the parameters
+// (1 where rms_p is 0: DeepSpeed would divide by zero).
+LOWBIT_HD float lamb_scaling(double rms_p, double mean_rms) {
+  return rms_p > 0.0 ? float(mean_rms / rms_p) : 1.f;
+}
+
+}  // namespace lowbit
