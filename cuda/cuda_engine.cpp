@@ -617,7 +617,7 @@ void CudaEngine::bind_onebit(const int64_t* offsets, const uint8_t* const* masks
   check(cudaStreamSynchronize(cudaStreamLegacy), "uploading the 1-bit table");
 }
 
-void CudaEngine::launch_onebit_op(int32_t op, float* bucket, void* stream) {
+void CudaEngine::launch_onebit_op(int32_t op, float* bucket, void* stream, bool blend) {
   OneBitArgs a;
   std::memset(&a, 0, sizeof a);
   a.params = params_;
@@ -629,6 +629,7 @@ void CudaEngine::launch_onebit_op(int32_t op, float* bucket, void* stream) {
   a.bucket = bucket;
   a.skip_flag = flag_;
   a.op = op;
+  a.blend = blend ? 1 : 0;
   launch_onebit(a, int64_t(bound_chunks_.size()), stream);
   check(cudaGetLastError(), "launching a 1-bit Adam pass");
 }
@@ -650,17 +651,161 @@ void CudaEngine::onebit_momentum(const GradView* grads, float* bucket, void* str
   launch_onebit_op(kOneBitMomentum, bucket, stream);
 }
 
+void CudaEngine::set_skip_flag(const int32_t* device_skip, bool skip, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (device_skip)
+    check(cudaMemcpyAsync(flag_, device_skip, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  else
+    check(cudaMemsetAsync(flag_, skip ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
+}
+
 void CudaEngine::onebit_apply(const OneBitApply& a, void* stream) {
   DeviceGuard guard(device_);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.device_skip)
-    check(cudaMemcpyAsync(flag_, a.device_skip, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-  else
-    check(cudaMemsetAsync(flag_, a.skip ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
+  set_skip_flag(a.device_skip, a.skip, stream);
+  if (a.skip_if_positive) {
+    launch_skip_if_positive(a.skip_if_positive, flag_, stream);
+    check(cudaGetLastError(), "launching the skip decision");
+  }
   StepControl ctl;
   ctl.seed = a.seed;
   prepare(Algo::AdamW, ctl, a.freeze_step, stream);
-  launch_onebit_op(kOneBitApply, const_cast<float*>(a.bucket), stream);
+  launch_onebit_op(kOneBitApply, const_cast<float*>(a.bucket), stream, a.blend);
+  finalize(ctl, stream);
+}
+
+void CudaEngine::nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) {
+  DeviceGuard guard(device_);
+  check(cudaMemsetAsync(flag, 0, sizeof(float), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  launch_nonfinite(data, n, flag, stream);
+  check(cudaGetLastError(), "launching the non-finite check");
+}
+
+// ---- 0/1 Adam and 1-bit LAMB
+
+OneBitExtArgs CudaEngine::ext_args(int32_t op) const {
+  OneBitExtArgs a;
+  std::memset(static_cast<void*>(&a), 0, sizeof a);  // padding too
+  a.params = params_;
+  a.dyn = dyn_;
+  a.scalars = scalars_;
+  a.chunks = chunks_;
+  a.onebit = onebit_;
+  a.hparams = hparams_;
+  a.skip_flag = flag_;
+  a.num_params = int64_t(bound_params_.size());
+  a.num_chunks = int64_t(bound_chunks_.size());
+  a.options = LambOptions{};
+  a.op = op;
+  return a;
+}
+
+void CudaEngine::launch_ext(const OneBitExtArgs& a, void* stream) {
+  launch_onebit_ext(a, stream);
+  check(cudaGetLastError(), "launching a 0/1 Adam or 1-bit LAMB pass");
+}
+
+void CudaEngine::require_all_grads(const char* what) const {
+  for (size_t i = 0; i < dyn_host_.size(); ++i)
+    LOWBIT_REQUIRE(dyn_host_[i].grad != nullptr, LOWBIT_ERROR_INTERNAL, what, ": param ", i,
+                   " has no gradient this step");
+}
+
+void CudaEngine::zeroone_snapshot(float* sync_params, void* stream) {
+  DeviceGuard guard(device_);
+  OneBitExtArgs a = ext_args(kZeroOneSnapshot);
+  a.sync = sync_params;
+  launch_ext(a, stream);
+}
+
+void CudaEngine::zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) {
+  DeviceGuard guard(device_);
+  upload_step_tables(grads, stream);
+  require_all_grads("zeroone_sync_pack");
+  prepare(Algo::AdamW, StepControl(), -1, stream);  // the scalars (lr, beta1, eps, decay) only
+  OneBitExtArgs a = ext_args(kZeroOneSyncPack);
+  a.sync = const_cast<float*>(sync_params);
+  a.out = bucket;
+  launch_ext(a, stream);
+}
+
+// After zeroone_sync_pack of the same step (its gradient table: every param).
+void CudaEngine::zeroone_sync_apply(const ZeroOneSync& z, void* stream) {
+  DeviceGuard guard(device_);
+  require_all_grads("zeroone_sync_apply");
+  set_skip_flag(z.device_skip, z.skip, stream);
+  StepControl ctl;
+  ctl.seed = z.seed;
+  prepare(Algo::AdamW, ctl, -1, stream);
+  OneBitExtArgs a = ext_args(kZeroOneSyncApply);
+  a.bucket = z.bucket;
+  a.sync = z.sync_params;
+  a.group_inv_lrs = z.group_inv_lrs;
+  launch_ext(a, stream);
+  finalize(ctl, stream);
+}
+
+void CudaEngine::lamb_warmup(const GradView* grads, const LambStep& l, void* stream) {
+  DeviceGuard guard(device_);
+  upload_step_tables(grads, stream);
+  require_all_grads("lamb_warmup");
+  check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  StepControl ctl;
+  ctl.seed = l.seed;
+  prepare(Algo::AdamW, ctl, -1, stream);
+  OneBitExtArgs a = ext_args(kLambWarmupA);
+  a.lamb = l.scalars;
+  a.partials = l.partials;
+  a.fresh_v = l.fresh_v;
+  a.options = l.options;
+  a.check_nonfinite = l.check_nonfinite ? 1 : 0;
+  a.seed_fresh_v = l.seed_fresh_v ? 1 : 0;
+  launch_ext(a, stream);
+  a.op = kLambWarmupTrust;
+  launch_ext(a, stream);
+  a.op = kLambWarmupB;
+  launch_ext(a, stream);
+  finalize(ctl, stream);
+}
+
+void CudaEngine::lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) {
+  DeviceGuard guard(device_);
+  OneBitExtArgs a = ext_args(kLambScalingA);
+  a.lamb = scalars;
+  a.partials = partials;
+  launch_ext(a, stream);
+  a.op = kLambScalingFinish;
+  launch_ext(a, stream);
+}
+
+void CudaEngine::lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) {
+  DeviceGuard guard(device_);
+  upload_step_tables(grads, stream);
+  require_all_grads("lamb_momentum");
+  OneBitExtArgs a = ext_args(kLambMomentum);
+  a.lamb = const_cast<LambScalars*>(scalars);
+  a.out = bucket;
+  launch_ext(a, stream);
+}
+
+// After lamb_momentum of the same step (its gradient table: every param).
+void CudaEngine::lamb_compressed(const LambStep& l, void* stream) {
+  DeviceGuard guard(device_);
+  require_all_grads("lamb_compressed");
+  set_skip_flag(l.device_skip, l.skip, stream);
+  StepControl ctl;
+  ctl.seed = l.seed;
+  prepare(Algo::AdamW, ctl, -1, stream);
+  OneBitExtArgs a = ext_args(kLambCompressedA);
+  a.bucket = l.bucket;
+  a.lamb = l.scalars;
+  a.partials = l.partials;
+  a.fresh_v = l.fresh_v;
+  a.options = l.options;
+  launch_ext(a, stream);
+  a.op = kLambCompressedTrust;
+  launch_ext(a, stream);
+  a.op = kLambCompressedB;
+  launch_ext(a, stream);
   finalize(ctl, stream);
 }
 

@@ -56,6 +56,16 @@ class CudaEngine final : public Engine {
   void onebit_mask(void* stream) override;
   void onebit_momentum(const GradView* grads, float* bucket, void* stream) override;
   void onebit_apply(const OneBitApply& a, void* stream) override;
+  void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) override;
+
+  void zeroone_snapshot(float* sync_params, void* stream) override;
+  void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) override;
+  void zeroone_sync_apply(const ZeroOneSync& a, void* stream) override;
+
+  void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) override;
+  void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) override;
+  void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) override;
+  void lamb_compressed(const LambStep& a, void* stream) override;
 
   int device_index() const { return device_; }
 
@@ -66,7 +76,16 @@ class CudaEngine final : public Engine {
   void upload_step_tables(const GradView* grads, void* stream);
   void prepare(Algo algo, const StepControl& ctl, int64_t frozen_step, void* stream);
   void finalize(const StepControl& ctl, void* stream);
-  void launch_onebit_op(int32_t op, float* bucket, void* stream);
+  void launch_onebit_op(int32_t op, float* bucket, void* stream, bool blend = false);
+  // The step flag in stream order: *device_skip when set, else `skip`.
+  void set_skip_flag(const int32_t* device_skip, bool skip, void* stream);
+  // 0/1 Adam and 1-bit LAMB passes (cuda/onebit_ext_kernels.cuh): the
+  // engine's tables filled in, the rest from the caller.
+  OneBitExtArgs ext_args(int32_t op) const;
+  void launch_ext(const OneBitExtArgs& a, void* stream);
+  // The passes that follow an upload of this step's gradients need every
+  // parameter's (1-bit algorithms communicate every parameter).
+  void require_all_grads(const char* what) const;
 
   // Shaped parameters (rank-1 / factored moments): pass-1 work items, the
   // parameters themselves, the factored column partials; rebuilt by bind()

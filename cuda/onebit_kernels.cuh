@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads) onebit_kernel(const OneBitArgs a) {
       const lowbit_dtype_t pd = to_lowbit_dtype(P.pdtype);
       const float* v = static_cast<const float*>(P.mdata[1]);
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-        const float mk = ob.mask && !ob.mask[i] ? 0.f : bucket[i];
+        // blend (0/1 Adam's 1-bit gradient steps): the bucket holds the averaged gradient.
+        const float mk = ob.mask && !ob.mask[i] ? 0.f : (a.blend ? onebit_local_momentum(s, m[i], bucket[i]) : bucket[i]);
         m[i] = mk;
         float p = load_param_element(P.param, pd, P.rounding, P.ecc, i);
         onebit_apply(s, p, mk, v[i]);
