@@ -1,0 +1,471 @@
+// 0/1 Adam's and 1-bit LAMB's engine operations (core/engine.hpp) on the CUDA
+// engine under the host emulation (tests/cuda/emu: the kernel source of
+// cuda/onebit_ext_kernels.cuh and cuda/onebit_kernels.cuh) against the CPU
+// engine, bit for bit, on fresh random inputs (tests/common/test_seed.h).
+//
+// Both engines run the same sequence of operations as the optimizers drive
+// them, with a deterministic stand-in for the exchanges (a world of one rank
+// whose collective changes the bucket the same way on both sides):
+//  - 0/1 Adam: phase-1 variance steps (a plain AdamW step, masks), phase-1
+//    1-bit gradient steps (gather, onebit_apply with blend), then phase 2:
+//    the snapshot, local steps (local momentum, nonfinite_flag, onebit_apply
+//    with skip_if_positive) and synchronisations (zeroone_sync_pack /
+//    zeroone_sync_apply); skips: a NaN gradient in a variance step and in a
+//    local step, an exchange that reports a non-finite value in a 1-bit step
+//    and in a synchronisation.
+//  - 1-bit LAMB: warm-up steps (one skipped by a NaN gradient, the last one
+//    seeding v_fresh), the scaling at the first compression step, compression
+//    steps (lamb_momentum, lamb_compressed; one skipped by the exchange).
+// Parameters: fp32, bf16 (stochastic rounding) and fp16 (error correction,
+// bf16 gradients) params; sizes 70001 and 131073 (two and three chunks, the
+// last one of a single element), 129 and 1; two groups; momentum masks on
+// two params. After every step: params, error-correction bytes, m, v, the
+// bucket, sync params / v_fresh, the LAMB scalars and per-chunk partials,
+// the non-finite flag, the step counts and the skip flags must be identical.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "core/engine.hpp"
+#include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
+#include "core/state.hpp"
+#define CT_ENGINE_ONLY 1
+#include "cuda_test_util.h"
+
+using namespace lowbit;
+
+namespace {
+
+uint64_t g_rng;
+
+struct DtypeCase {
+  const char* name;
+  lowbit_dtype_t p, g;
+  WeightRounding r;
+};
+
+const DtypeCase kDtypes[] = {
+    {"f32/f32", LOWBIT_DTYPE_FLOAT32, LOWBIT_DTYPE_FLOAT32, WeightRounding::Nearest},
+    {"bf16/bf16 sr", LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_BFLOAT16, WeightRounding::Stochastic},
+    {"f16/bf16 ecc", LOWBIT_DTYPE_FLOAT16, LOWBIT_DTYPE_BFLOAT16, WeightRounding::ErrorCorrection},
+};
+
+struct Spec {
+  int64_t numel;
+  int32_t group;
+  bool mask;
+};
+const Spec kSpecs[] = {{70001, 0, true}, {129, 1, false}, {131073, 1, true}, {1, 0, false}};
+constexpr int kNumParams = int(sizeof kSpecs / sizeof kSpecs[0]);
+
+// One engine and everything it works on (engine memory: host for the CPU
+// engine, cudaMalloc for CUDA, which the emulation serves from host memory,
+// so the test reads and writes both directly).
+struct Side {
+  std::unique_ptr<Engine> eng;
+  bool gpu = false;
+  std::vector<ParamView> views;
+  std::vector<void*> grads;
+  std::vector<void*> state, buffers;
+  float* bucket = nullptr;
+  float* extra = nullptr;  // 0/1 Adam: sync params; LAMB: v_fresh
+  float* flag = nullptr;   // nonfinite_flag
+  float* inv_lrs = nullptr;
+  int32_t* device_skip = nullptr;
+  LambScalars* scalars = nullptr;
+  LambPartial* partials = nullptr;
+  int64_t total = 0, num_chunks = 0;
+
+  void* alloc_state(size_t bytes) {
+    void* p = eng->allocate_zeroed(bytes);
+    state.push_back(p);
+    return p;
+  }
+  void* buffer(size_t bytes) {
+    void* p = nullptr;
+    if (gpu) {
+      if (cudaMalloc(&p, bytes) != cudaSuccess) fail_msg("cudaMalloc");
+    } else {
+      p = std::malloc(bytes);
+    }
+    buffers.push_back(p);
+    return p;
+  }
+  ~Side() {
+    for (void* p : state) eng->release(p);
+    for (void* p : buffers) gpu ? (void)cudaFree(p) : std::free(p);
+  }
+};
+
+size_t dbytes(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
+
+void setup(Side& s, bool gpu, const DtypeCase& d, const std::vector<std::vector<uint8_t>>& init,
+           const std::vector<std::vector<uint8_t>>& masks, const lowbit_hparams_t* hp) {
+  s.gpu = gpu;
+  s.eng = gpu ? make_cuda_engine(0) : make_cpu_engine(2);
+  s.views.assign(kNumParams, ParamView{});
+  s.grads.assign(kNumParams, nullptr);
+  std::vector<Chunk> chunks;
+  std::vector<int32_t> groups;
+  std::vector<int64_t> offsets;
+  std::vector<const uint8_t*> mask_ptrs;
+  for (int i = 0; i < kNumParams; ++i) {
+    const Spec& sp = kSpecs[i];
+    ParamView& v = s.views[size_t(i)];
+    v.numel = sp.numel;
+    v.param_dtype = d.p;
+    v.rounding = d.p == LOWBIT_DTYPE_FLOAT32 ? WeightRounding::Nearest : d.r;
+    v.param = s.buffer(init[size_t(i)].size());
+    std::memcpy(v.param, init[size_t(i)].data(), init[size_t(i)].size());
+    s.grads[size_t(i)] = s.buffer(size_t(sp.numel) * dbytes(d.g));
+    v.num_moments = 2;
+    for (int k = 0; k < 2; ++k)
+      v.moment[k] = moment_view(LOWBIT_STATE_FP32, k, s.alloc_state(size_t(sp.numel) * 4), nullptr);
+    if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
+    append_chunks(chunks, int32_t(i), sp.numel);
+    groups.push_back(sp.group);
+    offsets.push_back(s.total);
+    s.total += sp.numel;
+    uint8_t* m = nullptr;
+    if (sp.mask) {
+      m = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
+      std::memcpy(m, masks[size_t(i)].data(), size_t(sp.numel));
+    }
+    mask_ptrs.push_back(m);
+  }
+  s.num_chunks = int64_t(chunks.size());
+  s.eng->bind(s.views.data(), kNumParams, chunks.data(), s.num_chunks, groups.data(), 0, nullptr);
+  s.eng->set_hparams(hp, 2);
+  s.eng->bind_onebit(offsets.data(), mask_ptrs.data(), kNumParams);
+  s.bucket = static_cast<float*>(s.alloc_state(size_t(s.total) * 4));
+  s.extra = static_cast<float*>(s.alloc_state(size_t(s.total) * 4));
+  s.flag = static_cast<float*>(s.alloc_state(4));
+  s.inv_lrs = static_cast<float*>(s.alloc_state(2 * 4));
+  s.device_skip = static_cast<int32_t*>(s.alloc_state(4));
+  s.scalars = static_cast<LambScalars*>(s.alloc_state(kNumParams * sizeof(LambScalars)));
+  s.partials = static_cast<LambPartial*>(s.alloc_state(size_t(s.num_chunks) * sizeof(LambPartial)));
+  for (int i = 0; i < kNumParams; ++i) s.scalars[i] = LambScalars{0.f, 1.f, 0.f, 0.f};
+}
+
+void expect_same(const std::string& label, const char* what, const void* a, const void* b, size_t bytes) {
+  if (bytes == 0 || std::memcmp(a, b, bytes) == 0) return;
+  const uint8_t* x = static_cast<const uint8_t*>(a);
+  const uint8_t* y = static_cast<const uint8_t*>(b);
+  size_t k = 0;
+  while (x[k] == y[k]) ++k;
+  fail_msg("%s: %s differs first at byte %zu of %zu (CPU %02x, CUDA %02x)", label.c_str(), what, k, bytes, x[k], y[k]);
+}
+
+void compare(const std::string& label, const Side& c, const Side& g, bool partials) {
+  for (int i = 0; i < kNumParams; ++i) {
+    const ParamView& a = c.views[size_t(i)];
+    const ParamView& b = g.views[size_t(i)];
+    const std::string l = label + " param " + std::to_string(i);
+    expect_same(l, "param", a.param, b.param, size_t(a.numel) * dbytes(a.param_dtype));
+    if (a.ecc) expect_same(l, "error-correction bytes", a.ecc, b.ecc, size_t(a.numel));
+    expect_same(l, "m", a.moment[0].data, b.moment[0].data, size_t(a.numel) * 4);
+    expect_same(l, "v", a.moment[1].data, b.moment[1].data, size_t(a.numel) * 4);
+  }
+  expect_same(label, "bucket", c.bucket, g.bucket, size_t(c.total) * 4);
+  expect_same(label, "sync params / v_fresh", c.extra, g.extra, size_t(c.total) * 4);
+  expect_same(label, "LAMB scalars", c.scalars, g.scalars, kNumParams * sizeof(LambScalars));
+  if (partials) expect_same(label, "LAMB partials", c.partials, g.partials, size_t(c.num_chunks) * sizeof(LambPartial));
+  std::vector<int64_t> tc(kNumParams), tg(kNumParams);
+  c.eng->read_steps(tc.data(), kNumParams, nullptr);
+  g.eng->read_steps(tg.data(), kNumParams, nullptr);
+  for (int i = 0; i < kNumParams; ++i)
+    if (tc[size_t(i)] != tg[size_t(i)])
+      fail_msg("%s: param %d step count CPU %lld CUDA %lld", label.c_str(), i, (long long)tc[size_t(i)],
+               (long long)tg[size_t(i)]);
+}
+
+// Fresh gradients on both sides; a NaN in param 2's last chunk when `nan`.
+void new_grads(Side& c, Side& g, const DtypeCase& d, bool nan, std::vector<GradView> (&views)[2]) {
+  for (int i = 0; i < kNumParams; ++i) {
+    const int64_t n = kSpecs[i].numel;
+    ct_fill(c.grads[size_t(i)], d.g, n, -12, 0, &g_rng);
+    if (nan && i == 2) {
+      const int64_t at = n - 5;
+      if (d.g == LOWBIT_DTYPE_FLOAT32) {
+        const uint32_t x = 0x7FC00000u;
+        std::memcpy(static_cast<char*>(c.grads[size_t(i)]) + 4 * at, &x, 4);
+      } else {
+        const uint16_t x = 0x7FC0u;
+        std::memcpy(static_cast<char*>(c.grads[size_t(i)]) + 2 * at, &x, 2);
+      }
+    }
+    std::memcpy(g.grads[size_t(i)], c.grads[size_t(i)], size_t(n) * dbytes(d.g));
+  }
+  for (int k = 0; k < 2; ++k) {
+    Side& s = k ? g : c;
+    views[k].assign(kNumParams, GradView{});
+    for (int i = 0; i < kNumParams; ++i) views[k][size_t(i)] = GradView{s.grads[size_t(i)], d.g};
+  }
+}
+
+// The stand-in for an exchange of a world of one rank: a deterministic change.
+void exchange(Side& s) {
+  for (int64_t j = 0; j < s.total; ++j) s.bucket[j] = s.bucket[j] * 0.5f + (j % 3 == 0 ? 1e-4f : -1e-4f);
+}
+
+void hparams(lowbit_hparams_t* hp) {
+  std::memset(hp, 0, 2 * sizeof(lowbit_hparams_t));
+  hp[0].struct_size = sizeof(lowbit_hparams_t);
+  hp[0].lr = 1e-3f;
+  hp[0].beta1 = 0.9f;
+  hp[0].beta2 = 0.999f;
+  hp[0].eps = 1e-8f;
+  hp[0].weight_decay = 0.01f;
+  hp[0].bias_correction = 0;  // 0/1 Adam and 1-bit LAMB have none
+  hp[1] = hp[0];
+  hp[1].lr = 5e-4f;
+  hp[1].beta1 = 0.8f;
+  hp[1].weight_decay = 0.02f;
+}
+
+void inputs(const DtypeCase& d, std::vector<std::vector<uint8_t>>& init, std::vector<std::vector<uint8_t>>& masks) {
+  init.assign(kNumParams, {});
+  masks.assign(kNumParams, {});
+  for (int i = 0; i < kNumParams; ++i) {
+    init[size_t(i)].resize(size_t(kSpecs[i].numel) * dbytes(d.p));
+    ct_fill(init[size_t(i)].data(), d.p, kSpecs[i].numel, -4, 0, &g_rng);
+    masks[size_t(i)].resize(size_t(kSpecs[i].numel));
+    for (auto& b : masks[size_t(i)]) b = uint8_t(ct_next(&g_rng) % 4 != 0);
+  }
+  masks[2][size_t(kSpecs[2].numel - 5)] = 1;  // where new_grads puts its NaN
+}
+
+void expect_skipped(const std::string& label, const Side& c, const Side& g, bool expect) {
+  const bool sc = c.eng->last_step_skipped(), sg = g.eng->last_step_skipped();
+  if (sc != expect || sg != expect)
+    fail_msg("%s: skipped CPU %d CUDA %d, expected %d", label.c_str(), int(sc), int(sg), int(expect));
+}
+
+// ---- 0/1 Adam
+
+enum ZoKind { kVariance, kOneBit, kLocal, kSync };
+struct ZoStep {
+  ZoKind kind;
+  bool nan, exchange_skip, snapshot;
+};
+
+void test_zeroone(void**) {
+  const ZoStep steps[] = {
+      {kVariance, false, false, false}, {kOneBit, false, false, false}, {kVariance, true, false, false},
+      {kOneBit, false, true, false},    {kOneBit, false, false, false}, {kVariance, false, false, false},
+      {kLocal, false, false, true},     {kSync, false, false, false},   {kLocal, true, false, false},
+      {kLocal, false, false, false},    {kSync, false, true, false},    {kLocal, false, false, false},
+      {kSync, false, false, false},
+  };
+  for (const DtypeCase& d : kDtypes) {
+    lowbit_hparams_t hp[2];
+    hparams(hp);
+    std::vector<std::vector<uint8_t>> init, masks;
+    inputs(d, init, masks);
+    const uint64_t seed = ct_next(&g_rng);
+    Side c, g;
+    setup(c, false, d, init, masks, hp);
+    setup(g, true, d, init, masks, hp);
+    for (Side* s : {&c, &g}) {
+      s->inv_lrs[0] = 1.f / (3.f * hp[0].lr);
+      s->inv_lrs[1] = 1.f / (2.f * hp[1].lr);
+    }
+    int n = 0;
+    for (const ZoStep& st : steps) {
+      ++n;
+      const std::string label = std::string("0/1 Adam ") + d.name + " step " + std::to_string(n);
+      std::vector<GradView> gv[2];
+      new_grads(c, g, d, st.nan, gv);
+      bool skip = st.nan || st.exchange_skip;
+      for (int k = 0; k < 2; ++k) {
+        Side& s = k ? g : c;
+        Engine& e = *s.eng;
+        switch (st.kind) {
+          case kVariance: {
+            e.onebit_gather(gv[k].data(), s.bucket, nullptr);
+            exchange(s);
+            std::vector<GradView> avg(kNumParams);
+            int64_t off = 0;
+            for (int i = 0; i < kNumParams; ++i) {
+              avg[size_t(i)] = GradView{s.bucket + off, LOWBIT_DTYPE_FLOAT32};
+              off += kSpecs[i].numel;
+            }
+            StepControl ctl;
+            ctl.check_nonfinite = true;
+            ctl.seed = seed;
+            e.step(Algo::AdamW, avg.data(), kNumParams, ctl, nullptr);
+            e.onebit_mask(nullptr);
+            break;
+          }
+          case kOneBit: {
+            e.onebit_gather(gv[k].data(), s.bucket, nullptr);
+            exchange(s);
+            OneBitApply a;
+            a.bucket = s.bucket;
+            a.freeze_step = 0;
+            a.seed = seed;
+            a.blend = true;
+            if (s.gpu) {
+              *s.device_skip = st.exchange_skip ? 1 : 0;
+              a.device_skip = s.device_skip;
+            } else {
+              a.skip = st.exchange_skip;
+            }
+            e.onebit_apply(a, nullptr);
+            break;
+          }
+          case kLocal: {
+            if (st.snapshot) e.zeroone_snapshot(s.extra, nullptr);
+            e.onebit_momentum(gv[k].data(), s.bucket, nullptr);
+            *s.flag = -1.f;  // nonfinite_flag writes 0 or 1
+            e.nonfinite_flag(s.bucket, s.total, s.flag, nullptr);
+            OneBitApply a;
+            a.bucket = s.bucket;
+            a.seed = seed;
+            a.skip_if_positive = s.flag;  // the mean over one rank
+            e.onebit_apply(a, nullptr);
+            break;
+          }
+          case kSync: {
+            e.zeroone_sync_pack(gv[k].data(), s.extra, s.bucket, nullptr);
+            exchange(s);
+            ZeroOneSync z;
+            z.bucket = s.bucket;
+            z.sync_params = s.extra;
+            z.group_inv_lrs = s.inv_lrs;
+            z.seed = seed;
+            if (s.gpu) {
+              *s.device_skip = st.exchange_skip ? 1 : 0;
+              z.device_skip = s.device_skip;
+            } else {
+              z.skip = st.exchange_skip;
+            }
+            e.zeroone_sync_apply(z, nullptr);
+            break;
+          }
+        }
+      }
+      c.eng->wait(nullptr);
+      g.eng->wait(nullptr);
+      if (st.kind == kLocal) {
+        if (*c.flag != (st.nan ? 1.f : 0.f) || *g.flag != *c.flag)
+          fail_msg("%s: non-finite flag CPU %g CUDA %g, expected %d", label.c_str(), double(*c.flag), double(*g.flag),
+                   int(st.nan));
+      }
+      expect_skipped(label, c, g, skip);
+      compare(label, c, g, false);
+    }
+    std::vector<int64_t> t(kNumParams);
+    g.eng->read_steps(t.data(), kNumParams, nullptr);
+    assert_int_equal(t[0], 13 - 4);
+    std::printf("0/1 Adam %s: %d steps bit-identical\n", d.name, n);
+  }
+}
+
+// ---- 1-bit LAMB
+
+void test_lamb(void**) {
+  constexpr int kSteps = 9;
+  constexpr int kFreezeAt = 4;  // the step whose count becomes freeze_step (3: step 2 is skipped)
+  for (const DtypeCase& d : kDtypes) {
+    lowbit_hparams_t hp[2];
+    hparams(hp);
+    std::vector<std::vector<uint8_t>> init, masks;
+    inputs(d, init, masks);
+    const uint64_t seed = ct_next(&g_rng);
+    Side c, g;
+    setup(c, false, d, init, masks, hp);
+    setup(g, true, d, init, masks, hp);
+    LambOptions opt;
+    opt.factor_threshold = 0.05f;
+    for (int n = 1; n <= kSteps; ++n) {
+      const std::string label = std::string("1-bit LAMB ") + d.name + " step " + std::to_string(n);
+      const bool nan = n == 2, exchange_skip = n == 6;
+      std::vector<GradView> gv[2];
+      new_grads(c, g, d, nan, gv);
+      for (int k = 0; k < 2; ++k) {
+        Side& s = k ? g : c;
+        Engine& e = *s.eng;
+        LambStep l;
+        l.scalars = s.scalars;
+        l.partials = s.partials;
+        l.fresh_v = s.extra;
+        l.options = opt;
+        l.seed = seed;
+        if (n <= kFreezeAt) {
+          l.seed_fresh_v = n == kFreezeAt;
+          l.check_nonfinite = true;
+          e.lamb_warmup(gv[k].data(), l, nullptr);
+          continue;
+        }
+        if (n == kFreezeAt + 1) e.lamb_scaling(s.scalars, s.partials, nullptr);
+        e.lamb_momentum(gv[k].data(), s.scalars, s.bucket, nullptr);
+        exchange(s);
+        l.bucket = s.bucket;
+        if (s.gpu) {
+          *s.device_skip = exchange_skip ? 1 : 0;
+          l.device_skip = s.device_skip;
+        } else {
+          l.skip = exchange_skip;
+        }
+        e.lamb_compressed(l, nullptr);
+      }
+      c.eng->wait(nullptr);
+      g.eng->wait(nullptr);
+      expect_skipped(label, c, g, nan || exchange_skip);
+      compare(label, c, g, !nan && !exchange_skip);
+    }
+    std::vector<int64_t> t(kNumParams);
+    g.eng->read_steps(t.data(), kNumParams, nullptr);
+    assert_int_equal(t[3], kSteps - 2);
+    for (int i = 0; i < kNumParams; ++i)
+      if (!(g.scalars[i].scaling > 0.f) || !(g.scalars[i].coeff_freeze > 0.f))
+        fail_msg("1-bit LAMB %s: param %d scalars not set (scaling %g, coeff_freeze %g)", d.name, i,
+                 double(g.scalars[i].scaling), double(g.scalars[i].coeff_freeze));
+    std::printf("1-bit LAMB %s: %d steps bit-identical\n", d.name, kSteps);
+  }
+}
+
+// nonfinite_flag alone: sizes around the launch geometry, a value at the end.
+void test_nonfinite_flag(void**) {
+  std::unique_ptr<Engine> cpu = make_cpu_engine(1), gpu = make_cuda_engine(0);
+  for (int64_t n : {int64_t(1), int64_t(2047), int64_t(2048), int64_t(2049), int64_t(300001)}) {
+    for (int where = -1; where < 3; ++where) {
+      float* data[2];
+      float* flag[2];
+      for (int k = 0; k < 2; ++k) {
+        Engine& e = k ? *gpu : *cpu;
+        data[k] = static_cast<float*>(e.allocate_zeroed(size_t(n) * 4));
+        flag[k] = static_cast<float*>(e.allocate_zeroed(4));
+        for (int64_t j = 0; j < n; ++j) data[k][j] = float(j % 7) - 3.f;
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        if (where >= 0) data[k][where == 0 ? 0 : n - 1 - (where == 2 ? n / 2 : 0)] = bad[where];
+        *flag[k] = 0.5f;
+        e.nonfinite_flag(data[k], n, flag[k], nullptr);
+        e.wait(nullptr);
+        if (*flag[k] != (where >= 0 ? 1.f : 0.f))
+          fail_msg("nonfinite_flag (%s) n %lld case %d: %g", k ? "CUDA" : "CPU", (long long)n, where, double(*flag[k]));
+        e.release(data[k]);
+        e.release(flag[k]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  g_rng = lowbit_test_seed("test_onebit_ext_emulated");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_nonfinite_flag),
+      cmocka_unit_test(test_zeroone),
+      cmocka_unit_test(test_lamb),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
