@@ -721,7 +721,7 @@ void CudaEngine::zeroone_sync_pack(const GradView* grads, const float* sync_para
   DeviceGuard guard(device_);
   upload_step_tables(grads, stream);
   require_all_grads("zeroone_sync_pack");
-  prepare(Algo::AdamW, StepControl(), -1, stream);  // the scalars (lr, beta1, eps, decay) only
+  prepare(Algo::AdamW, StepControl(), 0, stream);  // the scalars only (lr, beta1, eps, decay)
   OneBitExtArgs a = ext_args(kZeroOneSyncPack);
   a.sync = const_cast<float*>(sync_params);
   a.out = bucket;
@@ -735,7 +735,7 @@ void CudaEngine::zeroone_sync_apply(const ZeroOneSync& z, void* stream) {
   set_skip_flag(z.device_skip, z.skip, stream);
   StepControl ctl;
   ctl.seed = z.seed;
-  prepare(Algo::AdamW, ctl, -1, stream);
+  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
   OneBitExtArgs a = ext_args(kZeroOneSyncApply);
   a.bucket = z.bucket;
   a.sync = z.sync_params;
@@ -751,7 +751,7 @@ void CudaEngine::lamb_warmup(const GradView* grads, const LambStep& l, void* str
   check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
   StepControl ctl;
   ctl.seed = l.seed;
-  prepare(Algo::AdamW, ctl, -1, stream);
+  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
   OneBitExtArgs a = ext_args(kLambWarmupA);
   a.lamb = l.scalars;
   a.partials = l.partials;
@@ -794,7 +794,7 @@ void CudaEngine::lamb_compressed(const LambStep& l, void* stream) {
   set_skip_flag(l.device_skip, l.skip, stream);
   StepControl ctl;
   ctl.seed = l.seed;
-  prepare(Algo::AdamW, ctl, -1, stream);
+  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
   OneBitExtArgs a = ext_args(kLambCompressedA);
   a.bucket = l.bucket;
   a.lamb = l.scalars;

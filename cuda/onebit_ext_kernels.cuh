@@ -46,12 +46,6 @@ __device__ __forceinline__ bool ext_skipped(const int32_t* flag) {
   return *static_cast<const volatile int32_t*>(flag) != 0;
 }
 
-// LAMB's new moments of a warm-up step (Adam's, no bias correction).
-__device__ __forceinline__ void lamb_moments(const StepScalars& s, float g, float& m, float& v) {
-  m = s.beta1 * m + (1.f - s.beta1) * g;
-  v = s.beta2 * v + (1.f - s.beta2) * g * g;
-}
-
 // Element-wise passes: block b works on part b % kSplit of chunk b / kSplit.
 __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArgs a) {
   const bool changes_state = a.op == kZeroOneSyncApply || a.op == kLambWarmupB || a.op == kLambCompressedB;
@@ -80,27 +74,22 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
       const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
       const float* sync = a.sync + ob.offset;
       float* out = a.out + ob.offset;
-      for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-        if (ob.mask && !ob.mask[i]) {
-          out[i] = 0.f;
-          continue;
-        }
-        const float mk = onebit_local_momentum(s, m[i], load_element(dyn.grad, gd, i));
-        float p = load_param_element(P.param, pd, r, P.ecc, i);
-        onebit_apply(s, p, mk, v[i]);
-        out[i] = (sync[i] - p) * (sqrtf(v[i]) + s.eps);
-      }
+      for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+        out[i] = ob.mask && !ob.mask[i]
+                     ? 0.f
+                     : zeroone_sync_delta(s, m[i], load_element(dyn.grad, gd, i), v[i], sync[i],
+                                          load_param_element(P.param, pd, r, P.ecc, i));
       return;
     }
     case kZeroOneSyncApply: {
-      const StepScalars s = a.scalars[dyn.scalar_idx];
+      const float eps = a.scalars[dyn.scalar_idx].eps;
       const float inv_lr = a.group_inv_lrs[P.group];
       const float* bucket = a.bucket + ob.offset;
       float* sync = a.sync + ob.offset;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
         const float d = bucket[i];
         m[i] = ob.mask && !ob.mask[i] ? 0.f : d * inv_lr;
-        const float p = sync[i] - d / (sqrtf(v[i]) + s.eps);
+        const float p = zeroone_sync_param(sync[i], d, v[i], eps);
         store_param_element(P.param, pd, r, P.ecc, dyn.key, i, p);
         sync[i] = load_param_element(P.param, pd, r, P.ecc, i);
       }
@@ -120,29 +109,28 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
     }
     case kLambWarmupB: {
       const StepScalars s = a.scalars[dyn.scalar_idx];
-      const float trust = a.lamb[ch.param].trust;
+      const float step = s.lr * a.lamb[ch.param].trust;
       const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
       float* fresh = a.fresh_v + ob.offset;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-        float mk = m[i], vk = v[i];
-        lamb_moments(s, load_element(dyn.grad, gd, i), mk, vk);
+        const float g = load_element(dyn.grad, gd, i);
         float p = load_param_element(P.param, pd, r, P.ecc, i);
-        const float u = lamb_update(mk, vk, p, s.eps, s.weight_decay);
+        float mk = m[i], vk = v[i];
+        lamb_moments(s, g, mk, vk);
+        p -= step * lamb_update(mk, vk, p, s.eps, s.weight_decay);
         m[i] = ob.mask && !ob.mask[i] ? 0.f : mk;
         v[i] = vk;
         if (a.seed_fresh_v) fresh[i] = vk;
-        p -= s.lr * trust * u;
         store_param_element(P.param, pd, r, P.ecc, dyn.key, i, p);
       }
       return;
     }
     case kLambCompressedB: {
       const StepScalars s = a.scalars[dyn.scalar_idx];
-      const float trust = a.lamb[ch.param].trust;
+      const float step = s.lr * a.lamb[ch.param].trust;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
         float p = load_param_element(P.param, pd, r, P.ecc, i);
-        const float u = lamb_update(m[i], v[i], p, s.eps, s.weight_decay);
-        p -= s.lr * trust * u;
+        p -= step * lamb_update(m[i], v[i], p, s.eps, s.weight_decay);
         store_param_element(P.param, pd, r, P.ecc, dyn.key, i, p);
       }
       return;
@@ -151,7 +139,9 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
   }
 }
 
-// LAMB's passes A: one block per chunk, the fixed reduction order.
+// LAMB's passes A: one block per chunk, the fixed reduction order (lane l
+// is thread l; core/onebit_rules.hpp's LambReducer on the host). Maxima:
+// fmaxf, which like the host's std::max(max, x) passes over a NaN x.
 __global__ void __launch_bounds__(kThreads) onebit_ext_reduce_kernel(const OneBitExtArgs a) {
   __shared__ double lane_a[kLambLanes], lane_b[kLambLanes];
   __shared__ float lane_max[kLambLanes];
@@ -177,9 +167,9 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_reduce_kernel(const OneBi
       for (int64_t i = ch.begin + l; i < ch.end; i += kLambLanes) {
         const float g = load_element(dyn.grad, gd, i);
         bad |= int(!isfinite(g));
+        const float p = load_param_element(P.param, pd, r, P.ecc, i);
         float mk = m[i], vk = v[i];
         lamb_moments(s, g, mk, vk);
-        const float p = load_param_element(P.param, pd, r, P.ecc, i);
         const float u = lamb_update(mk, vk, p, s.eps, s.weight_decay);
         sa += double(p) * double(p);
         sb += double(u) * double(u);
@@ -192,18 +182,13 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_reduce_kernel(const OneBi
       const float* bucket = a.bucket + ob.offset;
       float* fresh = a.fresh_v + ob.offset;
       for (int64_t i = ch.begin + l; i < ch.end; i += kLambLanes) {
-        const float mk = ob.mask && !ob.mask[i] ? 0.f : bucket[i] / scaling;
-        const float g = (mk - s.beta1 * m[i]) / (1.f - s.beta1);
-        const float fv = s.beta2 * fresh[i] + (1.f - s.beta2) * g * g;
-        fresh[i] = fv;
-        m[i] = mk;
-        const float d = sqrtf(v[i]) + s.eps;
-        const float pre = mk / d;
         const float p = load_param_element(P.param, pd, r, P.ecc, i);
-        const float u = lamb_update(mk, v[i], p, s.eps, s.weight_decay);
+        float pre, u;
+        const float ratio =
+            lamb_compressed_element(s, ob.mask && !ob.mask[i], bucket[i], scaling, m[i], v[i], fresh[i], p, pre, u);
+        mx = fmaxf(mx, ratio);
         sa += double(pre) * double(pre);
         sb += double(u) * double(u);
-        mx = fmaxf(mx, d / (sqrtf(fv) + s.eps));
       }
       break;
     }
@@ -261,13 +246,13 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_param_kernel(const OneBit
       const int64_t k0 = first_chunk(a.chunks, a.num_chunks, p);
       double sum = 0.0;
       for (int64_t k = k0; k < a.num_chunks && a.chunks[k].param == p; ++k) sum += a.partials[k].sum_a;
-      a.partials[k0].sum_b = sqrt(sum / double(a.params[p].numel));
+      a.partials[k0].sum_b = sqrt(sum / double(a.params[p].numel));  // bound params have numel > 0
     }
     __syncthreads();
     if (l == 0) {
       double total = 0.0;
       for (int64_t p = 0; p < a.num_params; ++p) total += a.partials[first_chunk(a.chunks, a.num_chunks, p)].sum_b;
-      mean_rms = total / double(a.num_params);
+      mean_rms = a.num_params > 0 ? total / double(a.num_params) : 0.0;
     }
     __syncthreads();
     for (int64_t p = l; p < a.num_params; p += kThreads)
