@@ -28,11 +28,6 @@
 #endif
 
 namespace lowbit {
-
-void Engine::not_built(const char* op) {  // TEMP
-  fail(LOWBIT_ERROR_UNSUPPORTED, op, ": not implemented by this engine yet");
-}
-
 namespace {
 
 template <Algo A>
