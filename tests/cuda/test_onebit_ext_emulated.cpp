@@ -21,7 +21,9 @@
 // last one of a single element), 129 and 1; two groups; momentum masks on
 // two params. After every step: params, error-correction bytes, m, v, the
 // bucket, sync params / v_fresh, the LAMB scalars and per-chunk partials,
-// the non-finite flag, the step counts and the skip flags must be identical.
+// the non-finite flag, the step counts and the skip flags must be identical,
+// and the CUDA engine's operations must neither wait for the device nor
+// allocate (the emulation's counters).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,7 @@
 #include "core/state.hpp"
 #define CT_ENGINE_ONLY 1
 #include "cuda_test_util.h"
+#include "emu_counters.h"
 
 using namespace lowbit;
 
@@ -247,6 +250,14 @@ void expect_skipped(const std::string& label, const Side& c, const Side& g, bool
     fail_msg("%s: skipped CPU %d CUDA %d, expected %d", label.c_str(), int(sc), int(sg), int(expect));
 }
 
+// What the CUDA engine's operations of one step did to the host: nothing.
+void expect_no_host_work(const std::string& label) {
+  if (lowbit_emu_host_syncs() || lowbit_emu_allocations() || lowbit_emu_pageable_copies())
+    fail_msg("%s: the CUDA engine's operations made %lld host synchronisations, %lld allocations, %lld pageable copies",
+             label.c_str(), (long long)lowbit_emu_host_syncs(), (long long)lowbit_emu_allocations(),
+             (long long)lowbit_emu_pageable_copies());
+}
+
 // ---- 0/1 Adam
 
 enum ZoKind { kVariance, kOneBit, kLocal, kSync };
@@ -286,6 +297,7 @@ void test_zeroone(void**) {
       for (int k = 0; k < 2; ++k) {
         Side& s = k ? g : c;
         Engine& e = *s.eng;
+        lowbit_emu_reset_counters();
         switch (st.kind) {
           case kVariance: {
             e.onebit_gather(gv[k].data(), s.bucket, nullptr);
@@ -350,6 +362,7 @@ void test_zeroone(void**) {
             break;
           }
         }
+        if (s.gpu) expect_no_host_work(label);
       }
       c.eng->wait(nullptr);
       g.eng->wait(nullptr);
@@ -392,6 +405,7 @@ void test_lamb(void**) {
       for (int k = 0; k < 2; ++k) {
         Side& s = k ? g : c;
         Engine& e = *s.eng;
+        lowbit_emu_reset_counters();
         LambStep l;
         l.scalars = s.scalars;
         l.partials = s.partials;
@@ -402,6 +416,7 @@ void test_lamb(void**) {
           l.seed_fresh_v = n == kFreezeAt;
           l.check_nonfinite = true;
           e.lamb_warmup(gv[k].data(), l, nullptr);
+          if (s.gpu) expect_no_host_work(label);
           continue;
         }
         if (n == kFreezeAt + 1) e.lamb_scaling(s.scalars, s.partials, nullptr);
@@ -415,6 +430,7 @@ void test_lamb(void**) {
           l.skip = exchange_skip;
         }
         e.lamb_compressed(l, nullptr);
+        if (s.gpu) expect_no_host_work(label);
       }
       c.eng->wait(nullptr);
       g.eng->wait(nullptr);
