@@ -58,6 +58,10 @@ class CudaEngine final : public Engine {
   void onebit_apply(const OneBitApply& a, void* stream) override;
   void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) override;
 
+  // 0/1 Adam and 1-bit LAMB (cuda/onebit_ext_kernels.cuh): enqueue only, like
+  // a step; the skip decisions are made on the device (the engine's step
+  // flag). zeroone_sync_apply and lamb_compressed use the gradient table of
+  // the zeroone_sync_pack / lamb_momentum before them (the same step).
   void zeroone_snapshot(float* sync_params, void* stream) override;
   void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) override;
   void zeroone_sync_apply(const ZeroOneSync& a, void* stream) override;

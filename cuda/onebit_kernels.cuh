@@ -1,7 +1,8 @@
 // Device code of 1-bit Adam's element-wise passes (core/onebit_adam.cpp):
 // gathering the gradients into the flat bucket, zeroing masked momentum after
 // a warm-up step, the local momentum of the compressed stage, and its update
-// from the exchanged momentum. The per-element math is core/update_rules.hpp
+// from the exchanged momentum (or, blended into m, from the exchanged
+// gradient: 0/1 Adam's 1-bit steps). The per-element math is core/update_rules.hpp
 // and core/param_io.hpp, as in the CPU engine, so both give the same bits.
 // Block b works on part b % kSplit of chunk b / kSplit; threads stride over
 // the elements (scalar loads: these passes run once per step next to a
