@@ -186,6 +186,28 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_opt
   });
 }
 
+LOWBIT_API lowbit_status_t lowbit_onebit_options_init(lowbit_onebit_options_t* options) {
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(options, "options");
+    *options = lowbit::default_onebit_options();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_options(lowbit_optimizer_t opt,
+                                                               const lowbit_onebit_options_t* options) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(options, "options");
+    o.set_onebit_options(*options);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.onebit_status(nullptr);
+  });
+}
+
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel) {
   return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_momentum_mask(param_id, mask, numel); });

@@ -110,13 +110,20 @@ const char* op_name(int64_t op) {
 }
 
 const char* caller_name(int64_t kind) {
-  return kind == CollectiveCaller::kOneBitAdam ? "from a 1-bit Adam step" : "directly";
+  switch (kind) {
+    case CollectiveCaller::kOneBitAdam: return "from a 1-bit Adam step";
+    case CollectiveCaller::kZeroOneAdam: return "from a 0/1 Adam step";
+    case CollectiveCaller::kOneBitLamb: return "from a 1-bit LAMB step";
+    default: return "directly";
+  }
 }
 
 const char* stage_name(int64_t stage) {
   switch (stage) {
     case CollectiveCaller::kWarmup: return "the warm-up stage (full-precision allreduce_mean)";
     case CollectiveCaller::kCompressed: return "the compressed stage (compressed_allreduce)";
+    case CollectiveCaller::kLocal: return "a 0/1 Adam local step (non-finite agreement only)";
+    case CollectiveCaller::kSync: return "a 0/1 Adam synchronisation (compressed_allreduce)";
     default: break;
   }
   return "no 1-bit Adam stage";

@@ -22,8 +22,12 @@ class Transport;
 // different places of a training loop fail on every rank instead of
 // deadlocking. Direct calls (the C API) leave it at its defaults.
 struct CollectiveCaller {
-  enum Kind : int32_t { kDirect = 0, kOneBitAdam = 1 };
-  enum Stage : int32_t { kNoStage = 0, kWarmup = 1, kCompressed = 2 };
+  enum Kind : int32_t { kDirect = 0, kOneBitAdam = 1, kZeroOneAdam = 2, kOneBitLamb = 3 };
+  // kWarmup: an uncompressed average (1-bit Adam's and LAMB's warm-up, 0/1
+  // Adam's variance steps); kCompressed: the 1-bit exchange of the momentum
+  // (0/1 Adam: of the gradient in phase 1); kLocal: 0/1 Adam's local step
+  // (a one-float non-finite agreement); kSync: 0/1 Adam's synchronisation.
+  enum Stage : int32_t { kNoStage = 0, kWarmup = 1, kCompressed = 2, kLocal = 3, kSync = 4 };
   int32_t kind = kDirect;
   int32_t stage = kNoStage;  // 1-bit Adam: the stage this step runs
   int64_t freeze_step = 0;   // 1-bit Adam: its freeze_step

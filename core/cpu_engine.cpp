@@ -16,6 +16,7 @@
 #include "codec.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "onebit_rules.hpp"
 #include "param_io.hpp"
 #include "rounding.hpp"
 #include "simd.hpp"
@@ -27,6 +28,11 @@
 #endif
 
 namespace lowbit {
+
+void Engine::not_built(const char* op) {  // TEMP
+  fail(LOWBIT_ERROR_UNSUPPORTED, op, ": not implemented by this engine yet");
+}
+
 namespace {
 
 template <Algo A>
@@ -457,12 +463,9 @@ class CpuEngine final : public Engine {
   }
 
   void onebit_apply(const OneBitApply& a, void*) override {
-    skipped_ = a.skip;
-    if (a.skip) return;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      scalars_[i] = make_onebit_scalars(hparams_[size_t(groups_[i])], steps_[i], a.freeze_step);
-      keys_[i] = rounding_key(a.seed, uint64_t(i), uint64_t(steps_[i] + 1));
-    }
+    skipped_ = a.skip || (a.skip_if_positive && *a.skip_if_positive > 0.f);
+    if (skipped_) return;
+    prepare_onebit_scalars(a.freeze_step, a.seed);
     for_chunks([&](const Chunk& c) {
       const size_t i = size_t(c.param);
       const ParamView& pv = params_[i];
@@ -473,10 +476,207 @@ class CpuEngine final : public Engine {
       const uint8_t* mask = masks_[i];
       const int32_t r = int32_t(pv.rounding);
       for (int64_t k = c.begin; k < c.end; ++k) {
-        const float mk = mask && !mask[k] ? 0.f : avg[k];
+        const float mk = mask && !mask[k] ? 0.f : (a.blend ? onebit_local_momentum(s, m[k], avg[k]) : avg[k]);
         m[k] = mk;
         float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
         lowbit::onebit_apply(s, p, mk, v[k]);
+        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
+      }
+    });
+    for (int64_t& t : steps_) ++t;
+  }
+
+  void nonfinite_flag(const float* data, int64_t n, float* flag, void*) override {
+    bool bad = false;
+#pragma omp parallel for reduction(|| : bad) num_threads(num_threads_) if (n >= kParallelMinElements)
+    for (int64_t k = 0; k < n; ++k) bad = bad || !std::isfinite(data[k]);
+    *flag = bad ? 1.f : 0.f;
+  }
+
+  // ---- 0/1 Adam
+  void zeroone_snapshot(float* sync_params, void*) override {
+    for_chunks([&](const Chunk& c) {
+      const ParamView& pv = params_[size_t(c.param)];
+      float* out = sync_params + offsets_[size_t(c.param)];
+      for (int64_t k = c.begin; k < c.end; ++k)
+        out[k] = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
+    });
+  }
+
+  void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void*) override {
+    prepare_onebit_scalars(0, 0);
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      const float* m = static_cast<const float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      const float* ps = sync_params + offsets_[i];
+      const uint8_t* mask = masks_[i];
+      float* out = bucket + offsets_[i];
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(grads[i].data, grads[i].dtype, k);
+        out[k] = mask && !mask[k] ? 0.f : zeroone_sync_delta(s, m[k], g, v[k], ps[k], load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k));
+      }
+    });
+  }
+
+  void zeroone_sync_apply(const ZeroOneSync& a, void*) override {
+    skipped_ = a.skip;
+    if (skipped_) return;
+    prepare_onebit_scalars(0, a.seed);
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const float eps = scalars_[i].eps;
+      const float inv_lrs = a.group_inv_lrs[groups_[i]];
+      float* m = static_cast<float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      const float* d = a.bucket + offsets_[i];
+      float* ps = a.sync_params + offsets_[i];
+      const uint8_t* mask = masks_[i];
+      const int32_t r = int32_t(pv.rounding);
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        m[k] = mask && !mask[k] ? 0.f : d[k] * inv_lrs;
+        const float p = zeroone_sync_param(ps[k], d[k], v[k], eps);
+        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
+        ps[k] = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
+      }
+    });
+    for (int64_t& t : steps_) ++t;
+  }
+
+  // ---- 1-bit LAMB
+  void lamb_warmup(const GradView* grads, const LambStep& a, void*) override {
+    prepare_onebit_scalars(0, a.seed);
+    for_chunk_indices([&](size_t ci, const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      const float* m = static_cast<const float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      const GradView& gv = grads[i];
+      LambReducer red;
+      int32_t bad = 0;
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(gv.data, gv.dtype, k);
+        bad |= !std::isfinite(g);
+        const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
+        float mk = m[k], vk = v[k];
+        lamb_moments(s, g, mk, vk);
+        const float u = lamb_update(mk, vk, p, s.eps, s.weight_decay);
+        red.add(k - c.begin, double(p) * p, double(u) * u);
+      }
+      a.partials[ci] = red.result(0.f, bad);
+    });
+    bool bad = false;
+    for (const LambPartial& q : partials_view(a.partials)) bad = bad || q.nonfinite;
+    skipped_ = a.check_nonfinite && bad;
+    if (skipped_) return;
+    per_param_sums(a.partials, [&](size_t i, double sa, double sb, float) {
+      a.scalars[i].trust = lamb_warmup_trust(sa, sb, a.options, a.scalars[i].coeff_freeze);
+    });
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      const float step = s.lr * a.scalars[i].trust;
+      float* m = static_cast<float*>(pv.moment[0].data);
+      float* v = static_cast<float*>(pv.moment[1].data);
+      float* fresh = a.fresh_v + offsets_[i];
+      const GradView& gv = grads[i];
+      const uint8_t* mask = masks_[i];
+      const int32_t r = int32_t(pv.rounding);
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(gv.data, gv.dtype, k);
+        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
+        float mk = m[k], vk = v[k];
+        lamb_moments(s, g, mk, vk);
+        p -= step * lamb_update(mk, vk, p, s.eps, s.weight_decay);
+        m[k] = mask && !mask[k] ? 0.f : mk;
+        v[k] = vk;
+        if (a.seed_fresh_v) fresh[k] = vk;
+        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
+      }
+    });
+    for (int64_t& t : steps_) ++t;
+  }
+
+  void lamb_scaling(LambScalars* scalars, LambPartial* partials, void*) override {
+    for_chunk_indices([&](size_t ci, const Chunk& c) {
+      const float* m = static_cast<const float*>(params_[size_t(c.param)].moment[0].data);
+      LambReducer red;
+      for (int64_t k = c.begin; k < c.end; ++k) red.add(k - c.begin, double(m[k]) * m[k], 0.0);
+      partials[ci] = red.result(0.f, 0);
+    });
+    std::vector<double> rms(params_.size(), 0.0);
+    per_param_sums(partials, [&](size_t i, double sa, double, float) {
+      rms[i] = params_[i].numel ? std::sqrt(sa / double(params_[i].numel)) : 0.0;
+    });
+    double mean = 0.0;
+    int64_t counted = 0;  // empty params do not count (DeepSpeed drops them)
+    for (size_t i = 0; i < rms.size(); ++i)
+      if (params_[i].numel) mean += rms[i], ++counted;
+    mean = counted ? mean / double(counted) : 0.0;
+    for (size_t i = 0; i < rms.size(); ++i) scalars[i].scaling = lowbit::lamb_scaling(rms[i], mean);
+  }
+
+  void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void*) override {
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      StepScalars s{};
+      s.beta1 = hparams_[size_t(groups_[i])].beta1;
+      const float sc = scalars[i].scaling;
+      const float* m = static_cast<const float*>(params_[i].moment[0].data);
+      const uint8_t* mask = masks_[i];
+      float* out = bucket + offsets_[i];
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(grads[i].data, grads[i].dtype, k);
+        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g) * sc;
+      }
+    });
+  }
+
+  void lamb_compressed(const LambStep& a, void*) override {
+    skipped_ = a.skip;
+    if (skipped_) return;
+    prepare_onebit_scalars(0, a.seed);
+    for_chunk_indices([&](size_t ci, const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      float* m = static_cast<float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      float* fresh = a.fresh_v + offsets_[i];
+      const float* avg = a.bucket + offsets_[i];
+      const uint8_t* mask = masks_[i];
+      const float sc = a.scalars[i].scaling;
+      LambReducer red;
+      float max_ratio = 0.f;
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
+        float pre, u;
+        const float ratio = lamb_compressed_element(s, mask && !mask[k], avg[k], sc, m[k], v[k], fresh[k], p, pre, u);
+        max_ratio = std::max(max_ratio, ratio);
+        red.add(k - c.begin, double(pre) * pre, double(u) * u);
+      }
+      a.partials[ci] = red.result(max_ratio, 0);
+    });
+    per_param_sums(a.partials, [&](size_t i, double sa, double sb, float mx) {
+      a.scalars[i].trust = lamb_compressed_trust(mx, sa, sb, scalars_[i].weight_decay, a.options,
+                                                 a.scalars[i].coeff_freeze, a.scalars[i].last_factor);
+    });
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      const ParamView& pv = params_[i];
+      const StepScalars& s = scalars_[i];
+      const float step = s.lr * a.scalars[i].trust;
+      const float* m = static_cast<const float*>(pv.moment[0].data);
+      const float* v = static_cast<const float*>(pv.moment[1].data);
+      const int32_t r = int32_t(pv.rounding);
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
+        p -= step * lamb_update(m[k], v[k], p, s.eps, s.weight_decay);
         store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
       }
     });
@@ -489,6 +689,46 @@ class CpuEngine final : public Engine {
                    params_.size(), " bound");
   }
   bool parallel() const { return total_ >= kParallelMinElements; }
+
+  // 1-bit passes: every parameter's scalars (no bias correction past
+  // freeze_step) and rounding key for the step that follows its count.
+  void prepare_onebit_scalars(int64_t freeze_step, uint64_t seed) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      scalars_[i] = make_onebit_scalars(hparams_[size_t(groups_[i])], steps_[i], freeze_step);
+      keys_[i] = rounding_key(seed, uint64_t(i), uint64_t(steps_[i] + 1));
+    }
+  }
+
+  template <class Body>
+  void for_chunk_indices(const Body& body) const {
+    const int64_t n = int64_t(chunks_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel())
+    for (int64_t k = 0; k < n; ++k) body(size_t(k), chunks_[size_t(k)]);
+  }
+
+  struct PartialRange {
+    const LambPartial* b;
+    const LambPartial* e;
+    const LambPartial* begin() const { return b; }
+    const LambPartial* end() const { return e; }
+  };
+  PartialRange partials_view(const LambPartial* p) const { return {p, p + chunks_.size()}; }
+
+  // Per parameter, its chunks' partials added in chunk order.
+  template <class Body>
+  void per_param_sums(const LambPartial* partials, const Body& body) const {
+    size_t ci = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      double sa = 0.0, sb = 0.0;
+      float mx = 0.f;
+      for (; ci < chunks_.size() && size_t(chunks_[ci].param) == i; ++ci) {
+        sa += partials[ci].sum_a;
+        sb += partials[ci].sum_b;
+        mx = std::max(mx, partials[ci].max_ratio);
+      }
+      body(i, sa, sb, mx);
+    }
+  }
 
   // The pass-1 work of the shaped parameters (rows in groups; with a factored
   // moment, column strips of kTile by chunks of kColChunkRows rows) and the

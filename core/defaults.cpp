@@ -13,7 +13,11 @@ lowbit_hparams_t default_hparams(lowbit_algorithm_t algorithm) {
   h.beta2 = 0.999f;
   h.eps = 1e-8f;
   h.weight_decay = algorithm == LOWBIT_ALGORITHM_ADAMW ? 0.01f : 0.f;
-  h.bias_correction = algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM ? 0 : 1;
+  // The 1-bit optimizers follow DeepSpeed's, which have no bias correction.
+  h.bias_correction = algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM || algorithm == LOWBIT_ALGORITHM_ZEROONE_ADAM ||
+                              algorithm == LOWBIT_ALGORITHM_ONEBIT_LAMB
+                          ? 0
+                          : 1;
   if (algorithm == LOWBIT_ALGORITHM_LION) {
     h.lr = 1e-4f;
     h.beta2 = 0.99f;
@@ -37,6 +41,22 @@ lowbit_optimizer_config_t default_config(lowbit_algorithm_t algorithm) {
   c.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
   c.second_normalization = LOWBIT_NORMALIZATION_BLOCK;
   return c;
+}
+
+lowbit_onebit_options_t default_onebit_options() {
+  lowbit_onebit_options_t o;
+  std::memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.var_update_scaler = 16;
+  o.local_step_scaler = 32678;  // DeepSpeed's default (sic)
+  o.local_step_clipper = 16;
+  o.max_coeff = 10.f;
+  o.min_coeff = 0.01f;
+  o.coeff_beta = 0.9f;
+  o.factor_max = 4.f;
+  o.factor_min = 0.5f;
+  o.factor_threshold = 0.1f;
+  return o;
 }
 
 lowbit_param_config_t default_param_config() {

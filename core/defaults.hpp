@@ -14,5 +14,6 @@ lowbit_hparams_t default_hparams(lowbit_algorithm_t algorithm);
 lowbit_optimizer_config_t default_config(lowbit_algorithm_t algorithm);
 // Group 0, formats DEFAULT, rounding flags -1 (the optimizer's).
 lowbit_param_config_t default_param_config();
+lowbit_onebit_options_t default_onebit_options();
 
 }  // namespace lowbit

@@ -95,6 +95,7 @@ struct LambStep {
 
 class Engine {
  public:
+  [[noreturn]] static void not_built(const char* op);  // TEMP
   virtual ~Engine() = default;
   virtual lowbit_device_t device() const = 0;
 
@@ -156,22 +157,22 @@ class Engine {
   virtual void onebit_apply(const OneBitApply& a, void* stream) = 0;
   // flag (engine memory, one float) <- 1 if data[0..n) holds a non-finite
   // value, else 0.
-  virtual void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) = 0;
+  virtual void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) { not_built("nonfinite_flag"); }  // TEMP until the CUDA engine implements it
 
   // ---- 0/1 Adam (core/zeroone_adam.cpp), after bind_onebit; fp32 m and v.
   // sync_params <- the params as fp32 (as a step loads them).
-  virtual void zeroone_snapshot(float* sync_params, void* stream) = 0;
+  virtual void zeroone_snapshot(float* sync_params, void* stream) { not_built("zeroone_snapshot"); }  // TEMP until the CUDA engine implements it
   // A synchronising step's local part, written to the bucket only: with
   // m' = beta1 m + (1 - beta1) g and p' = the param after onebit_apply's
   // update with m' (AdamW, frozen v, no bias correction), in fp32 before
   // rounding to the param's dtype: bucket <- (sync_params - p') * (sqrt(v) +
   // eps), 0 where masked.
-  virtual void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) = 0;
+  virtual void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) { not_built("zeroone_sync_pack"); }  // TEMP until the CUDA engine implements it
   // After the exchange, unless skipped: m <- bucket * group_inv_lrs[group]
   // (0 where masked); p <- sync_params - bucket / (sqrt(v) + eps), stored as
   // a step stores it (rounding key of the new step count); sync_params <- p
   // as loaded back; step counts + 1.
-  virtual void zeroone_sync_apply(const ZeroOneSync& a, void* stream) = 0;
+  virtual void zeroone_sync_apply(const ZeroOneSync& a, void* stream) { not_built("zeroone_sync_apply"); }  // TEMP until the CUDA engine implements it
 
   // ---- 1-bit LAMB (core/onebit_lamb.cpp), after bind_onebit; fp32 m, v.
   // Warm-up step on `grads` (averaged over the ranks): pass A reduces per
@@ -180,20 +181,20 @@ class Engine {
   // is skipped: trust = lamb_warmup_trust (EMA into coeff_freeze); pass B:
   // m <- m' (0 where masked), v <- v', fresh_v <- v' if seed_fresh_v,
   // p <- p - lr * trust * u; step counts + 1.
-  virtual void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) = 0;
+  virtual void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) { not_built("lamb_warmup"); }  // TEMP until the CUDA engine implements it
   // First compression step, before lamb_momentum: per param rms_p =
   // sqrt(||m||^2 / numel) (the fixed reduction order), S = their mean (in
   // param order, double), scalars[i].scaling <- lamb_scaling(rms_p, S).
-  virtual void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) = 0;
+  virtual void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) { not_built("lamb_scaling"); }  // TEMP until the CUDA engine implements it
   // bucket <- (beta1 m + (1 - beta1) g) * scaling (0 where masked).
-  virtual void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) = 0;
+  virtual void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) { not_built("lamb_momentum"); }  // TEMP until the CUDA engine implements it
   // Compression step after the exchange, unless skipped: pass A: mk =
   // bucket / scaling (0 where masked), g_rec = (mk - beta1 m) / (1 - beta1),
   // fresh_v <- beta2 fresh_v + (1 - beta2) g_rec^2, m <- mk, reducing
   // ||m/D||^2, ||u||^2 (u = lamb_update with the frozen v) and the max of
   // D / (sqrt(fresh_v) + eps); per param trust = lamb_compressed_trust;
   // pass B: p <- p - lr * trust * u; step counts + 1.
-  virtual void lamb_compressed(const LambStep& a, void* stream) = 0;
+  virtual void lamb_compressed(const LambStep& a, void* stream) { not_built("lamb_compressed"); }  // TEMP until the CUDA engine implements it
 };
 
 std::unique_ptr<Engine> make_cpu_engine(int num_threads);

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "hd.hpp"
+#include "update_rules.hpp"
 
 namespace lowbit {
 
@@ -80,5 +81,54 @@ LOWBIT_HD float lamb_compressed_trust(float max_ratio, double sum_pre2, double s
 LOWBIT_HD float lamb_scaling(double rms_p, double mean_rms) {
   return rms_p > 0.0 ? float(mean_rms / rms_p) : 1.f;
 }
+
+// ---- per element (StepScalars of make_onebit_scalars: step_size = lr)
+
+// 0/1 Adam, a synchronising step's local part: (p_sync - p') D with p' the
+// param after the local update (onebit_apply with m' = beta1 m + (1 - beta1) g).
+LOWBIT_HD float zeroone_sync_delta(const StepScalars& s, float m, float g, float v, float p_sync, float p) {
+  onebit_apply(s, p, onebit_local_momentum(s, m, g), v);
+  return (p_sync - p) * (sqrtf(v) + s.eps);
+}
+
+// 0/1 Adam after the exchange: the param from the last sync's and the
+// averaged delta.
+LOWBIT_HD float zeroone_sync_param(float p_sync, float d, float v, float eps) { return p_sync - d / (sqrtf(v) + eps); }
+
+LOWBIT_HD void lamb_moments(const StepScalars& s, float g, float& m, float& v) {
+  m = s.beta1 * m + (1.f - s.beta1) * g;
+  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+}
+
+// LAMB compression stage, pass A for one element: m <- the exchanged
+// momentum unscaled (0 where masked), fresh_v from the reconstructed
+// gradient; pre = m / D, u = pre + wd p. Returns D / (sqrt(fresh_v) + eps).
+LOWBIT_HD float lamb_compressed_element(const StepScalars& s, bool masked, float avg, float scaling, float& m, float v,
+                                        float& fresh_v, float p, float& pre, float& u) {
+  const float mk = masked ? 0.f : avg / scaling;
+  const float g = (mk - s.beta1 * m) / (1.f - s.beta1);
+  fresh_v = s.beta2 * fresh_v + (1.f - s.beta2) * g * g;
+  m = mk;
+  const float d = sqrtf(v) + s.eps;
+  pre = mk / d;
+  u = pre + s.weight_decay * p;
+  return d / (sqrtf(fresh_v) + s.eps);
+}
+
+// The fixed-order reduction of one chunk on the host (the CUDA kernels
+// follow the same order with one thread per lane).
+struct LambReducer {
+  double a[kLambLanes] = {}, b[kLambLanes] = {};
+  void add(int64_t index_in_chunk, double x, double y) {
+    const int64_t l = index_in_chunk % kLambLanes;
+    a[l] += x;
+    b[l] += y;
+  }
+  LambPartial result(float max_ratio, int32_t nonfinite) {
+    for (int h = kLambLanes / 2; h >= 1; h /= 2)
+      for (int l = 0; l < h; ++l) a[l] += a[l + h], b[l] += b[l + h];
+    return LambPartial{a[0], b[0], max_ratio, nonfinite};
+  }
+};
 
 }  // namespace lowbit

@@ -4,11 +4,13 @@
 #include <cstring>
 
 #include "codec.hpp"
+#include "defaults.hpp"
 #include "error.hpp"
 #include "step_scalars.hpp"
 #include "validation.hpp"
 
 namespace lowbit {
+
 namespace {
 
 bool overlaps(const lowbit_tensor_t& a, const lowbit_tensor_t& b) {
@@ -23,11 +25,13 @@ Optimizer::Optimizer(const lowbit_optimizer_config_t& config, const lowbit_hpara
     : config_(config), algo_(engine_algo(config.algorithm)) {
   check_config(config);
   check_hparams(hparams, config.algorithm);
-  if (config.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM) {
+  if (is_onebit_algorithm(config.algorithm)) {
     auto fp32 = [](lowbit_state_format_t f) { return f == LOWBIT_STATE_DEFAULT || f == LOWBIT_STATE_FP32; };
     LOWBIT_REQUIRE(fp32(config.state_format) && fp32(config.second_state_format), LOWBIT_ERROR_UNSUPPORTED,
-                   "state_format: 1-bit Adam keeps fp32 state (its momentum is what is communicated)");
+                   "state_format: ", onebit_algorithm_name(config.algorithm),
+                   " keeps fp32 state (its momentum is what is communicated)");
     onebit_ = std::make_unique<OneBitState>();
+    onebit_->options = default_onebit_options();
   }
   engine_ = config.device == LOWBIT_DEVICE_CUDA ? make_cuda_engine(config.device_index)
                                                 : make_cpu_engine(config.num_threads);
@@ -195,7 +199,11 @@ void Optimizer::prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, b
 void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream, bool explicit_grads) {
   if (onebit_) {
     // Its checks are agreed on with the other ranks (onebit_adam.cpp).
-    step_onebit(grads, num_grads, explicit_grads, stream);
+    switch (config_.algorithm) {
+      case LOWBIT_ALGORITHM_ZEROONE_ADAM: step_zeroone(grads, num_grads, explicit_grads, stream); break;
+      case LOWBIT_ALGORITHM_ONEBIT_LAMB: step_lamb(grads, num_grads, explicit_grads, stream); break;
+      default: step_onebit(grads, num_grads, explicit_grads, stream); break;
+    }
     return;
   }
   prepare_grads(grads, num_grads, explicit_grads);

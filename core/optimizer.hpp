@@ -4,6 +4,7 @@
 // nothing.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 namespace lowbit {
 
 class Communicator;
+struct CollectiveCaller;
 
 // Engine-owned memory, released with its owner.
 class StateBuffer {
@@ -81,6 +83,20 @@ struct OneBitState {
   // Warm-up steps average the gradients over the communicator; false: the
   // caller gives gradients it averaged (DDP), and warm-up exchanges nothing.
   bool average_warmup = true;
+
+  // ---- 0/1 Adam (zeroone_adam.cpp) and 1-bit LAMB (onebit_lamb.cpp): the
+  // host knows every step's outcome (it waits for it), so the schedules
+  // below are exact. Checkpointed except the options.
+  lowbit_onebit_options_t options{};
+  StateBuffer aux;           // flat fp32 like the bucket: 0/1 Adam p_sync, LAMB v_fresh
+  StateBuffer flag;          // one float: 0/1 Adam's local non-finite flag
+  StateBuffer lamb_scalars;  // LambScalars per param
+  StateBuffer partials;      // LambPartial per chunk (scratch)
+  StateBuffer inv_lrs;       // one float per group (0/1 Adam sync)
+  int64_t var_interval = 1, var_counter = 0;
+  int64_t local_interval = 1, local_counter = 0;
+  std::vector<double> lrs;   // per group: the sum of lr since the last sync
+  bool lamb_scaled = false;  // the LAMB scalings were computed
 };
 
 class Optimizer {
@@ -110,6 +126,8 @@ class Optimizer {
   void set_comm(Communicator& comm);
   void set_onebit_warmup_average(bool average);
   void set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel);
+  void set_onebit_options(const lowbit_onebit_options_t& options);
+  lowbit_onebit_status_t onebit_status(void* stream);
 
   // Checkpoints (checkpoint.cpp).
   std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode, void* stream) const;
@@ -141,6 +159,19 @@ class Optimizer {
   void refresh_onebit_steps(void* stream);
   bool onebit_compressed_stage(void* stream);
   void step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
+  // The local checks of a 1-bit step (grads, equal step counts, more), run
+  // before any collective; a failure joins `who`'s agreement on every rank.
+  void onebit_checks(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream,
+                     const CollectiveCaller& who, const std::function<void()>& more);
+  // Warm-up-style exchange of the gradients: averaged into the bucket
+  // (grads_ then point into it), or only agreed on when the caller averaged.
+  void onebit_average_grads(const CollectiveCaller& who, void* stream);
+  // 0/1 Adam and LAMB: after a step, waits for its outcome.
+  bool onebit_applied(void* stream);
+  bool onebit_next_full_average() const;
+  void step_zeroone(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
+  void step_lamb(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
+  void layout_onebit_ext();
 
   lowbit_optimizer_config_t config_;
   Algo algo_;

@@ -63,9 +63,10 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
           : (c.state_format != LOWBIT_STATE_DEFAULT
                  ? c.state_format
                  : resolve(LOWBIT_STATE_DEFAULT, second_default, numel, config.min_quantized_numel));
-  if (config.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+  if (is_onebit_algorithm(config.algorithm))
     LOWBIT_REQUIRE(first == LOWBIT_STATE_FP32 && second == LOWBIT_STATE_FP32, LOWBIT_ERROR_UNSUPPORTED,
-                   "state_format: 1-bit Adam keeps fp32 state (its momentum is what is communicated)");
+                   "state_format: ", onebit_algorithm_name(config.algorithm),
+                   " keeps fp32 state (its momentum is what is communicated)");
   const lowbit_state_format_t formats[2] = {first, second};
   for (int m = 0; m < plan.num_moments; ++m) plan.format[m] = formats[m];
 
@@ -98,10 +99,10 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   const char* field[2] = {"first_normalization", "second_normalization"};
   for (int m = 0; m < plan.num_moments; ++m) {
     const lowbit_normalization_t want = own[m] != LOWBIT_NORMALIZATION_DEFAULT ? own[m] : dflt[m];
-    if (config.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+    if (is_onebit_algorithm(config.algorithm))
       LOWBIT_REQUIRE(want == LOWBIT_NORMALIZATION_DEFAULT || want == LOWBIT_NORMALIZATION_BLOCK,
-                     LOWBIT_ERROR_UNSUPPORTED, field[m], " = ", int(want),
-                     ": 1-bit Adam keeps fp32 state (no rank-1 or factored moments)");
+                     LOWBIT_ERROR_UNSUPPORTED, field[m], " = ", int(want), ": ",
+                     onebit_algorithm_name(config.algorithm), " keeps fp32 state (no rank-1 or factored moments)");
     if (want == LOWBIT_NORMALIZATION_FACTORED) {
       LOWBIT_REQUIRE(shaped || own[m] != LOWBIT_NORMALIZATION_FACTORED, LOWBIT_ERROR_INVALID_ARGUMENT, field[m],
                      " = factored needs a parameter of at least 2 dims (ndim = ", c.ndim, ")");

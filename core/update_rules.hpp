@@ -98,7 +98,9 @@ inline int moment_count(lowbit_algorithm_t algo, float momentum) {
   switch (algo) {
     case LOWBIT_ALGORITHM_ADAMW:
     case LOWBIT_ALGORITHM_ADAM:
-    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return 2;
+    case LOWBIT_ALGORITHM_ONEBIT_ADAM:
+    case LOWBIT_ALGORITHM_ZEROONE_ADAM:
+    case LOWBIT_ALGORITHM_ONEBIT_LAMB: return 2;
     case LOWBIT_ALGORITHM_LION: return 1;
     case LOWBIT_ALGORITHM_SGD: return momentum != 0.f ? 1 : 0;
     default: return 0;

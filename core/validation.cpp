@@ -62,7 +62,7 @@ void check_struct_size(size_t got, size_t expected, const char* what) {
 }
 
 void check_algorithm(lowbit_algorithm_t a) {
-  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_ONEBIT_ADAM, LOWBIT_ERROR_INVALID_ARGUMENT,
+  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_ONEBIT_LAMB, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "algorithm = ", int(a), " is not a lowbit_algorithm_t value");
 }
 
@@ -79,7 +79,7 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
   LOWBIT_REQUIRE(std::isfinite(h.weight_decay) && h.weight_decay >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "weight_decay = ", h.weight_decay, " must be finite and >= 0");
   bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM ||
-              algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM;
+              is_onebit_algorithm(algorithm);
   if (adam || algorithm == LOWBIT_ALGORITHM_LION) {
     check_unit_interval(h.beta1, "beta1");
     check_unit_interval(h.beta2, "beta2");
@@ -88,6 +88,10 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
     LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
                    " must be finite and > 0");
     check_flag(h.bias_correction, "bias_correction", false);
+    const bool no_bc = algorithm == LOWBIT_ALGORITHM_ZEROONE_ADAM || algorithm == LOWBIT_ALGORITHM_ONEBIT_LAMB;
+    LOWBIT_REQUIRE(!no_bc || h.bias_correction == 0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "bias_correction = 1: ", onebit_algorithm_name(algorithm),
+                   " has no bias correction (its variance is updated on a schedule, as DeepSpeed's); set it to 0");
   }
   if (algorithm == LOWBIT_ALGORITHM_SGD) {
     check_unit_interval(h.momentum, "momentum");
@@ -137,10 +141,14 @@ void check_config(const lowbit_optimizer_config_t& c) {
   const bool adam = c.algorithm == LOWBIT_ALGORITHM_ADAMW || c.algorithm == LOWBIT_ALGORITHM_ADAM;
   LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "second_normalization = factored needs AdamW or Adam (algorithm = ", int(c.algorithm), ")");
-  if (c.algorithm == LOWBIT_ALGORITHM_ONEBIT_ADAM)
+  if (is_onebit_algorithm(c.algorithm))
     LOWBIT_REQUIRE(c.first_normalization <= LOWBIT_NORMALIZATION_BLOCK &&
                        c.second_normalization <= LOWBIT_NORMALIZATION_BLOCK,
-                   LOWBIT_ERROR_UNSUPPORTED, "first_normalization / second_normalization: 1-bit Adam keeps fp32 state");
+                   LOWBIT_ERROR_UNSUPPORTED, "first_normalization / second_normalization: ",
+                   onebit_algorithm_name(c.algorithm), " keeps fp32 state");
+  LOWBIT_REQUIRE(c.algorithm != LOWBIT_ALGORITHM_ONEBIT_LAMB || c.freeze_step >= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "freeze_step = 0: 1-bit LAMB needs at least one warm-up step (its frozen trust ratio and variance "
+                 "come from the warm-up)");
   const lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT ? c.second_state_format : c.state_format;
   LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || c.state_format != LOWBIT_STATE_FP8,
                  LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = fp8)");
@@ -169,6 +177,43 @@ void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t de
   int64_t align = t.dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
   LOWBIT_REQUIRE(reinterpret_cast<uintptr_t>(t.data) % align == 0, LOWBIT_ERROR_INVALID_ARGUMENT, what,
                  ".data is not aligned to its element size ", align);
+}
+
+}  // namespace lowbit
+
+namespace lowbit {
+
+bool is_onebit_algorithm(lowbit_algorithm_t a) {
+  return a == LOWBIT_ALGORITHM_ONEBIT_ADAM || a == LOWBIT_ALGORITHM_ZEROONE_ADAM || a == LOWBIT_ALGORITHM_ONEBIT_LAMB;
+}
+
+const char* onebit_algorithm_name(lowbit_algorithm_t a) {
+  switch (a) {
+    case LOWBIT_ALGORITHM_ONEBIT_ADAM: return "1-bit Adam";
+    case LOWBIT_ALGORITHM_ZEROONE_ADAM: return "0/1 Adam";
+    case LOWBIT_ALGORITHM_ONEBIT_LAMB: return "1-bit LAMB";
+    default: return "this algorithm";
+  }
+}
+
+void check_onebit_options(const lowbit_onebit_options_t& o) {
+  check_struct_size(o.struct_size, sizeof(lowbit_onebit_options_t), "onebit_options");
+  LOWBIT_REQUIRE(o.var_update_scaler >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "var_update_scaler = ", o.var_update_scaler,
+                 " must be >= 1");
+  LOWBIT_REQUIRE(o.local_step_scaler >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "local_step_scaler = ", o.local_step_scaler,
+                 " must be >= 1");
+  LOWBIT_REQUIRE(o.local_step_clipper >= 1 && o.local_step_clipper <= (int64_t(1) << 40), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "local_step_clipper = ", o.local_step_clipper, " must be in [1, 2^40]");
+  LOWBIT_REQUIRE(std::isfinite(o.min_coeff) && o.min_coeff > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "min_coeff = ",
+                 o.min_coeff, " must be finite and > 0");
+  LOWBIT_REQUIRE(std::isfinite(o.max_coeff) && o.max_coeff >= o.min_coeff, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "max_coeff = ", o.max_coeff, " must be finite and >= min_coeff = ", o.min_coeff);
+  check_unit_interval(o.coeff_beta, "coeff_beta");
+  LOWBIT_REQUIRE(std::isfinite(o.factor_min) && o.factor_min > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "factor_min = ",
+                 o.factor_min, " must be finite and > 0");
+  LOWBIT_REQUIRE(std::isfinite(o.factor_max) && o.factor_max >= o.factor_min, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "factor_max = ", o.factor_max, " must be finite and >= factor_min = ", o.factor_min);
+  check_unit_interval(o.factor_threshold, "factor_threshold");
 }
 
 }  // namespace lowbit

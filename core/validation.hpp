@@ -14,6 +14,10 @@ constexpr int32_t kMaxNumThreads = 1024;
 
 void check_struct_size(size_t got, size_t expected, const char* what);
 void check_algorithm(lowbit_algorithm_t algorithm);
+// 1-bit Adam, 0/1 Adam, 1-bit LAMB: fp32 state, a communicator, one bucket.
+bool is_onebit_algorithm(lowbit_algorithm_t algorithm);
+const char* onebit_algorithm_name(lowbit_algorithm_t algorithm);
+void check_onebit_options(const lowbit_onebit_options_t& options);
 void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm);
 void check_config(const lowbit_optimizer_config_t& c);
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default);
