@@ -45,7 +45,7 @@ from ._lib import (
 from ._lib import LIB as _LIB
 from ._lib import c_string as _c_string
 from ._comm import Communicator
-from ._optimizer import Optimizer, ParamInfo
+from ._optimizer import OneBitStatus, Optimizer, ParamInfo
 
 
 def version() -> str:
@@ -128,6 +128,7 @@ __all__ = [
     "LowbitIOError",
     "NonFiniteError",
     "NullPointerError",
+    "OneBitStatus",
     "Optimizer",
     "OutOfMemoryError",
     "ParamInfo",

@@ -22,7 +22,13 @@ ALGORITHMS = {
     "sgd": Algorithm.SGD,
     "onebit_adam": Algorithm.ONEBIT_ADAM,
     "1bit_adam": Algorithm.ONEBIT_ADAM,
+    "zeroone_adam": Algorithm.ZEROONE_ADAM,
+    "0/1_adam": Algorithm.ZEROONE_ADAM,
+    "onebit_lamb": Algorithm.ONEBIT_LAMB,
+    "1bit_lamb": Algorithm.ONEBIT_LAMB,
 }
+#: The algorithms that exchange through a communicator (lowbit_optimizer_set_comm).
+ONEBIT_ALGORITHMS = (Algorithm.ONEBIT_ADAM, Algorithm.ZEROONE_ADAM, Algorithm.ONEBIT_LAMB)
 STATE_FORMATS = {
     None: StateFormat.DEFAULT,
     "default": StateFormat.DEFAULT,
@@ -239,6 +245,63 @@ def hparams_to_dict(hp) -> dict:
     }
 
 
+# lowbit_onebit_options_t (0/1 Adam and 1-bit LAMB; DeepSpeed's names): the
+# integer fields, the float fields.
+ONEBIT_INT_OPTIONS = ("var_update_scaler", "local_step_scaler", "local_step_clipper")
+ONEBIT_FLOAT_OPTIONS = ("max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min", "factor_threshold")
+ONEBIT_OPTION_NAMES = ONEBIT_INT_OPTIONS + ONEBIT_FLOAT_OPTIONS
+_EXCHANGE_NAMES = {0: "none", 1: "average", 2: "1bit"}
+
+
+def onebit_options_defaults() -> dict:
+    """The library's defaults of lowbit_onebit_options_t, by name."""
+    o = ffi.new("lowbit_onebit_options_t *")
+    call("lowbit_onebit_options_init", o)
+    return {name: getattr(o, name) for name in ONEBIT_OPTION_NAMES}
+
+
+def check_onebit_options(options: dict) -> dict:
+    """The options given by name, checked for names and types (the library
+    checks the values' ranges): ints for the 0/1 Adam counts, reals for the
+    LAMB factors. Returns them converted (int / float)."""
+    out = {}
+    for name, value in options.items():
+        if name not in ONEBIT_OPTION_NAMES:
+            raise InvalidArgumentError(f"unknown 1-bit option {name!r}; known: {', '.join(ONEBIT_OPTION_NAMES)}")
+        if name in ONEBIT_INT_OPTIONS:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidArgumentError(f"{name}={value!r} must be an int")
+            out[name] = int(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise InvalidArgumentError(f"{name}={value!r} must be a real number")
+            out[name] = float(value)
+    return out
+
+
+@dataclass(frozen=True)
+class OneBitStatus:
+    """Where a 1-bit optimizer stands (lowbit_onebit_status_t).
+
+    ``phase``: 0 in warm-up (0/1 Adam: phase 1, the variance still adapts),
+    1 in the compressed stage (0/1 Adam: phase 2, local steps).
+    ``next_full_average``: the next step runs on gradients averaged
+    uncompressed over the ranks (by the optimizer, or by the caller, e.g. a
+    DDP comm hook, after ``set_onebit_warmup_average(False)``); otherwise it
+    runs on this rank's local gradients. ``next_exchange``: what the next
+    step sends: ``"none"``, ``"average"`` (uncompressed) or ``"1bit"``. The
+    interval fields are 0/1 Adam's schedules (0 for the others)."""
+
+    step: int
+    phase: int
+    next_full_average: bool
+    next_exchange: str
+    var_interval: int = 0
+    var_counter: int = 0
+    local_step_interval: int = 0
+    local_step_counter: int = 0
+
+
 @dataclass(frozen=True)
 class ParamInfo:
     """What the library knows about one registered parameter."""
@@ -390,6 +453,7 @@ class Optimizer:
         self._step_grads: TensorArray | None = None  # descriptors of step(grads), reused
         self._has_masks = False
         self._num_groups = 1
+        self._onebit_options = None  # set_onebit_options' last values (None: the library's defaults)
 
     # -- lifetime
 
@@ -687,11 +751,12 @@ class Optimizer:
         if status:
             raise failure("lowbit_optimizer_step_with_grads", status, h)
 
-    # -- 1-bit Adam
+    # -- 1-bit Adam, 0/1 Adam, 1-bit LAMB
 
     def set_comm(self, comm) -> None:
-        """1-bit Adam: the lowbit.Communicator that averages gradients during
-        warm-up and compressed momentum after freeze_step. The optimizer keeps
+        """1-bit Adam, 0/1 Adam, 1-bit LAMB: the lowbit.Communicator that
+        averages gradients (warm-up, 0/1 Adam's variance steps) and carries the
+        1-bit compressed exchanges. Required before the first step. The optimizer keeps
         the communicator referenced and registers itself with it: closing the
         communicator while this optimizer is open raises InvalidStateError
         (close the optimizer first)."""
@@ -704,11 +769,53 @@ class Optimizer:
         comm._attach(self)
 
     def set_onebit_warmup_average(self, average: bool) -> None:
-        """1-bit Adam: True (the default): a warm-up step averages the
-        gradients over the communicator; False: the gradients are already
-        averaged over the ranks (e.g. by DDP) and warm-up exchanges only the
-        argument agreement. The same on every rank."""
+        """1-bit optimizers: True (the default): a step that needs averaged
+        gradients (1-bit Adam's and 1-bit LAMB's warm-up, 0/1 Adam's variance
+        steps; ``onebit_status().next_full_average``) averages them over the
+        communicator; False: the caller averages them over the ranks before
+        such a step (e.g. DDP), which then exchanges only the argument
+        agreement. The same on every rank."""
         self._call("lowbit_optimizer_set_onebit_warmup_average", 1 if average else 0)
+
+    def set_onebit_options(self, **options) -> None:
+        """0/1 Adam and 1-bit LAMB options, by DeepSpeed's names (the others
+        keep their values): ``var_update_scaler``, ``local_step_scaler``,
+        ``local_step_clipper`` (0/1 Adam; ints >= 1); ``max_coeff``,
+        ``min_coeff``, ``coeff_beta``, ``factor_max``, ``factor_min``,
+        ``factor_threshold`` (1-bit LAMB). Any time between steps, the same on
+        every rank; not saved in checkpoints. Bad names, types or values
+        raise InvalidArgumentError and change nothing."""
+        given = check_onebit_options(options)
+        if self.algorithm not in (Algorithm.ZEROONE_ADAM, Algorithm.ONEBIT_LAMB):
+            raise InvalidArgumentError(f"set_onebit_options: the {self.algorithm.name.lower()} optimizer has no "
+                                       "1-bit options (zeroone_adam and onebit_lamb have)")
+        merged = dict(self.onebit_options())
+        merged.update(given)
+        o = ffi.new("lowbit_onebit_options_t *")
+        call("lowbit_onebit_options_init", o)
+        for name, value in merged.items():
+            setattr(o, name, value)
+        self._call("lowbit_optimizer_set_onebit_options", o)
+        self._onebit_options = {name: getattr(o, name) for name in ONEBIT_OPTION_NAMES}
+
+    def onebit_options(self) -> dict:
+        """The 0/1 Adam / 1-bit LAMB options last set (the library's defaults
+        until set_onebit_options), by name."""
+        if self._onebit_options is None:
+            self._onebit_options = onebit_options_defaults()
+        return dict(self._onebit_options)
+
+    def onebit_status(self) -> OneBitStatus:
+        """Where a 1-bit optimizer (1-bit Adam, 0/1 Adam, 1-bit LAMB) stands:
+        its step count, phase and what the next step needs (a
+        :class:`OneBitStatus`). On CUDA it waits for the device."""
+        st = ffi.new("lowbit_onebit_status_t *")
+        st.struct_size = ffi.sizeof("lowbit_onebit_status_t")
+        self._call("lowbit_optimizer_onebit_status", st)
+        return OneBitStatus(step=st.step, phase=st.phase, next_full_average=bool(st.next_full_average),
+                            next_exchange=_EXCHANGE_NAMES.get(st.next_exchange, str(st.next_exchange)),
+                            var_interval=st.var_interval, var_counter=st.var_counter,
+                            local_step_interval=st.local_step_interval, local_step_counter=st.local_step_counter)
 
     def set_momentum_mask(self, param_id: int, mask) -> None:
         """1-bit Adam: elements where `mask` (numel values, host) is 0 keep a

@@ -1,7 +1,8 @@
 """The 1-bit scheme over torch.distributed: a lowbit Communicator whose
 transport is a ProcessGroup (``all_to_all_single``, ``all_gather_into_tensor``
-and ``all_reduce``), so 1-bit Adam runs under ``torchrun`` without MPI, and
-the DDP comm hook that pairs with :class:`lowbit.torch.OneBitAdam`.
+and ``all_reduce``), so the 1-bit optimizers run under ``torchrun`` without MPI, and
+the DDP comm hook that pairs with :class:`lowbit.torch.OneBitAdam`,
+:class:`lowbit.torch.ZeroOneAdam` and :class:`lowbit.torch.OneBitLamb`.
 
 Backends: gloo moves host memory (CPU tensors); NCCL moves CUDA memory,
 enqueued on the stream lowbit passes (stream-ordered). Other backends are
@@ -55,6 +56,9 @@ class ProcessGroupTransport:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.bytes_sent = {"alltoall": 0, "allgather": 0, "allreduce_sum": 0, "agreement": 0}
         self.calls = {k: 0 for k in self.bytes_sent}
+        # onebit_ddp_comm_hook's fp32 all-reduces of DDP buckets (counted as a ring's)
+        self.hook_bytes_sent = 0
+        self.hook_calls = 0
 
     # -- raw memory as tensors
 
@@ -105,13 +109,28 @@ class ProcessGroupTransport:
         self.calls["agreement"] += 1
         self.bytes_sent["agreement"] += 2 * (self.world_size - 1) * 8 * k // self.world_size
 
+    def count_hook_allreduce(self, nbytes: int) -> None:
+        """Counts an all-reduce of `nbytes` made beside the transport (the DDP
+        comm hook's), as a ring's 2 (W-1)/W of its bytes."""
+        self.hook_calls += 1
+        self.hook_bytes_sent += 2 * (self.world_size - 1) * int(nbytes) // self.world_size
+
     def total_bytes_sent(self) -> int:
+        """The bytes this rank sent through the transport functions (the
+        optimizer's own exchanges and agreements)."""
         return sum(self.bytes_sent.values())
+
+    def wire_bytes_sent(self) -> int:
+        """All the bytes this rank sent for the optimizer: the transport's and
+        the DDP comm hook's all-reduces."""
+        return self.total_bytes_sent() + self.hook_bytes_sent
 
     def reset_counters(self) -> None:
         for k in self.bytes_sent:
             self.bytes_sent[k] = 0
             self.calls[k] = 0
+        self.hook_bytes_sent = 0
+        self.hook_calls = 0
 
 
 class _Nothing:
@@ -137,25 +156,37 @@ def process_group_communicator(process_group=None) -> Communicator:
 
 
 def onebit_ddp_comm_hook(optimizer):
-    """The DDP comm hook that pairs with :class:`lowbit.torch.OneBitAdam`:
+    """The DDP comm hook that pairs with the 1-bit optimizers of
+    :mod:`lowbit.torch` (:class:`~lowbit.torch.OneBitAdam`,
+    :class:`~lowbit.torch.ZeroOneAdam`, :class:`~lowbit.torch.OneBitLamb`):
     ``model.register_comm_hook(None, lowbit.torch.onebit_ddp_comm_hook(opt))``.
 
-    During warm-up (the optimizer has taken fewer than freeze_step steps) DDP
-    averages the gradients with its usual fp32 all-reduce, overlapped with
-    backward, and the optimizer's warm-up steps run on them without
-    communicating (only a 128-byte argument agreement). After the freeze the
-    hook leaves the gradients local: the optimizer's 1-bit compressed
-    momentum exchange replaces DDP's all-reduce. Use the optimizer's process
+    For each bucket it asks the optimizer whether its next step runs on
+    gradients averaged uncompressed (``onebit_status().next_full_average``;
+    the library is asked once per step): 1-bit Adam's and 1-bit LAMB's
+    warm-up, 0/1 Adam's variance steps. Then DDP averages the bucket with its
+    usual fp32 all-reduce, overlapped with backward, and the optimizer's step
+    runs on it without averaging it again (only a 128-byte argument
+    agreement). Otherwise the hook leaves the gradients local, with no
+    communication: the optimizer's own exchange (1-bit compressed momentum,
+    gradient or update, or none on 0/1 Adam's local steps) replaces DDP's
+    all-reduce. The bytes of the hook's all-reduces are counted on the
+    optimizer's transport (``hook_bytes_sent``). Use the optimizer's process
     group for DDP too (every rank of it must run the hook)."""
-    if not hasattr(optimizer, "freeze_step") or not hasattr(optimizer, "_warmup_averaged_by"):
-        raise InvalidArgumentError(f"optimizer {type(optimizer).__name__} is not a lowbit.torch.OneBitAdam")
+    if not callable(getattr(optimizer, "_next_full_average", None)) or \
+            not callable(getattr(optimizer, "_warmup_averaged_by", None)):
+        raise InvalidArgumentError(f"optimizer {type(optimizer).__name__} is not a lowbit.torch OneBitAdam, "
+                                   "ZeroOneAdam or OneBitLamb")
     optimizer._warmup_averaged_by(True)
     group = optimizer._process_group
+    transport = getattr(optimizer.communicator, "transport", None)
+    world = dist.get_world_size(group)
 
     def hook(state, bucket):
         buf = bucket.buffer()
-        if optimizer.steps_taken() < optimizer.freeze_step:
-            world = dist.get_world_size(group)
+        if optimizer._next_full_average():
+            if isinstance(transport, ProcessGroupTransport):
+                transport.count_hook_allreduce(buf.numel() * buf.element_size())
             work = dist.all_reduce(buf.div_(world), group=group, async_op=True)
             return work.get_future().then(lambda fut: fut.value()[0])
         fut = torch.futures.Future()

@@ -66,11 +66,12 @@ import torch
 from ._arrays import ArrayRef
 from ._ffi import Algorithm, Device, Dtype, StateFormat, Tensor
 from ._lib import ArrayError, CommunicationError, InvalidArgumentError, StateMismatchError
-from ._optimizer import STATE_FORMAT_NAMES, Optimizer, parse_state_format, parse_state_option, resolve_num_threads
+from ._optimizer import (STATE_FORMAT_NAMES, Optimizer, check_onebit_options, parse_state_format, parse_state_option,
+                         resolve_num_threads)
 from ._torch_dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 
-__all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "LowbitOptimizer", "process_group_communicator",
-           "onebit_ddp_comm_hook", "ProcessGroupTransport"]
+__all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
+           "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport"]
 
 _TORCH_DTYPES = {torch.float32: Dtype.FLOAT32, torch.bfloat16: Dtype.BFLOAT16, torch.float16: Dtype.FLOAT16}
 _DTYPE_CODES = {k: int(v) for k, v in _TORCH_DTYPES.items()}
@@ -819,7 +820,134 @@ class Adam(_AdamBase):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kwargs)
 
 
-class OneBitAdam(_AdamBase):
+class _OneBitBase(_AdamBase):
+    """What OneBitAdam, ZeroOneAdam and OneBitLamb share: one device, a
+    communicator over a torch.distributed ProcessGroup (or a given
+    :class:`lowbit.Communicator`), the DDP comm hook's switch, the status of
+    the schedules, and per-rank state dicts that carry the communicator's
+    error buffers."""
+
+    def __init__(self, params, lr, betas, eps, weight_decay, *, freeze_step, process_group=None,
+                 communicator=None, onebit_options=None, **kwargs):
+        if communicator is not None and process_group is not None:
+            raise ValueError("give process_group or communicator, not both")
+        options = check_onebit_options(dict(onebit_options or {}))
+        super().__init__(params, lr, betas, eps, weight_decay, **kwargs)
+        self.freeze_step = int(freeze_step)
+        self._config["freeze_step"] = self.freeze_step
+        self._onebit_options = options
+        self._comm = communicator if communicator is not None else process_group_communicator(process_group)
+        self._process_group = process_group
+        self._warmup_averaged_by_caller = False  # onebit_ddp_comm_hook: DDP averages the gradients
+        self._generation = 0  # steps and loads so far: the cached status below is of one generation
+        self._status_cache = None  # (generation, next_full_average)
+
+    @property
+    def communicator(self):
+        return self._comm
+
+    @property
+    def onebit_options(self) -> dict:
+        """The lowbit_onebit_options_t values this optimizer gives the
+        library (0/1 Adam's schedules, 1-bit LAMB's coefficients; empty for
+        1-bit Adam), by DeepSpeed's names."""
+        return dict(self._onebit_options)
+
+    def step(self, closure=None):
+        errors = getattr(self._comm, "_transport_errors", None)
+        if errors:
+            errors.clear()
+        try:
+            return super().step(closure)
+        except CommunicationError as e:
+            if errors:  # the torch.distributed transport raised: chain its exception
+                raise e from errors[0]
+            raise
+        finally:
+            self._generation += 1
+
+    def _device_state(self, device):
+        fresh = _device_key(device) not in self._devices
+        if fresh and self._devices:
+            raise ValueError(f"{type(self).__name__} keeps all params on one device; a param is on {device}, "
+                             f"others on {next(iter(self._devices))}")
+        dev = super()._device_state(device)
+        if fresh:
+            dev.handle.set_comm(self._comm)
+            dev.handle.set_onebit_warmup_average(not self._warmup_averaged_by_caller)
+            if self._onebit_options:
+                dev.handle.set_onebit_options(**self._onebit_options)
+        return dev
+
+    def _warmup_averaged_by(self, caller: bool) -> None:
+        self._warmup_averaged_by_caller = bool(caller)
+        for dev in self._devices.values():
+            dev.handle.set_onebit_warmup_average(not caller)
+
+    def _handle(self):
+        """The lowbit handle (None before the first step registers the params)."""
+        for dev in self._devices.values():
+            if dev.params:
+                return dev.handle
+        return None
+
+    def steps_taken(self) -> int:
+        """Steps the library applied (skipped steps do not count)."""
+        handle = self._handle()
+        return handle.param_info(0).step if handle is not None else 0
+
+    def onebit_status(self):
+        """Where the optimizer stands (a :class:`lowbit.OneBitStatus`: step
+        count, phase, whether the next step runs on averaged gradients, the
+        next step's exchange, 0/1 Adam's schedules); None before the first
+        step."""
+        handle = self._handle()
+        return handle.onebit_status() if handle is not None else None
+
+    def _first_step_averaged(self) -> bool:
+        """Whether step 1 runs on averaged gradients (asked before the params
+        are registered, i.e. during the first backward)."""
+        return True
+
+    def _next_full_average(self) -> bool:
+        """Whether the next step runs on gradients averaged uncompressed
+        (onebit_ddp_comm_hook asks it for every bucket: the library is asked
+        once per step)."""
+        cached = self._status_cache
+        if cached is not None and cached[0] == self._generation:
+            return cached[1]
+        status = self.onebit_status()
+        value = status.next_full_average if status is not None else self._first_step_averaged()
+        self._status_cache = (self._generation, value)
+        return value
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["lowbit"]["comm_errors"] = torch.frombuffer(bytearray(self._comm.save_errors()), dtype=torch.uint8)
+        sd["lowbit"]["rank"] = self._comm.rank
+        sd["lowbit"]["world_size"] = self._comm.world_size
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        lowbit = state_dict.get("lowbit") or {}
+        blob = lowbit.get("comm_errors")
+        for key, mine in (("rank", self._comm.rank), ("world_size", self._comm.world_size)):
+            if key in lowbit and lowbit[key] != mine:
+                raise StateMismatchError(f"this state dict was saved by {key} {lowbit[key]}, this optimizer's "
+                                         f"{key} is {mine}: {type(self).__name__}'s error buffers are per rank")
+        old = self._comm.save_errors()
+        if blob is not None:
+            self._comm.load_errors(bytes(blob.cpu().numpy().tobytes()))
+        try:
+            super().load_state_dict(state_dict)
+        except BaseException:
+            self._comm.load_errors(old)
+            raise
+        finally:
+            self._generation += 1
+
+
+class OneBitAdam(_OneBitBase):
     """1-bit Adam (Tang et al. 2021) for data-parallel training under
     ``torchrun``: every rank steps the same model; the optimizer does the
     communication over a torch.distributed ProcessGroup (gloo on CPU, NCCL on
@@ -848,76 +976,129 @@ class OneBitAdam(_AdamBase):
                  process_group=None, communicator=None, **kwargs):
         if int(freeze_step) < 1:
             raise ValueError(f"freeze_step={freeze_step} must be >= 1")
-        if communicator is not None and process_group is not None:
-            raise ValueError("give process_group or communicator, not both")
-        super().__init__(params, lr, betas, eps, weight_decay, **kwargs)
-        self.freeze_step = int(freeze_step)
-        self._config["freeze_step"] = self.freeze_step
-        self._comm = communicator if communicator is not None else process_group_communicator(process_group)
-        self._process_group = process_group
-        self._warmup_averaged_by_caller = False  # onebit_ddp_comm_hook: DDP averages the warm-up gradients
+        super().__init__(params, lr, betas, eps, weight_decay, freeze_step=freeze_step, process_group=process_group,
+                         communicator=communicator, **kwargs)
+
+
+def _refuse_bias_correction(value, where="bias_correction"):
+    """0/1 Adam and 1-bit LAMB have no bias correction (DeepSpeed's take the
+    flag and ignore it); lowbit refuses bias_correction=True."""
+    if value:
+        raise ValueError(f"{where}=True is not supported: 0/1 Adam and 1-bit LAMB have no bias correction "
+                         "(DeepSpeed's ZeroOneAdam and OnebitLamb ignore the flag)")
+
+
+class ZeroOneAdam(_OneBitBase):
+    """0/1 Adam (Lu et al. 2022; DeepSpeed's ``ZeroOneAdam`` and its
+    hyper-parameter names) for data-parallel training under ``torchrun``,
+    over a torch.distributed ProcessGroup like :class:`OneBitAdam`.
+
+    - Phase 1 (step t <= ``var_freeze_step``): on variance steps (t a
+      multiple of the variance interval, which starts at 1 and doubles after
+      every ``var_update_scaler`` variance steps) the gradients are averaged
+      uncompressed and m and v take an Adam step; on the other steps the
+      gradient goes through the 1-bit compressed all-reduce and only m moves.
+    - Phase 2 (t > ``var_freeze_step``, v frozen): local steps on this rank's
+      own gradient, no communication; every ``local_step_interval`` steps
+      (1 at first, doubling every ``local_step_scaler`` phase-2 steps, at most
+      ``local_step_clipper``) the ranks average their updates since the last
+      synchronisation with the 1-bit all-reduce, and every rank ends with the
+      same params. Between synchronisations the ranks' params differ.
+
+    No bias correction; the weight decay is AdamW's (decoupled) form.
+    With DDP use :func:`onebit_ddp_comm_hook`: it lets DDP average the
+    gradients of the variance steps (fp32, overlapped with backward) and
+    leaves them local otherwise. State dicts are per rank (they carry the
+    communicator's error buffers). All params must be on one device."""
+
+    _algorithm = Algorithm.ZEROONE_ADAM
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, var_freeze_step=100000,
+                 var_update_scaler=16, local_step_scaler=32678, local_step_clipper=16, bias_correction=False,
+                 process_group=None, communicator=None, **kwargs):
+        _refuse_bias_correction(bias_correction)
+        if int(var_freeze_step) < 0:
+            raise ValueError(f"var_freeze_step={var_freeze_step} must be >= 0")
+        options = dict(var_update_scaler=var_update_scaler, local_step_scaler=local_step_scaler,
+                       local_step_clipper=local_step_clipper)
+        for name, value in options.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an int >= 1")
+        super().__init__(params, lr, betas, eps, weight_decay, freeze_step=var_freeze_step,
+                         process_group=process_group, communicator=communicator, onebit_options=options,
+                         bias_correction=False, **kwargs)
 
     @property
-    def communicator(self):
-        return self._comm
+    def var_freeze_step(self) -> int:
+        return self.freeze_step
 
-    def step(self, closure=None):
-        errors = getattr(self._comm, "_transport_errors", None)
-        if errors:
-            errors.clear()
+    def _check_group(self, group):
+        super()._check_group(group)
+        _refuse_bias_correction(group.get("bias_correction"), "param group bias_correction")
+
+    def _first_step_averaged(self) -> bool:
+        return self.freeze_step >= 1  # step 1 is a variance step of phase 1
+
+    def _plan_torch_import(self, state, by_index, saved_groups):
+        raise ValueError("ZeroOneAdam loads only its own state_dict() (per rank): its state (schedules, the "
+                         "params at the last synchronisation) has no torch.optim counterpart")
+
+
+class OneBitLamb(_OneBitBase):
+    """1-bit LAMB (Li et al. 2021; DeepSpeed's ``OnebitLamb`` and its
+    hyper-parameter names) for data-parallel training under ``torchrun``,
+    over a torch.distributed ProcessGroup like :class:`OneBitAdam`.
+
+    - Warm-up (steps t <= ``freeze_step``): LAMB on the gradients averaged
+      uncompressed: Adam's moments without bias correction, update u = m / D
+      + weight_decay p, per-tensor trust ratio ||p|| / ||u|| clipped to
+      [``min_coeff``, ``max_coeff``], whose EMA (``coeff_beta``) is recorded.
+    - Compression (t > ``freeze_step``): v and the trust ratio's EMA are
+      frozen; each rank's momentum, rescaled per tensor to a common RMS, is
+      averaged by one 1-bit compressed all-reduce over all params; the
+      coefficient is the frozen ratio times a factor (from a fresh variance
+      of the reconstructed gradients) clipped to [``factor_min``,
+      ``factor_max``] and to a relative change of ``factor_threshold`` per
+      step.
+
+    With DDP use :func:`onebit_ddp_comm_hook` (DDP averages the warm-up
+    gradients; afterwards they stay local). State dicts are per rank (they
+    carry the communicator's error buffers). All params must be on one device."""
+
+    _algorithm = Algorithm.ONEBIT_LAMB
+
+    def __init__(self, params, lr=1e-3, freeze_step=100000, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
+                 max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0, factor_min=0.5,
+                 factor_threshold=0.1, bias_correction=False, process_group=None, communicator=None, **kwargs):
+        _refuse_bias_correction(bias_correction)
+        if int(freeze_step) < 1:
+            raise ValueError(f"freeze_step={freeze_step} must be >= 1 (the warm-up is steps 1..freeze_step)")
+        options = dict(max_coeff=max_coeff, min_coeff=min_coeff, coeff_beta=coeff_beta, factor_max=factor_max,
+                       factor_min=factor_min, factor_threshold=factor_threshold)
         try:
-            return super().step(closure)
-        except CommunicationError as e:
-            if errors:  # the torch.distributed transport raised: chain its exception
-                raise e from errors[0]
-            raise
+            options = {k: float(v) for k, v in options.items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"1-bit LAMB options must be real numbers: {options}") from None
+        if not 0 < options["min_coeff"] < options["max_coeff"]:
+            raise ValueError(f"need 0 < min_coeff < max_coeff (min_coeff={min_coeff}, max_coeff={max_coeff})")
+        if not 0 <= options["coeff_beta"] < 1:
+            raise ValueError(f"coeff_beta={coeff_beta} must be in [0, 1)")
+        if not 0 < options["factor_min"] <= options["factor_max"]:
+            raise ValueError(f"need 0 < factor_min <= factor_max (factor_min={factor_min}, "
+                             f"factor_max={factor_max})")
+        if not 0 <= options["factor_threshold"] < 1:
+            raise ValueError(f"factor_threshold={factor_threshold} must be in [0, 1)")
+        super().__init__(params, lr, betas, eps, weight_decay, freeze_step=freeze_step,
+                         process_group=process_group, communicator=communicator, onebit_options=options,
+                         bias_correction=False, **kwargs)
 
-    def _device_state(self, device):
-        fresh = _device_key(device) not in self._devices
-        if fresh and self._devices:
-            raise ValueError(f"OneBitAdam keeps all params on one device; a param is on {device}, others on "
-                             f"{next(iter(self._devices))}")
-        dev = super()._device_state(device)
-        if fresh:
-            dev.handle.set_comm(self._comm)
-            dev.handle.set_onebit_warmup_average(not self._warmup_averaged_by_caller)
-        return dev
+    def _check_group(self, group):
+        super()._check_group(group)
+        _refuse_bias_correction(group.get("bias_correction"), "param group bias_correction")
 
-    def _warmup_averaged_by(self, caller: bool) -> None:
-        self._warmup_averaged_by_caller = bool(caller)
-        for dev in self._devices.values():
-            dev.handle.set_onebit_warmup_average(not caller)
-
-    def steps_taken(self) -> int:
-        """Steps the library applied (skipped steps do not count): the next
-        step is a warm-up step while this is below freeze_step."""
-        for dev in self._devices.values():
-            if dev.params:
-                return dev.handle.param_info(0).step
-        return 0
-
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        sd["lowbit"]["comm_errors"] = torch.frombuffer(bytearray(self._comm.save_errors()), dtype=torch.uint8)
-        sd["lowbit"]["rank"] = self._comm.rank
-        sd["lowbit"]["world_size"] = self._comm.world_size
-        return sd
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        lowbit = state_dict.get("lowbit") or {}
-        blob = lowbit.get("comm_errors")
-        for key, mine in (("rank", self._comm.rank), ("world_size", self._comm.world_size)):
-            if key in lowbit and lowbit[key] != mine:
-                raise StateMismatchError(f"this state dict was saved by {key} {lowbit[key]}, this optimizer's "
-                                         f"{key} is {mine}: 1-bit Adam's error buffers are per rank")
-        old = self._comm.save_errors()
-        if blob is not None:
-            self._comm.load_errors(bytes(blob.cpu().numpy().tobytes()))
-        try:
-            super().load_state_dict(state_dict)
-        except BaseException:
-            self._comm.load_errors(old)
-            raise
+    def _plan_torch_import(self, state, by_index, saved_groups):
+        raise ValueError("OneBitLamb loads only its own state_dict() (per rank): its state (the frozen trust "
+                         "ratios, the fresh variance) has no torch.optim counterpart")
 
 
 class Lion(LowbitOptimizer):

@@ -4,11 +4,6 @@ torch.optim.Adam, parameters identical on every rank, resume, bad sizes and
 non-finite gradients on one rank (torch_onebit_worker.py does the work;
 every launch is bounded by a timeout)."""
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,32 +13,14 @@ import torch.distributed as dist  # noqa: E402
 
 import lowbit  # noqa: E402
 import lowbit.torch as lt  # noqa: E402
+from torchrun_launch import launch as _launch  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_onebit_worker.py")
 TIMEOUT = 180
 
 
 def launch(nproc, case, seed):
-    torchrun = shutil.which("torchrun")
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"])
-    cmd += ["--standalone", "--nproc-per-node", str(nproc), str(WORKER), case, str(seed % 100000)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(Path(lowbit.__file__).parents[1])] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    # its own session, so that a timeout kills the workers too, not only torchrun
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
-    try:
-        stdout, stderr = p.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        stdout, stderr = p.communicate()
-        pytest.fail(f"torchrun {case} on {nproc} ranks did not finish in {TIMEOUT} s:\n{stdout[-3000:]}\n"
-                    f"{stderr[-3000:]}")
-    r = subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)
-    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"torchrun {case} on {nproc} ranks failed (rc {r.returncode}):\n" \
-        f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return _launch(WORKER, nproc, case, seed, TIMEOUT)
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
