@@ -16,6 +16,7 @@
 #include "core/onebit_rules.hpp"
 #include "core/param_io.hpp"
 #include "core/update_rules.hpp"
+#include "cuda/onebit_device.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -38,28 +39,17 @@ __global__ void skip_if_positive_kernel(const float* value, int32_t* flag) {
   if (*value > 0.f) *flag = 1;
 }
 
-__device__ __forceinline__ lowbit_dtype_t ext_dtype(uint8_t d) {
-  return d == kF32 ? LOWBIT_DTYPE_FLOAT32 : (d == kBF16 ? LOWBIT_DTYPE_BFLOAT16 : LOWBIT_DTYPE_FLOAT16);
-}
-
-__device__ __forceinline__ bool ext_skipped(const int32_t* flag) {
-  return *static_cast<const volatile int32_t*>(flag) != 0;
-}
-
 // Element-wise passes: block b works on part b % kSplit of chunk b / kSplit.
 __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArgs a) {
   const bool changes_state = a.op == kZeroOneSyncApply || a.op == kLambWarmupB || a.op == kLambCompressedB;
-  if (changes_state && ext_skipped(a.skip_flag)) return;
-  const DevChunk ch = a.chunks[blockIdx.x / kSplit];
-  const int part = int(blockIdx.x % kSplit);
-  const int64_t len = ch.end - ch.begin;
-  const int64_t per = (len + kSplit - 1) / kSplit;
-  const int64_t begin = ch.begin + per * part;
-  const int64_t end = begin + per < ch.end ? begin + per : ch.end;
+  if (changes_state && skip_flag_set(a.skip_flag)) return;
+  const ChunkPart cp = chunk_part(a.chunks, blockIdx.x);
+  const DevChunk ch = cp.chunk;
+  const int64_t begin = cp.begin, end = cp.end;
   const DevParam P = a.params[ch.param];
   const DevOneBit ob = a.onebit[ch.param];
   const DevDyn dyn = a.dyn[ch.param];
-  const lowbit_dtype_t pd = ext_dtype(P.pdtype);
+  const lowbit_dtype_t pd = to_lowbit_dtype(P.pdtype);
   const int32_t r = int32_t(P.rounding);
   float* m = static_cast<float*>(P.mdata[0]);
   float* v = static_cast<float*>(P.mdata[1]);
@@ -71,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
     }
     case kZeroOneSyncPack: {
       const StepScalars s = a.scalars[dyn.scalar_idx];
-      const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
+      const lowbit_dtype_t gd = to_lowbit_dtype(dyn.gdtype);
       const float* sync = a.sync + ob.offset;
       float* out = a.out + ob.offset;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
@@ -99,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
       StepScalars s{};
       s.beta1 = a.hparams[P.group].beta1;
       const float scaling = a.lamb[ch.param].scaling;
-      const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
+      const lowbit_dtype_t gd = to_lowbit_dtype(dyn.gdtype);
       float* out = a.out + ob.offset;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
         const float g = load_element(dyn.grad, gd, i);
@@ -110,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_kernel(const OneBitExtArg
     case kLambWarmupB: {
       const StepScalars s = a.scalars[dyn.scalar_idx];
       const float step = s.lr * a.lamb[ch.param].trust;
-      const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
+      const lowbit_dtype_t gd = to_lowbit_dtype(dyn.gdtype);
       float* fresh = a.fresh_v + ob.offset;
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
         const float g = load_element(dyn.grad, gd, i);
@@ -146,13 +136,13 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_reduce_kernel(const OneBi
   __shared__ double lane_a[kLambLanes], lane_b[kLambLanes];
   __shared__ float lane_max[kLambLanes];
   // kLambScalingA runs outside any step; the others belong to one.
-  if (a.op != kLambScalingA && ext_skipped(a.skip_flag)) return;
+  if (a.op != kLambScalingA && skip_flag_set(a.skip_flag)) return;
   const int64_t k = blockIdx.x;
   const DevChunk ch = a.chunks[k];
   const DevParam P = a.params[ch.param];
   const DevOneBit ob = a.onebit[ch.param];
   const DevDyn dyn = a.dyn[ch.param];
-  const lowbit_dtype_t pd = ext_dtype(P.pdtype);
+  const lowbit_dtype_t pd = to_lowbit_dtype(P.pdtype);
   const int32_t r = int32_t(P.rounding);
   float* m = static_cast<float*>(P.mdata[0]);
   const float* v = static_cast<const float*>(P.mdata[1]);
@@ -163,7 +153,7 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_reduce_kernel(const OneBi
   switch (a.op) {
     case kLambWarmupA: {
       const StepScalars s = a.scalars[dyn.scalar_idx];
-      const lowbit_dtype_t gd = ext_dtype(dyn.gdtype);
+      const lowbit_dtype_t gd = to_lowbit_dtype(dyn.gdtype);
       for (int64_t i = ch.begin + l; i < ch.end; i += kLambLanes) {
         const float g = load_element(dyn.grad, gd, i);
         bad |= int(!isfinite(g));
@@ -261,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) onebit_ext_param_kernel(const OneBit
   }
   // A step skipped before (the exchange, a bad lr) or, in the warm-up, a
   // non-finite gradient anywhere: nothing changes, the flag says so.
-  int skip = ext_skipped(a.skip_flag) ? 1 : 0;
+  int skip = skip_flag_set(a.skip_flag) ? 1 : 0;
   if (a.op == kLambWarmupTrust && a.check_nonfinite)
     for (int64_t k = l; k < a.num_chunks; k += kThreads) skip |= a.partials[k].nonfinite != 0 ? 1 : 0;
   if (__syncthreads_or(skip)) {

@@ -14,24 +14,17 @@
 
 #include "core/param_io.hpp"
 #include "core/update_rules.hpp"
+#include "cuda/onebit_device.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
 namespace cuda {
 
-__device__ __forceinline__ lowbit_dtype_t to_lowbit_dtype(uint8_t d) {
-  return d == kF32 ? LOWBIT_DTYPE_FLOAT32 : (d == kBF16 ? LOWBIT_DTYPE_BFLOAT16 : LOWBIT_DTYPE_FLOAT16);
-}
-
 __global__ void __launch_bounds__(kThreads) onebit_kernel(const OneBitArgs a) {
-  if ((a.op == kOneBitMask || a.op == kOneBitApply) && *static_cast<const volatile int32_t*>(a.skip_flag) != 0)
-    return;
-  const DevChunk ch = a.chunks[blockIdx.x / kSplit];
-  const int part = int(blockIdx.x % kSplit);
-  const int64_t len = ch.end - ch.begin;
-  const int64_t per = (len + kSplit - 1) / kSplit;
-  const int64_t begin = ch.begin + per * part;
-  const int64_t end = begin + per < ch.end ? begin + per : ch.end;
+  if ((a.op == kOneBitMask || a.op == kOneBitApply) && skip_flag_set(a.skip_flag)) return;
+  const ChunkPart cp = chunk_part(a.chunks, blockIdx.x);
+  const DevChunk ch = cp.chunk;
+  const int64_t begin = cp.begin, end = cp.end;
   const DevParam P = a.params[ch.param];
   const DevOneBit ob = a.onebit[ch.param];
   const DevDyn dyn = a.dyn[ch.param];
