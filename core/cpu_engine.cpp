@@ -565,7 +565,7 @@ class CpuEngine final : public Engine {
       a.partials[ci] = red.result(0.f, bad);
     });
     bool bad = false;
-    for (const LambPartial& q : partials_view(a.partials)) bad = bad || q.nonfinite;
+    for (size_t ci = 0; ci < chunks_.size(); ++ci) bad = bad || a.partials[ci].nonfinite;
     skipped_ = a.check_nonfinite && bad;
     if (skipped_) return;
     per_param_sums(a.partials, [&](size_t i, double sa, double sb, float) {
@@ -700,14 +700,6 @@ class CpuEngine final : public Engine {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads_) if (parallel())
     for (int64_t k = 0; k < n; ++k) body(size_t(k), chunks_[size_t(k)]);
   }
-
-  struct PartialRange {
-    const LambPartial* b;
-    const LambPartial* e;
-    const LambPartial* begin() const { return b; }
-    const LambPartial* end() const { return e; }
-  };
-  PartialRange partials_view(const LambPartial* p) const { return {p, p + chunks_.size()}; }
 
   // Per parameter, its chunks' partials added in chunk order.
   template <class Body>
