@@ -42,6 +42,7 @@ struct alignas(64) Search8 {
 struct alignas(64) Search4 {
   float mid[16];
   float values[16];
+  bool linear;  // the midpoints are (2k + 1) / 32: linear4_codes16 replaces the search
 };
 
 struct Tables {
@@ -84,6 +85,9 @@ const Tables& tables() {
     for (int m = 0; m < 2; ++m) {
       const QMap& q = qmap(ids[2 + m]);
       for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
+      bool linear = q.n == 16;
+      for (int k = 1; k <= 15; ++k) linear = linear && q.midpoints[k - 1] == float(2 * k + 1) / 32.f;
+      x.map4[m].linear = linear;
     }
     float e4m3[256];
     for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
@@ -236,6 +240,53 @@ void encode8(const Search8& search, int zero_code, bool second, const float* x, 
   }
 }
 
+// float_to_e4m3() on 16 lanes, the same codes with fewer steps: the integer
+// rounding of the normal range already saturates at 0x7E for every |q| >=
+// 448 up to Inf (the sum wraps to >= 0x7E << 20), and RNE conversion of
+// |q| * 512 is the portable magic-number rounding of the subnormal range.
+inline __m512i e4m3_codes16(__m512 q) {
+  const __m512i bits = _mm512_castps_si512(q);
+  const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+  __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(int(0xC407FFFFu))), odd), 20);
+  normal = _mm512_min_epu32(normal, _mm512_set1_epi32(0x7E));
+  const __m512i sub = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.f)),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x3C800000)), sub, normal);
+  code = _mm512_mask_blend_epi32(_mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)), code, _mm512_set1_epi32(0x7F));
+  return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);  // code | (b & c)
+}
+
+// encode_fp8() of one 256-element block: scale absmax / 448, codes of x / scale
+// (all 0 when the scale is not > 0), floor_positive_e4m3 for a second moment.
+void encode_fp8_block(bool second, const float* x, uint8_t* codes, float* scale) {
+  const float s = absmax_bits(x, kBlock8) / kFp8Max;
+  *scale = s;
+  const bool positive = s > 0.f;  // not for 0 or NaN
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int i = 0; i < kBlock8; i += 16) {
+    const __m512 xi = _mm512_loadu_ps(x + i);
+    __m512i c = positive ? e4m3_codes16(_mm512_div_ps(xi, sv)) : _mm512_setzero_si512();
+    if (second)
+      c = _mm512_mask_or_epi32(c, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(xi, _mm512_setzero_ps(), _CMP_GT_OQ),
+                               c, _mm512_set1_epi32(1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(c));
+  }
+}
+
+// The 4-bit linear map (k / 16, k = 1..16) without a search: its midpoints
+// (2k + 1) / 32 (k = 1..15) are exact floats, and midpoint k < q exactly
+// when k < 16 q - 1.5. That difference is exact wherever it is >= -0.75
+// (the product is exact; Sterbenz for 16 q in [0.75, 3], and 1.5 is a
+// multiple of the ulp of 16 q above), so the count of midpoints below q is
+// ceil(16 q - 1.5) clamped to [0, 15] for every q in [-1, 1]; NaN counts none.
+inline __m512i linear4_codes16(__m512 q) {
+  const __m512 t = _mm512_fmadd_ps(q, _mm512_set1_ps(16.f), _mm512_set1_ps(-1.5f));
+  const __m512 c = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC), _mm512_setzero_ps()),
+                                 _mm512_set1_ps(15.f));  // max(NaN, 0) is 0
+  return _mm512_cvttps_epi32(c);
+}
+
 // 16 elements of a 4-bit tile (8 packed bytes, even element in the low
 // nibble) as dword indices.
 inline __m512i nibbles(const uint8_t* packed) {
@@ -262,12 +313,16 @@ inline void search_pack4(const Search4& map, int zero_code, bool second, const _
   const __m512 mid = _mm512_load_ps(map.mid);
   const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
   __m512i pos[L];
-  for (int k = 0; k < L; ++k) pos[k] = _mm512_setzero_si512();
-  for (int step = 8; step >= 1; step >>= 1)
-    for (int k = 0; k < L; ++k) {
-      const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
-      pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
-    }
+  if (map.linear) {
+    for (int k = 0; k < L; ++k) pos[k] = linear4_codes16(xn[k]);
+  } else {
+    for (int k = 0; k < L; ++k) pos[k] = _mm512_setzero_si512();
+    for (int step = 8; step >= 1; step >>= 1)
+      for (int k = 0; k < L; ++k) {
+        const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
+        pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
+      }
+  }
   for (int k = 0; k < L; ++k) {
     if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
     // qword lane j = code[2j] | code[2j + 1] << 32 -> byte code[2j] | code[2j + 1] << 4
@@ -386,6 +441,9 @@ bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in) {
   switch (mv.format) {
     case LOWBIT_STATE_8BIT:
       encode8(t.search8[m], t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
+      return true;
+    case LOWBIT_STATE_FP8:
+      encode_fp8_block(mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
       return true;
     case LOWBIT_STATE_4BIT:
       for (int b = 0; b < kTile; b += kBlock4)

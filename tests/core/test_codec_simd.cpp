@@ -63,8 +63,15 @@ void fill_tile(int kind, const QMap* map, float* x) {
     case 2:
       for (int i = 0; i < kTile; ++i) x[i] = (i & 1) ? 0.f : -0.f;
       break;
-    case 3:  // x / absmax lands on, and next to, the map's midpoints
-      if (map) {
+    case 3:  // x / absmax lands on, and next to, the map's midpoints (FP8: the e4m3 rounding ties)
+      if (!map) {
+        x[0] = kFp8Max;  // scale 1: x / scale is x
+        for (int i = 1; i < kTile; ++i) {
+          const uint8_t c = uint8_t(rng() % 0x7E);
+          const float tie = (e4m3_to_float(c) + e4m3_to_float(uint8_t(c + 1))) / 2;  // exact: 4 significant bits
+          x[i] = bits_float(float_bits(tie) + uint32_t(int(rng() % 3) - 1)) * (rng() & 1 ? -1.f : 1.f);
+        }
+      } else {
         x[0] = 1.f;
         for (int i = 1; i < kTile; ++i) {
           const float mid = map->midpoints[size_t(rng() % size_t(map->n - 1))];
@@ -170,6 +177,45 @@ void test_4bit(void**) {
   check_every_code(LOWBIT_STATE_4BIT, 1);
 }
 
+// Every float of magnitude <= `top` (bits, sign alternating) as element 1..
+// of a block whose element 0 is `top` itself (scale exact: x / absmax is x
+// for the 4-bit linear map, x / 1 for FP8), through both encoders.
+void check_every_float(lowbit_state_format_t format, int moment, uint32_t top) {
+  constexpr int kSweepTiles = 4096;
+  constexpr int64_t n = int64_t(kSweepTiles) * kTile;
+  const int block = block_size(format);
+  std::vector<uint8_t> a(size_t(moment_data_bytes(format, n))), b(a.size());
+  std::vector<float> sa(size_t(num_blocks(format, n))), sb(sa.size());
+  std::vector<float> x(static_cast<size_t>(n));
+  const MomentView va = moment_view(format, moment, a.data(), sa.data()), vb = moment_view(format, moment, b.data(), sb.data());
+  uint64_t next = 0;
+  while (next <= top) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (i % block == 0) {
+        x[size_t(i)] = bits_float(top);
+        continue;
+      }
+      const uint32_t bits = next <= top ? uint32_t(next++) : 0u;
+      x[size_t(i)] = bits_float(bits | ((i & 1) ? 0x80000000u : 0u));
+    }
+    use_portable_codec(true);
+    encode_moment(va, n, x.data());
+    use_portable_codec(false);
+    encode_moment(vb, n, x.data());
+    if (a != b)
+      for (size_t i = 0; i < a.size(); ++i)
+        if (a[i] != b[i])
+          fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, AVX-512 0x%02x), input %a", format_name(format),
+                   moment, i, a[i], b[i], double(x[format == LOWBIT_STATE_4BIT ? 2 * i : i]));
+  }
+}
+
+void test_every_float(void**) {
+  skip_without_avx512();
+  check_every_float(LOWBIT_STATE_FP8, 1, float_bits(kFp8Max));
+  check_every_float(LOWBIT_STATE_4BIT, 1, float_bits(1.f));  // the linear map
+}
+
 void test_fp8(void**) {
   skip_without_avx512();
   check_format(LOWBIT_STATE_FP8, 0);
@@ -185,6 +231,7 @@ int main() {
       cmocka_unit_test(test_8bit),
       cmocka_unit_test(test_4bit),
       cmocka_unit_test(test_fp8),
+      cmocka_unit_test(test_every_float),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
