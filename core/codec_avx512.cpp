@@ -1,5 +1,9 @@
 #include "codec_avx512.hpp"
 
+#include <algorithm>
+#include <cmath>
+
+#include "qmaps.hpp"
 #include "quant.hpp"
 #include "simd.hpp"
 
@@ -13,6 +17,7 @@ namespace lowbit {
 #ifndef LOWBIT_AVX512_CODEC
 
 bool avx512_codec_supported() { return false; }
+bool avx512_direct8_active() { return false; }
 bool avx512_decode_tile(const MomentView&, int64_t, float*) { return false; }
 bool avx512_encode_tile(const MomentView&, int64_t, const float*) { return false; }
 int avx512_decode_rank1(const MomentView&, int64_t, int, const float*, float*) { return 0; }
@@ -45,8 +50,99 @@ struct alignas(64) Search4 {
   bool linear;  // the midpoints are (2k + 1) / 32: linear4_codes16 replaces the search
 };
 
+// The 8-bit dynamic maps' codes without a search. Per binade of y = |q|
+// (exponents 96..127; others clamp to the nearest) the level at its low end and
+// the one level boundary inside it (or +Inf); per level (0: below the first
+// boundary; 1..levels: the map's levels; levels + 1: the value 1) a line
+// t = y a + c on which the level's interior midpoints sit at integers, and
+// the count of positive midpoints at the level's top. The count of positive
+// midpoints below y is then min(ceil(t), top) except within kDirectMargin
+// of an integer (a midpoint's neighbourhood, where the float line and the
+// rounded midpoints may disagree) and on a boundary: those lanes take the
+// search. build_direct8 checks every midpoint of the map against this.
+struct alignas(64) Direct8 {
+  float bound[32];
+  int32_t level_at[32];
+  float a[16], c[16];
+  int32_t top[16];
+  bool usable;
+};
+constexpr float kDirectMargin = 1.f / 8192;
+constexpr int kFirstBinade = 96;
+
+// The count of positive midpoints below y as the vector code computes it,
+// or -1 where it defers to the search.
+int direct8_count(const Direct8& d, float y) {
+  const uint32_t e = float_bits(y) >> 23;  // clamped to the 32 binades below 2
+  const int i = int(e < uint32_t(kFirstBinade) ? 0u : (e > 127u ? 31u : e - uint32_t(kFirstBinade)));
+  const int level = d.level_at[i] + int(y > d.bound[i]);
+  const float t = std::fma(y, d.a[level], d.c[level]);
+  if (!(std::fabs(t - std::nearbyint(t)) >= kDirectMargin) || y == d.bound[i]) return -1;
+  const int c = int(std::ceil(t));
+  return c < d.top[level] ? c : d.top[level];
+}
+
+void build_direct8(const QMap& q, DynamicMapSpec spec, int zero_code, Direct8& d) {
+  d = Direct8{};
+  const int levels = spec.levels;
+  if (zero_code < 0 || levels + 2 > 16) return;
+  const float* pos = q.midpoints + zero_code;  // positive midpoints, ascending
+  const int n_pos = q.n - 1 - zero_code;
+  int n[16], base[16], sum = 0;
+  for (int l = 0; l < levels; ++l) base[l] = sum, n[l] = 1 << (l + spec.extra_bits), sum += n[l];
+  if (n_pos != sum + 1) return;
+  // Boundary l (l = 0..levels) is pos[base of level l] (the last one: pos[sum]).
+  float boundary[17];
+  for (int l = 0; l <= levels; ++l) boundary[l] = pos[l < levels ? base[l] : sum];
+  d.a[0] = 0.f, d.c[0] = -0.5f, d.top[0] = 0;
+  for (int l = 0; l < levels; ++l) {
+    const double scale = std::pow(10.0, l - levels + 1);
+    d.a[l + 1] = float(n[l] / (0.9 * scale));
+    d.c[l + 1] = float(base[l] - 0.1 * n[l] / 0.9);
+    d.top[l + 1] = base[l] + n[l];
+  }
+  d.a[levels + 1] = 0.f, d.c[levels + 1] = float(n_pos) - 0.5f, d.top[levels + 1] = n_pos;
+  for (int i = 0; i < 32; ++i) {
+    const float lo = i == 0 ? 0.f : bits_float(uint32_t(kFirstBinade + i) << 23);
+    const float hi = bits_float(uint32_t(kFirstBinade + i + 1) << 23);
+    int below = 0, inside = 0;
+    d.bound[i] = INFINITY;
+    for (int l = 0; l <= levels; ++l) {
+      below += boundary[l] < lo;
+      if (boundary[l] >= lo && boundary[l] < hi) d.bound[i] = boundary[l], ++inside;
+    }
+    if (inside > 1) return;
+    d.level_at[i] = below;
+  }
+  // Every midpoint, and the floats next to it, must be counted right or deferred.
+  for (int j = 0; j < n_pos; ++j)
+    for (float y : {std::nextafter(pos[j], 0.f), pos[j], std::nextafter(pos[j], 2.f)}) {
+      const int want = int(std::upper_bound(pos, pos + n_pos, y, [](float v, float m) { return v <= m; }) - pos);
+      const int got = direct8_count(d, y);
+      if (got >= 0 && got != want) return;
+    }
+  // Interior midpoints sit within half the margin of their integer, so a lane
+  // the margin does not defer lies strictly between two midpoints' lines.
+  for (int l = 0; l < levels; ++l) {
+    for (int k = 1; k < n[l]; ++k) {
+      const float t = std::fma(pos[base[l] + k], d.a[l + 1], d.c[l + 1]);
+      if (!(std::fabs(t - float(base[l] + k)) < kDirectMargin / 2)) return;
+    }
+    if (!(std::fma(std::nextafter(boundary[l], 2.f), d.a[l + 1], d.c[l + 1]) > float(base[l]) + kDirectMargin)) return;
+  }
+  // The negative midpoints mirror the positive ones up to the rounding of
+  // the midpoints (down for both signs), so |m| <= y and m < y agree off a tie.
+  for (int i = 0; i < zero_code; ++i) {
+    const float m = -q.midpoints[zero_code - 1 - i];
+    if (m != pos[i] && m != std::nextafter(pos[i], 2.f)) return;
+  }
+  if (q.values[zero_code] != 0.f) return;
+  d.usable = true;
+}
+
 struct Tables {
   BytePlanes values8[2];  // SignedDynamic8, UnsignedDynamic8
+  Direct8 direct8[2];
   Search8 search8[2];
   Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
   BytePlanes e4m3;
@@ -81,6 +177,7 @@ const Tables& tables() {
         for (int j = count; j < 16; ++j) levels[lv][j] = INFINITY;  // never indexed
       }
       s.m127 = q.midpoints[127];
+      build_direct8(q, dynamic_spec(ids[m]), qmap_wide(q).zero_code, x.direct8[m]);
     }
     for (int m = 0; m < 2; ++m) {
       const QMap& q = qmap(ids[2 + m]);
@@ -114,6 +211,8 @@ bool avx512_codec_supported() {
   static const bool on = !generic_cpu_kernels_requested() && cpu_has_avx512_codec();
   return on;
 }
+
+bool avx512_direct8_active() { return avx512_codec_supported() && tables().direct8[0].usable && tables().direct8[1].usable; }
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
@@ -217,27 +316,88 @@ inline void search8(const Search8Regs& r, const __m512 (&x)[L], __m512i (&pos)[L
   for (int k = 0; k < L; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
 }
 
-// The 8-bit code search of L vectors of normalised values, floor_positive
-// for a second moment, the codes into codes[0, 16 L).
+struct Direct8Regs {
+  __m512 bound_lo, bound_hi, a, c;
+  __m512i level_lo, level_hi, top;
+  explicit Direct8Regs(const Direct8& d) {
+    bound_lo = _mm512_load_ps(d.bound), bound_hi = _mm512_load_ps(d.bound + 16);
+    level_lo = _mm512_load_si512(d.level_at), level_hi = _mm512_load_si512(d.level_at + 16);
+    a = _mm512_load_ps(d.a), c = _mm512_load_ps(d.c), top = _mm512_load_si512(d.top);
+  }
+};
+
+// direct8_count() on L vectors, as codes: zero_code + count for q >= 0,
+// zero_code - min(count, zero_code) for q < 0 (the negative midpoints mirror
+// the positive ones). Lanes it defers (near a midpoint, on a boundary, NaN)
+// take the search, whole vectors at a time, rarely.
 template <int L>
-inline void search_store8(const Search8Regs& r, int zero_code, bool second, const __m512 (&xn)[L], uint8_t* codes) {
+inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_code, const __m512 (&xn)[L], __m512i (&c)[L]) {
+  const __m512i zc = _mm512_set1_epi32(zero_code);
+  __mmask16 defer[L];
+  for (int k = 0; k < L; ++k) {
+    const __m512i bits = _mm512_castps_si512(xn[k]);
+    const __m512i ybits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+    const __m512 y = _mm512_castsi512_ps(ybits);
+    const __m512i binade = _mm512_min_epu32(_mm512_max_epu32(_mm512_srli_epi32(ybits, 23), _mm512_set1_epi32(kFirstBinade)),
+                                            _mm512_set1_epi32(127));  // its low 5 bits index the tables
+    const __m512 bound = _mm512_permutex2var_ps(r.bound_lo, binade, r.bound_hi);
+    const __m512i level0 = _mm512_permutex2var_epi32(r.level_lo, binade, r.level_hi);
+    const __m512i level = _mm512_mask_add_epi32(level0, _mm512_cmp_ps_mask(y, bound, _CMP_GT_OQ), level0, _mm512_set1_epi32(1));
+    const __m512 t = _mm512_fmadd_ps(y, _mm512_permutexvar_ps(level, r.a), _mm512_permutexvar_ps(level, r.c));
+    const __m512i count = _mm512_min_epi32(_mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC),
+                                           _mm512_permutexvar_epi32(level, r.top));
+    const __m512 frac = _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // t - nearest integer
+    defer[k] = _mm512_cmp_ps_mask(_mm512_abs_ps(frac), _mm512_set1_ps(kDirectMargin), _CMP_NGE_UQ) |
+               _mm512_cmp_ps_mask(y, bound, _CMP_EQ_OQ);
+    c[k] = _mm512_mask_sub_epi32(_mm512_add_epi32(zc, count), _mm512_movepi32_mask(bits), zc, _mm512_min_epi32(count, zc));
+  }
+  for (int k = 0; k < L; ++k)
+    if (defer[k]) {
+      const Search8Regs sr(search);
+      __m512i exact[1];
+      search8<1>(sr, {xn[k]}, exact);
+      c[k] = _mm512_mask_blend_epi32(defer[k], c[k], exact[0]);
+    }
+}
+
+// The 8-bit codes of L vectors of normalised values (direct where the map's
+// tables allow, else the search), floor_positive for a second moment, the
+// codes into codes[0, 16 L).
+template <int L>
+inline void search_store8(const Direct8& direct, const Search8& search, int zero_code, bool second, const __m512 (&xn)[L],
+                          uint8_t* codes) {
   __m512i c[L];
-  search8<L>(r, xn, c);
+  if (direct.usable)
+    direct_codes8<L>(Direct8Regs(direct), search, zero_code, xn, c);
+  else
+    search8<L>(Search8Regs(search), xn, c);
   for (int k = 0; k < L; ++k) {
     if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
   }
 }
 
-void encode8(const Search8& search, int zero_code, bool second, const float* x, uint8_t* codes, float* scale) {
+// L vectors at a time: the search's levels form long dependency chains that
+// 8 vectors in lockstep hide; the direct form has short ones, and 4 keep its
+// temporaries in registers.
+template <int L>
+void encode8_groups(const Search8& search, const Direct8& direct, int zero_code, bool second, const float* x, float absmax,
+                    uint8_t* codes) {
+  for (int i = 0; i < kBlock8; i += 16 * L) {
+    __m512 xn[L];
+    for (int k = 0; k < L; ++k) xn[k] = normalized(x + i + 16 * k, absmax);
+    search_store8<L>(direct, search, zero_code, second, xn, codes + i);
+  }
+}
+
+void encode8(const Search8& search, const Direct8& direct, int zero_code, bool second, const float* x, uint8_t* codes,
+             float* scale) {
   const float absmax = absmax_bits(x, kBlock8);
   *scale = absmax;
-  const Search8Regs r(search);
-  for (int i = 0; i < kBlock8; i += 16 * kLanes) {
-    __m512 xn[kLanes];
-    for (int k = 0; k < kLanes; ++k) xn[k] = normalized(x + i + 16 * k, absmax);
-    search_store8<kLanes>(r, zero_code, second, xn, codes + i);
-  }
+  if (direct.usable)
+    encode8_groups<4>(search, direct, zero_code, second, x, absmax, codes);
+  else
+    encode8_groups<kLanes>(search, direct, zero_code, second, x, absmax, codes);
 }
 
 // float_to_e4m3() on 16 lanes, the same codes with fewer steps: the integer
@@ -358,11 +518,12 @@ inline void encode4_each(const Search4& map, int zero_code, bool second, const f
 }
 
 template <int L>
-inline void encode8_each(const Search8Regs& r, int zero_code, bool second, const float* x, const float* scale,
+inline void encode8_each(const Direct8& direct, const Search8& search, int zero_code, bool second,
+                         const float* x, const float* scale,
                          uint8_t* codes) {
   __m512 xn[L];
   for (int k = 0; k < L; ++k) xn[k] = normalized_each(x + 16 * k, scale + 16 * k);
-  search_store8<L>(r, zero_code, second, xn, codes);
+  search_store8<L>(direct, search, zero_code, second, xn, codes);
 }
 
 }  // namespace
@@ -410,11 +571,11 @@ int avx512_encode_rank1(const MomentView& mv, int64_t base, int n, const float* 
       encode4_each<kLanes>(t.map4[m - 2], t.zero_code[m], mv.second, in + i, scale + i, packed + i / 2);
     for (; i + 16 <= n; i += 16) encode4_each<1>(t.map4[m - 2], t.zero_code[m], mv.second, in + i, scale + i, packed + i / 2);
   } else if (mv.format == LOWBIT_STATE_8BIT) {
-    const Search8Regs r(t.search8[m]);
     uint8_t* codes = static_cast<uint8_t*>(mv.data) + base;
     for (; i + 16 * kLanes <= n; i += 16 * kLanes)
-      encode8_each<kLanes>(r, t.zero_code[m], mv.second, in + i, scale + i, codes + i);
-    for (; i + 16 <= n; i += 16) encode8_each<1>(r, t.zero_code[m], mv.second, in + i, scale + i, codes + i);
+      encode8_each<kLanes>(t.direct8[m], t.search8[m], t.zero_code[m], mv.second, in + i, scale + i, codes + i);
+    for (; i + 16 <= n; i += 16)
+      encode8_each<1>(t.direct8[m], t.search8[m], t.zero_code[m], mv.second, in + i, scale + i, codes + i);
   }
   return i;
 }
@@ -440,7 +601,7 @@ bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in) {
   const int m = mv.map ? map_index(mv.map) : -1;
   switch (mv.format) {
     case LOWBIT_STATE_8BIT:
-      encode8(t.search8[m], t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
+      encode8(t.search8[m], t.direct8[m], t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
       return true;
     case LOWBIT_STATE_FP8:
       encode_fp8_block(mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);

@@ -14,6 +14,11 @@ namespace lowbit {
 // VBMI). LOWBIT_CPU_KERNELS=generic in the environment turns it off.
 bool avx512_codec_supported();
 
+// Whether the 8-bit dynamic maps' codes come from their direct form (a line
+// per level, checked against every midpoint when the tables are built)
+// rather than the binary search; both give the same codes.
+bool avx512_direct8_active();
+
 // One 256-element tile starting at `base` (a multiple of 256). False when the
 // format has no AVX-512 form (FP32, BF16): the caller takes the portable path.
 bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out);

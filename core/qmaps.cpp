@@ -11,7 +11,9 @@ namespace {
 // Dynamic-exponent map (Dettmers et al.): exponent level i of `levels` holds
 // the midpoints of n_i evenly spaced points in [0.1, 1], scaled by
 // 10^(i - levels + 1), and their negatives for a signed map; plus 0 and 1.
-std::vector<double> dynamic_map(int levels, bool is_signed, int extra_bits) {
+std::vector<double> dynamic_map(DynamicMapSpec spec) {
+  const int levels = spec.levels, extra_bits = spec.extra_bits;
+  const bool is_signed = spec.is_signed;
   std::vector<double> values{0.0, 1.0};
   for (int i = 0; i < levels; ++i) {
     int n = (1 << (i + extra_bits)) + 1;
@@ -77,11 +79,20 @@ std::vector<double> linear_nozero_4bit() {
 
 }  // namespace
 
+DynamicMapSpec dynamic_spec(MapId id) {
+  switch (id) {
+    case MapId::SignedDynamic8: return {7, true, 0};
+    case MapId::UnsignedDynamic8: return {7, false, 1};
+    case MapId::SignedDynamic4: return {3, true, 0};
+    default: throw std::logic_error("not a dynamic-exponent map");
+  }
+}
+
 const QMap& qmap(MapId id) {
   static const QMap maps[4] = {
-      make_map(dynamic_map(7, true, 0)),
-      make_map(dynamic_map(7, false, 1)),
-      make_map(dynamic_map(3, true, 0)),
+      make_map(dynamic_map(dynamic_spec(MapId::SignedDynamic8))),
+      make_map(dynamic_map(dynamic_spec(MapId::UnsignedDynamic8))),
+      make_map(dynamic_map(dynamic_spec(MapId::SignedDynamic4))),
       make_map(linear_nozero_4bit()),
   };
   return maps[int(id)];

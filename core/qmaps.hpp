@@ -9,6 +9,19 @@ enum class MapId { SignedDynamic8, UnsignedDynamic8, SignedDynamic4, UnsignedLin
 
 const QMap& qmap(MapId id);
 
+// How a dynamic-exponent map is made (Dettmers et al.): level L = 0..levels-1
+// holds n_L = 2^(L + extra_bits) values, the midpoints of n_L + 1 evenly
+// spaced points in [0.1, 1] scaled by 10^(L - levels + 1) (and their
+// negatives for a signed map), plus 0 and 1. Fast code searches derive their
+// tables from this and check them against the map's midpoints.
+struct DynamicMapSpec {
+  int levels;
+  bool is_signed;
+  int extra_bits;
+};
+// The spec of SignedDynamic8, UnsignedDynamic8 or SignedDynamic4.
+DynamicMapSpec dynamic_spec(MapId id);
+
 // The CPU form of a map's bucket search, built for 32-bit gathers that do
 // not depend on each other: per [sign][bucket] the count of midpoints below
 // the bucket and the next two midpoints, so that

@@ -2,7 +2,10 @@
 // (core/codec.cpp): the same codes, scales and decoded floats, bit for bit,
 // for every quantized format and both moments, on random tiles spread over
 // many decades and on the edge cases (zeros, signed zeros, denormals,
-// infinities, NaN, all-zero tiles, values on and next to every midpoint).
+// infinities, NaN, all-zero tiles, values on and next to every midpoint),
+// and every float of the input range where an encoder computes codes
+// instead of searching for them (FP8, the linear 4-bit map, the 8-bit maps'
+// direct form).
 // Skipped where the CPU lacks AVX-512 (the portable path is then the only one).
 #include <cmath>
 #include <cstdint>
@@ -180,7 +183,7 @@ void test_4bit(void**) {
 // Every float of magnitude <= `top` (bits, sign alternating) as element 1..
 // of a block whose element 0 is `top` itself (scale exact: x / absmax is x
 // for the 4-bit linear map, x / 1 for FP8), through both encoders.
-void check_every_float(lowbit_state_format_t format, int moment, uint32_t top) {
+void check_every_float(lowbit_state_format_t format, int moment, uint32_t top, uint32_t negative_parity = 1) {
   constexpr int kSweepTiles = 4096;
   constexpr int64_t n = int64_t(kSweepTiles) * kTile;
   const int block = block_size(format);
@@ -196,7 +199,7 @@ void check_every_float(lowbit_state_format_t format, int moment, uint32_t top) {
         continue;
       }
       const uint32_t bits = next <= top ? uint32_t(next++) : 0u;
-      x[size_t(i)] = bits_float(bits | ((i & 1) ? 0x80000000u : 0u));
+      x[size_t(i)] = bits_float(bits | ((uint32_t(i) & 1u) == negative_parity ? 0x80000000u : 0u));
     }
     use_portable_codec(true);
     encode_moment(va, n, x.data());
@@ -216,6 +219,16 @@ void test_every_float(void**) {
   check_every_float(LOWBIT_STATE_4BIT, 1, float_bits(1.f));  // the linear map
 }
 
+// The direct form of the 8-bit codes (a line per level, no search) on every
+// float in [-1, 1]: the signed map with each magnitude under both signs.
+void test_every_float_8bit(void**) {
+  skip_without_avx512();
+  assert_true(avx512_direct8_active());
+  check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 1);
+  check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 0);
+  check_every_float(LOWBIT_STATE_8BIT, 1, float_bits(1.f));
+}
+
 void test_fp8(void**) {
   skip_without_avx512();
   check_format(LOWBIT_STATE_FP8, 0);
@@ -232,6 +245,7 @@ int main() {
       cmocka_unit_test(test_4bit),
       cmocka_unit_test(test_fp8),
       cmocka_unit_test(test_every_float),
+      cmocka_unit_test(test_every_float_8bit),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
