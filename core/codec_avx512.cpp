@@ -329,8 +329,10 @@ struct Direct8Regs {
 // direct8_count() on L vectors, as codes: zero_code + count for q >= 0,
 // zero_code - min(count, zero_code) for q < 0 (the negative midpoints mirror
 // the positive ones). Lanes it defers (near a midpoint, on a boundary, NaN)
-// take the search, whole vectors at a time, rarely.
-template <int L>
+// take the search, whole vectors at a time, rarely. An unsigned map
+// (zero_code 0) gives every q < 0 the code 0, so its boundaries need no tie
+// check (q > midpoint is exact).
+template <int L, bool kSigned>
 inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_code, const __m512 (&xn)[L], __m512i (&c)[L]) {
   const __m512i zc = _mm512_set1_epi32(zero_code);
   __mmask16 defer[L];
@@ -347,9 +349,13 @@ inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_
     const __m512i count = _mm512_min_epi32(_mm512_cvt_roundps_epi32(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC),
                                            _mm512_permutexvar_epi32(level, r.top));
     const __m512 frac = _mm512_reduce_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);  // t - nearest integer
-    defer[k] = _mm512_cmp_ps_mask(_mm512_abs_ps(frac), _mm512_set1_ps(kDirectMargin), _CMP_NGE_UQ) |
-               _mm512_cmp_ps_mask(y, bound, _CMP_EQ_OQ);
-    c[k] = _mm512_mask_sub_epi32(_mm512_add_epi32(zc, count), _mm512_movepi32_mask(bits), zc, _mm512_min_epi32(count, zc));
+    defer[k] = _mm512_cmp_ps_mask(_mm512_abs_ps(frac), _mm512_set1_ps(kDirectMargin), _CMP_NGE_UQ);
+    if (kSigned) {
+      defer[k] |= _mm512_cmp_ps_mask(y, bound, _CMP_EQ_OQ);
+      c[k] = _mm512_mask_sub_epi32(_mm512_add_epi32(zc, count), _mm512_movepi32_mask(bits), zc, _mm512_min_epi32(count, zc));
+    } else {
+      c[k] = _mm512_maskz_mov_epi32(_knot_mask16(_mm512_movepi32_mask(bits)), count);
+    }
   }
   for (int k = 0; k < L; ++k)
     if (defer[k]) {
@@ -367,8 +373,10 @@ template <int L>
 inline void search_store8(const Direct8& direct, const Search8& search, int zero_code, bool second, const __m512 (&xn)[L],
                           uint8_t* codes) {
   __m512i c[L];
-  if (direct.usable)
-    direct_codes8<L>(Direct8Regs(direct), search, zero_code, xn, c);
+  if (direct.usable && zero_code > 0)
+    direct_codes8<L, true>(Direct8Regs(direct), search, zero_code, xn, c);
+  else if (direct.usable)
+    direct_codes8<L, false>(Direct8Regs(direct), search, zero_code, xn, c);
   else
     search8<L>(Search8Regs(search), xn, c);
   for (int k = 0; k < L; ++k) {
