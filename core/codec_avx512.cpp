@@ -46,6 +46,7 @@ struct alignas(64) Search8 {
 
 struct alignas(64) Search4 {
   float mid[16];
+  float at_step[4][16];  // [s] for step 8 >> s: mid[i + step - 1] at i (read where i is a multiple of 2 step)
   float values[16];
   bool linear;  // the midpoints are (2k + 1) / 32: linear4_codes16 replaces the search
 };
@@ -182,6 +183,8 @@ const Tables& tables() {
     for (int m = 0; m < 2; ++m) {
       const QMap& q = qmap(ids[2 + m]);
       for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
+      for (int lv = 0; lv < 4; ++lv)
+        for (int i = 0; i < 16; ++i) x.map4[m].at_step[lv][i] = q.midpoints[std::min(i + (8 >> lv) - 1, 15)];
       bool linear = q.n == 16;
       for (int k = 1; k <= 15; ++k) linear = linear && q.midpoints[k - 1] == float(2 * k + 1) / 32.f;
       x.map4[m].linear = linear;
@@ -456,11 +459,13 @@ inline __m512i linear4_codes16(__m512 q) {
 }
 
 // 16 elements of a 4-bit tile (8 packed bytes, even element in the low
-// nibble) as dword indices.
+// nibble) as dword lanes whose low 4 bits are the codes (what vpermps reads):
+// byte j / 2 into lane j, shifted right by 4 in the odd lanes.
 inline __m512i nibbles(const uint8_t* packed) {
-  const __m512i q = _mm512_cvtepu8_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed)));
-  const __m512i mask = _mm512_set1_epi64(0xF);
-  return _mm512_or_si512(_mm512_and_si512(q, mask), _mm512_slli_epi64(_mm512_and_si512(_mm512_srli_epi64(q, 4), mask), 32));
+  const __m512i bytes = _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed)));
+  const __m512i spread = _mm512_maskz_permutexvar_epi8(0x1111111111111111ull,
+                                                       _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), bytes);
+  return _mm512_srlv_epi32(spread, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
 }
 
 void decode4(const Search4& map, const uint8_t* packed, const float* scales, float* out) {
@@ -478,23 +483,25 @@ void decode4(const Search4& map, const uint8_t* packed, const float* scales, flo
 // moment, packed two codes per byte into packed[0, 8 L).
 template <int L>
 inline void search_pack4(const Search4& map, int zero_code, bool second, const __m512 (&xn)[L], uint8_t* packed) {
-  const __m512 mid = _mm512_load_ps(map.mid);
-  const __m512i low_nibble = _mm512_set1_epi64(0xF), high_nibble = _mm512_set1_epi64(0xF0);
   __m512i pos[L];
   if (map.linear) {
     for (int k = 0; k < L; ++k) pos[k] = linear4_codes16(xn[k]);
   } else {
-    for (int k = 0; k < L; ++k) pos[k] = _mm512_setzero_si512();
-    for (int step = 8; step >= 1; step >>= 1)
+    const __m512 first = _mm512_set1_ps(map.mid[7]);
+    for (int k = 0; k < L; ++k) pos[k] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(xn[k], first, _CMP_GT_OQ), _mm512_set1_epi32(8));
+    for (int lv = 1; lv < 4; ++lv) {
+      const __m512 at_step = _mm512_load_ps(map.at_step[lv]);
       for (int k = 0; k < L; ++k) {
-        const __m512 candidate = _mm512_permutexvar_ps(_mm512_add_epi32(pos[k], _mm512_set1_epi32(step - 1)), mid);
-        pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(step));
+        const __m512 candidate = _mm512_permutexvar_ps(pos[k], at_step);  // mid[pos + step - 1]
+        pos[k] = _mm512_mask_add_epi32(pos[k], _mm512_cmp_ps_mask(xn[k], candidate, _CMP_GT_OQ), pos[k], _mm512_set1_epi32(8 >> lv));
       }
+    }
   }
   for (int k = 0; k < L; ++k) {
     if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
-    // qword lane j = code[2j] | code[2j + 1] << 32 -> byte code[2j] | code[2j + 1] << 4
-    const __m512i pairs = _mm512_or_si512(_mm512_and_si512(pos[k], low_nibble), _mm512_and_si512(_mm512_srli_epi64(pos[k], 28), high_nibble));
+    // qword lane j = code[2j] | code[2j + 1] << 32 (codes < 16): its low byte
+    // after or-ing in itself shifted right by 28 is code[2j] | code[2j + 1] << 4
+    const __m512i pairs = _mm512_or_si512(pos[k], _mm512_srli_epi64(pos[k], 28));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
   }
 }

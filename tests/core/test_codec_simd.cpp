@@ -217,6 +217,7 @@ void test_every_float(void**) {
   skip_without_avx512();
   check_every_float(LOWBIT_STATE_FP8, 1, float_bits(kFp8Max));
   check_every_float(LOWBIT_STATE_4BIT, 1, float_bits(1.f));  // the linear map
+  check_every_float(LOWBIT_STATE_4BIT, 0, float_bits(1.f));  // the signed map's search by per-step tables
 }
 
 // The direct form of the 8-bit codes (a line per level, no search) on every
