@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "lowbit.h"
+#include "../common/mpi_check.h"
 #include "lowbit_comm.h"
 
 static int errors_main(void);
@@ -30,16 +31,6 @@ static int errors_main(void);
 
 static int rank, world;
 
-#define CHECK(cond, ...)                                                  \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);      \
-      fprintf(stderr, __VA_ARGS__);                                       \
-      fprintf(stderr, "\n");                                              \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                       \
-    }                                                                     \
-  } while (0)
-#define OK(call) CHECK((call) == LOWBIT_SUCCESS, "%s failed: %s", #call, lowbit_last_error())
 
 static float X[NPR][D];
 static int Y[NPR];

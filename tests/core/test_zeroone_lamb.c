@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "lowbit.h"
+#include "../common/mpi_check.h"
 #include "lowbit_comm.h"
 
 #define DIM 96
@@ -29,16 +30,6 @@
 
 static int rank, world;
 
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                  \
-    }                                                                \
-  } while (0)
-#define OK(call) CHECK((call) == LOWBIT_SUCCESS, "%s failed: %s", #call, lowbit_last_error())
 
 static float X[NPR][DIM], Y[NPR][OUT];
 

@@ -27,6 +27,7 @@
 #include <mpi.h>
 
 #include "cuda_test_util.h"
+#include "../common/mpi_check.h"
 #include "lowbit_comm.h"
 
 #define NP 3
@@ -44,16 +45,6 @@ static const char* algo_name(void) {
   return algo == LOWBIT_ALGORITHM_ONEBIT_ADAM ? "1-bit Adam" : algo == LOWBIT_ALGORITHM_ZEROONE_ADAM ? "0/1 Adam" : "1-bit LAMB";
 }
 
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                  \
-    }                                                                \
-  } while (0)
-#define OK(call) CHECK((call) == LOWBIT_SUCCESS, "%s failed: %s", #call, lowbit_last_error())
 
 /* Deterministic values of magnitude 2^emin .. 1 for a key (rank, step, param). */
 static void fill(void* out, lowbit_dtype_t d, int64_t n, int emin, uint64_t key) {
