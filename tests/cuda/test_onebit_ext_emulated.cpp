@@ -266,6 +266,22 @@ struct ZoStep {
   bool nan, exchange_skip, snapshot;
 };
 
+// The CPU engine (c) and the emulated CUDA engine (g), set up from the same
+// inputs and hparams for one dtype case, and the rounding seed of the run.
+struct Pair {
+  lowbit_hparams_t hp[2];
+  uint64_t seed;
+  Side c, g;
+  explicit Pair(const DtypeCase& d) {
+    hparams(hp);
+    std::vector<std::vector<uint8_t>> init, masks;
+    inputs(d, init, masks);
+    seed = ct_next(&g_rng);
+    setup(c, false, d, init, masks, hp);
+    setup(g, true, d, init, masks, hp);
+  }
+};
+
 void test_zeroone(void**) {
   const ZoStep steps[] = {
       {kVariance, false, false, false}, {kOneBit, false, false, false}, {kVariance, true, false, false},
@@ -275,14 +291,10 @@ void test_zeroone(void**) {
       {kSync, false, false, false},
   };
   for (const DtypeCase& d : kDtypes) {
-    lowbit_hparams_t hp[2];
-    hparams(hp);
-    std::vector<std::vector<uint8_t>> init, masks;
-    inputs(d, init, masks);
-    const uint64_t seed = ct_next(&g_rng);
-    Side c, g;
-    setup(c, false, d, init, masks, hp);
-    setup(g, true, d, init, masks, hp);
+    Pair pair(d);
+    Side &c = pair.c, &g = pair.g;
+    const lowbit_hparams_t* hp = pair.hp;
+    const uint64_t seed = pair.seed;
     for (Side* s : {&c, &g}) {
       s->inv_lrs[0] = 1.f / (3.f * hp[0].lr);
       s->inv_lrs[1] = 1.f / (2.f * hp[1].lr);
@@ -387,14 +399,9 @@ void test_lamb(void**) {
   constexpr int kSteps = 9;
   constexpr int kFreezeAt = 4;  // the step whose count becomes freeze_step (3: step 2 is skipped)
   for (const DtypeCase& d : kDtypes) {
-    lowbit_hparams_t hp[2];
-    hparams(hp);
-    std::vector<std::vector<uint8_t>> init, masks;
-    inputs(d, init, masks);
-    const uint64_t seed = ct_next(&g_rng);
-    Side c, g;
-    setup(c, false, d, init, masks, hp);
-    setup(g, true, d, init, masks, hp);
+    Pair pair(d);
+    Side &c = pair.c, &g = pair.g;
+    const uint64_t seed = pair.seed;
     LambOptions opt;
     opt.factor_threshold = 0.05f;
     for (int n = 1; n <= kSteps; ++n) {
