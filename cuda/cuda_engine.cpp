@@ -704,6 +704,19 @@ void CudaEngine::launch_ext(const OneBitExtArgs& a, void* stream) {
   check(cudaGetLastError(), "launching a 0/1 Adam or 1-bit LAMB pass");
 }
 
+void CudaEngine::launch_lamb_passes(OneBitExtArgs a, const LambStep& l, OneBitExtOp trust_op, OneBitExtOp b_op,
+                                    void* stream) {
+  a.lamb = l.scalars;
+  a.partials = l.partials;
+  a.fresh_v = l.fresh_v;
+  a.options = l.options;
+  launch_ext(a, stream);
+  a.op = trust_op;
+  launch_ext(a, stream);
+  a.op = b_op;
+  launch_ext(a, stream);
+}
+
 void CudaEngine::require_all_grads(const char* what) const {
   for (size_t i = 0; i < dyn_host_.size(); ++i)
     LOWBIT_REQUIRE(dyn_host_[i].grad != nullptr, LOWBIT_ERROR_INTERNAL, what, ": param ", i,
@@ -753,17 +766,9 @@ void CudaEngine::lamb_warmup(const GradView* grads, const LambStep& l, void* str
   ctl.seed = l.seed;
   prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
   OneBitExtArgs a = ext_args(kLambWarmupA);
-  a.lamb = l.scalars;
-  a.partials = l.partials;
-  a.fresh_v = l.fresh_v;
-  a.options = l.options;
   a.check_nonfinite = l.check_nonfinite ? 1 : 0;
   a.seed_fresh_v = l.seed_fresh_v ? 1 : 0;
-  launch_ext(a, stream);
-  a.op = kLambWarmupTrust;
-  launch_ext(a, stream);
-  a.op = kLambWarmupB;
-  launch_ext(a, stream);
+  launch_lamb_passes(a, l, kLambWarmupTrust, kLambWarmupB, stream);
   finalize(ctl, stream);
 }
 
@@ -797,15 +802,7 @@ void CudaEngine::lamb_compressed(const LambStep& l, void* stream) {
   prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
   OneBitExtArgs a = ext_args(kLambCompressedA);
   a.bucket = l.bucket;
-  a.lamb = l.scalars;
-  a.partials = l.partials;
-  a.fresh_v = l.fresh_v;
-  a.options = l.options;
-  launch_ext(a, stream);
-  a.op = kLambCompressedTrust;
-  launch_ext(a, stream);
-  a.op = kLambCompressedB;
-  launch_ext(a, stream);
+  launch_lamb_passes(a, l, kLambCompressedTrust, kLambCompressedB, stream);
   finalize(ctl, stream);
 }
 

@@ -87,6 +87,9 @@ class CudaEngine final : public Engine {
   // engine's tables filled in, the rest from the caller.
   OneBitExtArgs ext_args(int32_t op) const;
   void launch_ext(const OneBitExtArgs& a, void* stream);
+  // A LAMB step's three passes: `a` (pass A, l's scalars, partials, v_fresh
+  // and options filled in here), then trust_op and b_op with the same args.
+  void launch_lamb_passes(OneBitExtArgs a, const LambStep& l, OneBitExtOp trust_op, OneBitExtOp b_op, void* stream);
   // The passes that follow an upload of this step's gradients need every
   // parameter's (1-bit algorithms communicate every parameter).
   void require_all_grads(const char* what) const;
