@@ -226,26 +226,41 @@ bool avx512_direct8_active() { return avx512_codec_supported() && tables().direc
 
 namespace {
 
+// A BytePlanes table in registers: the 16 plane quarters and the order.
+struct PlaneRegs {
+  __m512i p[4][4];
+  __m512i order;
+  explicit PlaneRegs(const BytePlanes& bp) {
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 4; ++j) p[k][j] = _mm512_load_si512(bp.plane[k] + 64 * j);
+    order = _mm512_load_si512(bp.order);
+  }
+};
+
+// 64 codes -> table[code], in input order: v[r] holds codes 16 r .. 16 r + 15.
+inline void lookup64(const PlaneRegs& r, const uint8_t* codes, __m512 (&v)[4]) {
+  const __m512i idx = _mm512_permutexvar_epi8(r.order, _mm512_loadu_si512(codes));
+  const __mmask64 high = _mm512_movepi8_mask(idx);  // code >= 128: the second half of the table
+  __m512i b[4];
+  for (int k = 0; k < 4; ++k)
+    b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(r.p[k][0], idx, r.p[k][1]),
+                                  _mm512_permutex2var_epi8(r.p[k][2], idx, r.p[k][3]));
+  const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+  v[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23));
+  v[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23));
+  v[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23));
+  v[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23));
+}
+
 // 256 codes -> table[code] * scale, 64 at a time.
 void decode_planes(const BytePlanes& bp, const uint8_t* codes, float scale, float* out) {
-  __m512i p[4][4];
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 4; ++j) p[k][j] = _mm512_load_si512(bp.plane[k] + 64 * j);
-  const __m512i order = _mm512_load_si512(bp.order);
+  const PlaneRegs r(bp);
   const __m512 s = _mm512_set1_ps(scale);
   for (int i = 0; i < kTile; i += 64) {
-    const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
-    const __mmask64 high = _mm512_movepi8_mask(idx);  // code >= 128: the second half of the table
-    __m512i b[4];
-    for (int k = 0; k < 4; ++k)
-      b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p[k][0], idx, p[k][1]),
-                                    _mm512_permutex2var_epi8(p[k][2], idx, p[k][3]));
-    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
-    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), s));
-    _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), s));
-    _mm512_storeu_ps(out + i + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), s));
-    _mm512_storeu_ps(out + i + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), s));
+    __m512 v[4];
+    lookup64(r, codes + i, v);
+    for (int q = 0; q < 4; ++q) _mm512_storeu_ps(out + i + 16 * q, _mm512_mul_ps(v[q], s));
   }
 }
 
@@ -552,25 +567,13 @@ int avx512_decode_rank1(const MomentView& mv, int64_t base, int n, const float* 
     for (; i + 16 <= n; i += 16)
       _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(packed + i / 2), values), _mm512_loadu_ps(scale + i)));
   } else if (mv.format == LOWBIT_STATE_8BIT) {
-    const BytePlanes& bp = t.values8[map_index(mv.map)];
+    const PlaneRegs r(t.values8[map_index(mv.map)]);
     const uint8_t* codes = static_cast<const uint8_t*>(mv.data) + base;
-    __m512i p[4][4];
-    for (int k = 0; k < 4; ++k)
-      for (int j = 0; j < 4; ++j) p[k][j] = _mm512_load_si512(bp.plane[k] + 64 * j);
-    const __m512i order = _mm512_load_si512(bp.order);
     for (; i + 64 <= n; i += 64) {
-      const __m512i idx = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + i));
-      const __mmask64 high = _mm512_movepi8_mask(idx);
-      __m512i b[4];
-      for (int k = 0; k < 4; ++k)
-        b[k] = _mm512_mask_blend_epi8(high, _mm512_permutex2var_epi8(p[k][0], idx, p[k][1]),
-                                      _mm512_permutex2var_epi8(p[k][2], idx, p[k][3]));
-      const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
-      const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
-      _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23)), _mm512_loadu_ps(scale + i)));
-      _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23)), _mm512_loadu_ps(scale + i + 16)));
-      _mm512_storeu_ps(out + i + 32, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23)), _mm512_loadu_ps(scale + i + 32)));
-      _mm512_storeu_ps(out + i + 48, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23)), _mm512_loadu_ps(scale + i + 48)));
+      __m512 v[4];
+      lookup64(r, codes + i, v);
+      for (int q = 0; q < 4; ++q)
+        _mm512_storeu_ps(out + i + 16 * q, _mm512_mul_ps(v[q], _mm512_loadu_ps(scale + i + 16 * q)));
     }
   }
   return i;
