@@ -187,6 +187,15 @@ void Optimizer::onebit_average_grads(const CollectiveCaller& who, void* stream) 
     grads_[i] = GradView{bucket + s.offsets[i], LOWBIT_DTYPE_FLOAT32};
 }
 
+void Optimizer::onebit_averaged_step(const CollectiveCaller& who, void* stream) {
+  onebit_average_grads(who, stream);
+  StepControl ctl;
+  ctl.check_nonfinite = config_.skip_nonfinite != 0;  // every rank holds the same average: all skip alike
+  ctl.seed = config_.seed;
+  engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
+  engine_->onebit_mask(stream);
+}
+
 void Optimizer::step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream) {
   OneBitState& s = *onebit_;
   CollectiveCaller who;
@@ -205,12 +214,7 @@ void Optimizer::step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, boo
   const int32_t index = config_.device == LOWBIT_DEVICE_CUDA ? config_.device_index : 0;
 
   if (!compressed) {
-    onebit_average_grads(who, stream);
-    StepControl ctl;
-    ctl.check_nonfinite = config_.skip_nonfinite != 0;  // every rank holds the same average: all skip alike
-    ctl.seed = config_.seed;
-    engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
-    engine_->onebit_mask(stream);
+    onebit_averaged_step(who, stream);
   } else {
     engine_->onebit_momentum(grads_.data(), bucket, stream);
     OneBitApply a;

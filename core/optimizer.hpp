@@ -166,6 +166,9 @@ class Optimizer {
   // Warm-up-style exchange of the gradients: averaged into the bucket
   // (grads_ then point into it), or only agreed on when the caller averaged.
   void onebit_average_grads(const CollectiveCaller& who, void* stream);
+  // The warm-up step: the gradients averaged, the algorithm's full-precision
+  // step on the average (skipped alike on every rank), then the 1-bit mask.
+  void onebit_averaged_step(const CollectiveCaller& who, void* stream);
   // 0/1 Adam and LAMB: after a step, waits for its outcome.
   bool onebit_applied(void* stream);
   bool onebit_next_full_average() const;

@@ -43,12 +43,7 @@ void Optimizer::step_zeroone(const lowbit_tensor_t* grads, int64_t num_grads, bo
   const int32_t index = device == LOWBIT_DEVICE_CUDA ? config_.device_index : 0;
 
   if (variance) {
-    onebit_average_grads(who, stream);
-    StepControl ctl;
-    ctl.check_nonfinite = config_.skip_nonfinite != 0;  // every rank holds the same average: all skip alike
-    ctl.seed = config_.seed;
-    engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
-    engine_->onebit_mask(stream);
+    onebit_averaged_step(who, stream);
     if (onebit_applied(stream) && ++s.var_counter == s.options.var_update_scaler) {
       s.var_counter = 0;
       s.var_interval *= 2;
