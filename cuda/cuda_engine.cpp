@@ -659,6 +659,13 @@ void CudaEngine::set_skip_flag(const int32_t* device_skip, bool skip, void* stre
     check(cudaMemsetAsync(flag_, skip ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
 }
 
+StepControl CudaEngine::prepare_onebit(uint64_t seed, int64_t frozen_step, void* stream) {
+  StepControl ctl;
+  ctl.seed = seed;
+  prepare(Algo::AdamW, ctl, frozen_step, stream);
+  return ctl;
+}
+
 void CudaEngine::onebit_apply(const OneBitApply& a, void* stream) {
   DeviceGuard guard(device_);
   set_skip_flag(a.device_skip, a.skip, stream);
@@ -666,9 +673,7 @@ void CudaEngine::onebit_apply(const OneBitApply& a, void* stream) {
     launch_skip_if_positive(a.skip_if_positive, flag_, stream);
     check(cudaGetLastError(), "launching the skip decision");
   }
-  StepControl ctl;
-  ctl.seed = a.seed;
-  prepare(Algo::AdamW, ctl, a.freeze_step, stream);
+  const StepControl ctl = prepare_onebit(a.seed, a.freeze_step, stream);
   launch_onebit_op(kOneBitApply, const_cast<float*>(a.bucket), stream, a.blend);
   finalize(ctl, stream);
 }
@@ -746,9 +751,7 @@ void CudaEngine::zeroone_sync_apply(const ZeroOneSync& z, void* stream) {
   DeviceGuard guard(device_);
   require_all_grads("zeroone_sync_apply");
   set_skip_flag(z.device_skip, z.skip, stream);
-  StepControl ctl;
-  ctl.seed = z.seed;
-  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
+  const StepControl ctl = prepare_onebit(z.seed, 0, stream);
   OneBitExtArgs a = ext_args(kZeroOneSyncApply);
   a.bucket = z.bucket;
   a.sync = z.sync_params;
@@ -762,9 +765,7 @@ void CudaEngine::lamb_warmup(const GradView* grads, const LambStep& l, void* str
   upload_step_tables(grads, stream);
   require_all_grads("lamb_warmup");
   check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-  StepControl ctl;
-  ctl.seed = l.seed;
-  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
+  const StepControl ctl = prepare_onebit(l.seed, 0, stream);
   OneBitExtArgs a = ext_args(kLambWarmupA);
   a.check_nonfinite = l.check_nonfinite ? 1 : 0;
   a.seed_fresh_v = l.seed_fresh_v ? 1 : 0;
@@ -797,9 +798,7 @@ void CudaEngine::lamb_compressed(const LambStep& l, void* stream) {
   DeviceGuard guard(device_);
   require_all_grads("lamb_compressed");
   set_skip_flag(l.device_skip, l.skip, stream);
-  StepControl ctl;
-  ctl.seed = l.seed;
-  prepare(Algo::AdamW, ctl, 0, stream);  // make_onebit_scalars(h, step, 0): no bias correction
+  const StepControl ctl = prepare_onebit(l.seed, 0, stream);
   OneBitExtArgs a = ext_args(kLambCompressedA);
   a.bucket = l.bucket;
   launch_lamb_passes(a, l, kLambCompressedTrust, kLambCompressedB, stream);

@@ -79,6 +79,11 @@ class CudaEngine final : public Engine {
   // Enqueues the upload of this step's gradients (and of changed hparams).
   void upload_step_tables(const GradView* grads, void* stream);
   void prepare(Algo algo, const StepControl& ctl, int64_t frozen_step, void* stream);
+  // prepare() for the 1-bit passes: AdamW's scalars as make_onebit_scalars
+  // gives them (the variance's bias correction frozen at frozen_step; 0/1
+  // Adam and LAMB pass 0 and run without bias correction), this rounding
+  // seed; returns the control finalize() takes.
+  StepControl prepare_onebit(uint64_t seed, int64_t frozen_step, void* stream);
   void finalize(const StepControl& ctl, void* stream);
   void launch_onebit_op(int32_t op, float* bucket, void* stream, bool blend = false);
   // The step flag in stream order: *device_skip when set, else `skip`.
