@@ -55,6 +55,7 @@ dtypes, e.g. bf16 grads for fp32 params).
 from __future__ import annotations
 
 import ctypes
+import operator
 import sys
 import weakref
 from collections import defaultdict
@@ -75,6 +76,7 @@ __all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitL
 
 _TORCH_DTYPES = {torch.float32: Dtype.FLOAT32, torch.bfloat16: Dtype.BFLOAT16, torch.float16: Dtype.FLOAT16}
 _DTYPE_CODES = {k: int(v) for k, v in _TORCH_DTYPES.items()}
+_GRAD_META = operator.attrgetter("layout", "dtype", "device")
 
 
 def _tensor_record_dtype():
@@ -151,8 +153,9 @@ class _DeviceState:
         self.grads = None  # ctypes array of lowbit_tensor_t, reused every step
         self.view = None  # numpy record view of `grads`
         self.numels: list = []  # per param
-        self.grad_dtypes = None  # torch dtypes of the grads in `grads` (None: unknown)
+        self.grad_meta = None  # (layout, dtype, device) of each grad in `grads` (None: unknown)
         self.cuda_index = device.index if device.type == "cuda" else None
+        self.grad_device = torch.device(_device_key(device))  # with its index on CUDA
         self.dtensor = False  # some params are DTensors: the library steps their local shards
 
     def local_params(self) -> list:
@@ -172,7 +175,7 @@ class _DeviceState:
             self.view["numel"] = self.numels
             self.view["device"] = int(Device.CUDA if self.device.type == "cuda" else Device.CPU)
             self.view["device_index"] = self.cuda_index or 0
-        self.grad_dtypes = None
+        self.grad_meta = None
 
     def fill_grads_fast(self, grads: list) -> bool:
         """The usual step: every param has a grad, contiguous, of a known
@@ -180,30 +183,29 @@ class _DeviceState:
         moved. Fills the descriptors with a few vectorised assignments and
         returns True; returns False (having written nothing) otherwise, and
         the per-param path then checks each grad and names the culprit."""
+        # One C-level call per grad and property (map over the unbound
+        # methods): after a step has streamed the state through the caches,
+        # each tensor's metadata costs a miss, and Python work per grad is
+        # the cost of this path for many small params.
         try:
-            ptrs = [g.data_ptr() for g in grads]
-            if not all([g.layout is torch.strided for g in grads]):
+            ptrs = list(map(torch.Tensor.data_ptr, grads))
+            if not all(map(torch.Tensor.is_contiguous, grads)):
                 return False
-            if not all([g.is_contiguous() for g in grads]):
+            if list(map(torch.Tensor.numel, grads)) != self.numels:
                 return False
-            if [g.numel() for g in grads] != self.numels:
-                return False
-            if self.cuda_index is None:
-                if not all([g.is_cpu for g in grads]):
-                    return False
-            elif not all([g.is_cuda for g in grads]) or any([g.get_device() != self.cuda_index for g in grads]):
-                return False
-            dtypes = [g.dtype for g in grads]
+            meta = list(map(_GRAD_META, grads))
         except (AttributeError, RuntimeError, TypeError):  # a None grad, a sparse or opaque tensor
             return False
-        if [p.data_ptr() for p in self.local_params()] != self.ptrs:
+        if list(map(torch.Tensor.data_ptr, self.local_params())) != self.ptrs:
             return False
-        if dtypes != self.grad_dtypes:
-            codes = [_DTYPE_CODES.get(dt) for dt in dtypes]
+        if meta != self.grad_meta:
+            if any(layout is not torch.strided or device != self.grad_device for layout, _, device in meta):
+                return False
+            codes = [_DTYPE_CODES.get(dtype) for _, dtype, _ in meta]
             if None in codes:
                 return False
             self.view["dtype"] = codes
-            self.grad_dtypes = dtypes
+            self.grad_meta = meta
         self.view["data"] = ptrs
         return True
 
@@ -323,7 +325,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             if n and dev.fill_grads_fast(grads):
                 self._step_device(dev, n)
                 continue
-            dev.grad_dtypes = None  # the per-param path below writes the dtypes itself
+            dev.grad_meta = None  # the per-param path below writes the dtypes itself
             any_grad = False
             keep = []
             for i, (p, g) in enumerate(zip(params, grads)):
