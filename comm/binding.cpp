@@ -6,6 +6,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
+#include "host_kernels.hpp"
 #ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
@@ -85,6 +86,7 @@ void Communicator::Impl::activate(const CommArg& a, void* stream) {
   const size_t wbytes = size_t(a.n) * 4;
   const size_t sbytes = size_t(buf.layout.server_numel()) * 4;
   if (!cuda) {
+    buf.lazy = false;
     if (has_pending) {
       std::memcpy(buf.err.as(), pending_worker.data(), wbytes);
       if (sbytes) std::memcpy(buf.serr.as(), pending_server.data(), sbytes);
@@ -112,11 +114,23 @@ void Communicator::Impl::activate(const CommArg& a, void* stream) {
   std::vector<float>().swap(pending_server);
 }
 
+double Communicator::Impl::host_worker_pass(const CommArg& a, uint8_t* send) {
+  onebit::ErrorsIn e;
+  if (bound)
+    e = {buf.err.as<float>(), buf.err_scale, buf.lazy};
+  else if (has_pending)
+    e = {pending_worker.data(), 0.0f, false};
+  return onebit::host_worker_sum_pack(a.data, e, buf.layout, buf.ws_err.as<float>(), send);
+}
+
 void Communicator::Impl::copy_errors_out(float* worker, float* server, void* stream) const {
   (void)stream;
   if (bound) {
     const size_t wbytes = size_t(buf.n) * 4, sbytes = size_t(buf.layout.server_numel()) * 4;
-    if (buf.device == LOWBIT_DEVICE_CPU) {
+    if (buf.device == LOWBIT_DEVICE_CPU && buf.lazy) {
+      if (worker) onebit::host_errors_from(buf.err.as<float>(), buf.err_scale, buf.n, worker);
+      if (server && sbytes) onebit::host_errors_from(buf.serr.as<float>(), buf.serr_scale, int64_t(sbytes / 4), server);
+    } else if (buf.device == LOWBIT_DEVICE_CPU) {
       if (worker) std::memcpy(worker, buf.err.as(), wbytes);
       if (server && sbytes) std::memcpy(server, buf.serr.as(), sbytes);
     } else {

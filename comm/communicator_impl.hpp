@@ -80,13 +80,18 @@ struct Communicator::Impl {
   // Binds: the errors become the pending ones, or zero. After prepare(a).
   void activate(const CommArg& a, void* stream);
   int64_t error_numel() const { return bound ? buf.n : (has_pending ? pending_n : 0); }
+  // Host tensors, after prepare(a): the worker's one pass over the tensor and
+  // the errors the call will use (bound, pending or zero): x into buf.ws_err,
+  // the sign bits into the W messages at `send`; returns the sum of x^2.
+  double host_worker_pass(const CommArg& a, uint8_t* send);
   // The live (or pending) errors into host or device memory (nullptr: skipped).
   void copy_errors_out(float* worker, float* server, void* stream) const;
 
   // The three phases of one compressed allreduce on the bound buffers and the
   // given messages (stages.cpp), shared by compressed_allreduce and the codec
-  // stages. worker_phase: `sumsq` is host_worker_sumsq of the tensor and the
-  // bound error (host tensors; unused on CUDA). finish_phase counts the call,
+  // stages. worker_phase: `sumsq` is what host_worker_pass returned for
+  // `send` (host tensors: the bits are packed, the phase writes the scales;
+  // unused on CUDA). finish_phase counts the call,
   // decodes into `out` and commits both errors; false (host tensors, nothing
   // changed) when a gathered scale is not finite, with `nonfinite` as the
   // reason.

@@ -70,10 +70,11 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
     a = I.check_tensor(tensor);
     I.prepare(a, stream);
     if (a.device == LOWBIT_DEVICE_CPU) {
-      // Sum of x^2, x = tensor + the errors this call will use (bound,
-      // pending or zero); x is recomputed by the pack below, not stored.
-      const float* e = I.bound ? I.buf.err.as<float>() : (I.has_pending ? I.pending_worker.data() : nullptr);
-      sumsq = onebit::host_worker_sumsq(a.data, e, a.n);
+      // x = tensor + the errors this call will use (bound, pending or
+      // zero) into the workspace, its signs into the messages, the sum of
+      // x^2 for the scale: one pass, before the agreement (nothing live is
+      // written).
+      sumsq = I.host_worker_pass(a, I.buf.send.as<uint8_t>());
       nonfinite = !std::isfinite(sumsq);
     }
   } catch (const Error& e) {
@@ -99,7 +100,7 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
 #endif
   Buffers& B = I.buf;
   const Layout& L = B.layout;
-  // activate() has put the errors the sum used into B.err (the pending ones,
+  // activate() has put the errors the pass used into B.err (the pending ones,
   // or zeros: x = t + 0 either way).
   I.worker_phase(a, sumsq, B.send.as<uint8_t>(), stream);
   if (a.device == LOWBIT_DEVICE_CPU)

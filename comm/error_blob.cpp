@@ -155,6 +155,7 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   if (I.bound && I.buf.n == n) {
     const size_t wb = size_t(n) * 4, sb = size_t(c) * 4;
     if (I.buf.device == LOWBIT_DEVICE_CPU) {
+      I.buf.lazy = false;
       std::memcpy(I.buf.err.as(), wv.data(), wb);
       if (sb) std::memcpy(I.buf.serr.as(), sv.data(), sb);
     } else {

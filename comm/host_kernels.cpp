@@ -145,21 +145,63 @@ struct SrcX {  // stored values
 #endif
 };
 
+// An error buffer as a pass reads it: stored (ErrStored), or rebuilt from the
+// value x of the call that made it and that call's scale s (ErrLazy): e = x -
+// (x >= 0 ? s : -s), the operation the pack stores, so the same bits. The
+// 16-lane loads give 0 in the lanes outside m.
+struct ErrStored {
+  const float* e;
+  float at(int64_t i) const { return e[i]; }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = e[i + k];
+  }
+#if LOWBIT_COMM_X86
+  LOWBIT_AVX512_FN __m512 load16(int64_t i) const { return _mm512_loadu_ps(e + i); }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i) const { return _mm512_maskz_loadu_ps(m, e + i); }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(e + i); }
+#endif
+};
+
+struct ErrLazy {
+  const float* x;
+  float s;
+  float at(int64_t i) const { return x[i] - signed_scale(sign_bit(x[i]), s); }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = x[i + k] - (x[i + k] >= 0.0f ? s : -s);
+  }
+#if LOWBIT_COMM_X86
+  LOWBIT_AVX512_FN __m512 load16(int64_t i) const {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 k = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ);
+    return _mm512_sub_ps(v, _mm512_mask_blend_ps(k, _mm512_set1_ps(-s), _mm512_set1_ps(s)));
+  }
+  LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i) const {
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __mmask16 k = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GE_OQ);
+    return _mm512_maskz_sub_ps(m, v, _mm512_mask_blend_ps(k, _mm512_set1_ps(-s), _mm512_set1_ps(s)));
+  }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(x + i); }
+#endif
+};
+
+template <class E>
 struct SrcTE {  // x = t + e
   const float* t;
-  const float* e;
-  float at(int64_t i) const { return t[i] + e[i]; }
+  E e;
+  float at(int64_t i) const { return t[i] + e.at(i); }
   LOWBIT_INLINE void load8(int64_t i, float* v) const {
-    for (int k = 0; k < 8; ++k) v[k] = t[i + k] + e[i + k];
+    float q[8];
+    e.load8(i, q);
+    for (int k = 0; k < 8; ++k) v[k] = t[i + k] + q[k];
   }
 #if LOWBIT_COMM_X86
   LOWBIT_AVX512_FN void load4(int64_t i, __m512* v) const {
-    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), _mm512_loadu_ps(e + i + 16 * q));
+    for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_loadu_ps(t + i + 16 * q), e.load16(i + 16 * q));
   }
   LOWBIT_AVX512_FN __m512 load_n(__mmask16 m, int64_t i, int) const {
-    return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), _mm512_maskz_loadu_ps(m, e + i));
+    return _mm512_add_ps(_mm512_maskz_loadu_ps(m, t + i), e.load_n(m, i));
   }
-  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(t + i), prefetch64(e + i); }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(t + i), e.prefetch(i); }
 #endif
 };
 
@@ -183,6 +225,7 @@ struct SrcT0 {  // x = t + 0 (no error yet; as the device, which adds its zeroed
 // y = (sum over ranks j in rank order of +-scale_j) / W + z, element i of
 // this rank's chunk (message j, from rank j, holds this rank's chunk: its
 // sign bits at recv + j * msg + 4).
+template <class E>
 struct SrcServer {
   const uint8_t* bits;  // recv + 4
   int64_t msg;
@@ -191,11 +234,11 @@ struct SrcServer {
   const float* neg;  // -scale_j
   float fw;
   float inv_fw;  // 1 / W when W is a power of two (exact), else 0
-  const float* z;
+  E z;
   float at(int64_t i) const {
     float acc = 0.0f;
     for (int32_t j = 0; j < world; ++j) acc += ((bits[j * msg + i / 8] >> (i & 7)) & 1u) ? pos[j] : neg[j];
-    return acc / fw + z[i];
+    return acc / fw + z.at(i);
   }
   LOWBIT_INLINE void load8(int64_t i, float* v) const {  // i a multiple of 8: one byte per message
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -205,7 +248,9 @@ struct SrcServer {
       pm8(float_bits(pos[j]), *p, q);
       for (int k = 0; k < 8; ++k) acc[k] += q[k];
     }
-    for (int k = 0; k < 8; ++k) v[k] = acc[k] / fw + z[i + k];
+    float zk[8];
+    z.load8(i, zk);
+    for (int k = 0; k < 8; ++k) v[k] = acc[k] / fw + zk[k];
   }
 #if LOWBIT_COMM_X86
   // Elements i .. i+63 (i a multiple of 8): one 8-byte load per message.
@@ -220,10 +265,10 @@ struct SrcServer {
     }
     if (inv_fw != 0.0f) {  // W a power of two: acc * (1/W) is acc / W exactly rounded, as the division
       const __m512 w = _mm512_set1_ps(inv_fw);
-      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_mul_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
+      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_mul_ps(acc[q], w), z.load16(i + 16 * q));
     } else {
       const __m512 w = _mm512_set1_ps(fw);
-      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_div_ps(acc[q], w), _mm512_loadu_ps(z + i + 16 * q));
+      for (int q = 0; q < 4; ++q) v[q] = _mm512_add_ps(_mm512_div_ps(acc[q], w), z.load16(i + 16 * q));
     }
   }
   // The first v <= 16 elements from i, reading only their bytes.
@@ -233,10 +278,48 @@ struct SrcServer {
     for (int32_t j = 0; j < world; ++j, p += msg)
       acc = _mm512_add_ps(acc, _mm512_mask_blend_ps(__mmask16(load_bits16(p, v)), _mm512_set1_ps(neg[j]),
                                                     _mm512_set1_ps(pos[j])));
-    return _mm512_add_ps(_mm512_div_ps(acc, _mm512_set1_ps(fw)), _mm512_maskz_loadu_ps(m, z + i));
+    return _mm512_add_ps(_mm512_div_ps(acc, _mm512_set1_ps(fw)), z.load_n(m, i));
   }
-  LOWBIT_AVX512_FN void prefetch(int64_t i) const { prefetch64(z + i); }
+  LOWBIT_AVX512_FN void prefetch(int64_t i) const { z.prefetch(i); }
 #endif
+};
+
+// ---- sign sinks: where a sum-of-squares pass writes the sign bits of what it
+// reads, for the elements of its full segments (i a multiple of 8; put64: of
+// 64). NoSink: nowhere (the sum alone). MsgSink: into the sign bytes of W
+// messages of `msg` bytes, chunk r (elements r * chunk ..) after the 4-byte
+// scale of message r.
+
+struct NoSink {
+  static constexpr bool kActive = false;
+  void put8(int64_t, unsigned) const {}
+  void put64(int64_t, uint64_t) const {}
+};
+
+struct MsgSink {
+  static constexpr bool kActive = true;
+  uint8_t* msgs;
+  int64_t msg;
+  int64_t chunk;
+  double inv_chunk;  // 1 / chunk, for the chunk of an element without a division
+  MsgSink(uint8_t* m, int64_t msg_bytes, int64_t chunk_elems)
+      : msgs(m), msg(msg_bytes), chunk(chunk_elems), inv_chunk(1.0 / double(chunk_elems)) {}
+  int64_t chunk_of(int64_t i) const {
+    int64_t r = int64_t(double(i) * inv_chunk);
+    if (r * chunk > i) --r;
+    if ((r + 1) * chunk <= i) ++r;
+    return r;
+  }
+  uint8_t* byte_of(int64_t r, int64_t i) const { return msgs + r * msg + 4 + (i - r * chunk) / 8; }
+  void put8(int64_t i, unsigned b) const { *byte_of(chunk_of(i), i) = uint8_t(b); }
+  void put64(int64_t i, uint64_t m) const {
+    const int64_t r = chunk_of(i);
+    if (i + 64 <= (r + 1) * chunk) {
+      std::memcpy(byte_of(r, i), &m, 8);
+    } else {  // the group crosses into the next chunk's message
+      for (int k = 0; k < 8; ++k) put8(i + 8 * k, unsigned(m >> (8 * k)) & 0xFFu);
+    }
+  }
 };
 
 // ---- portable kernels (also the partial last segment of every ISA)
@@ -265,9 +348,11 @@ double segment_scalar(const Src& src, int64_t s0, int64_t len, float* out) {
 }
 
 struct Portable {
-  // One full segment: "thread" c's lanes 8c .. 8c+7, one load8 per round.
-  template <class Src, bool Store>
-  LOWBIT_INLINE static double segment(const Src& src, int64_t s0, float* out) {
+  static constexpr bool kStreams = false;
+  // One full segment: "thread" c's lanes 8c .. 8c+7, one load8 per round;
+  // each 8 values' sign bits to `sink`. (Stream: AVX-512 only.)
+  template <class Src, bool Store, class Sink = NoSink, bool Stream = false>
+  LOWBIT_INLINE static double segment(const Src& src, int64_t s0, float* out, const Sink& sink = {}) {
     double t[kTree];
     for (int c = 0; c < kTree; ++c) {
       double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -277,6 +362,11 @@ struct Portable {
         src.load8(i, v);
         if (Store)
           for (int k = 0; k < 8; ++k) out[i + k] = v[k];
+        if (Sink::kActive) {
+          unsigned byte = 0;
+          for (int k = 0; k < 8; ++k) byte |= unsigned(sign_bit(v[k])) << k;
+          sink.put8(i, byte);
+        }
         for (int k = 0; k < 8; ++k) a[k] += double(v[k]) * double(v[k]);
       }
       t[c] = sumsq::fold8(a);
@@ -330,9 +420,10 @@ struct Portable {
 // The portable loops compiled for AVX2 (x86 CPUs without AVX-512): the same
 // element-wise operations, vectorised 8 wide by the compiler.
 struct Avx2 {
-  template <class Src, bool Store>
-  LOWBIT_AVX2_FN static double segment(const Src& src, int64_t s0, float* out) {
-    return Portable::segment<Src, Store>(src, s0, out);
+  static constexpr bool kStreams = false;
+  template <class Src, bool Store, class Sink = NoSink, bool Stream = false>
+  LOWBIT_AVX2_FN static double segment(const Src& src, int64_t s0, float* out, const Sink& sink = {}) {
+    return Portable::segment<Src, Store, Sink>(src, s0, out, sink);
   }
   template <class Src>
   LOWBIT_AVX2_FN static void pack(const Src& src, float* err, float scale, int64_t i0, int64_t i1, int64_t valid,
@@ -357,12 +448,15 @@ LOWBIT_AVX512_FN inline double fold8(__m512d a) {
 }
 
 struct Avx512 {
+  static constexpr bool kStreams = true;
   // One full segment: the lanes 8c .. 8c+7 of "thread" c are the low or high
   // half of one of the four vectors of the 64-lane group g = c / 8; lane
   // sums over the rounds in order (the first round's square is the sum
   // itself: +0 + v*v == v*v for v*v >= +0 or NaN), then fold8 per thread.
-  template <class Src, bool Store>
-  LOWBIT_AVX512_FN static double segment(const Src& src, int64_t s0, float* out) {
+  // The sign bits of each 64 consecutive values go to `sink`; Stream: the
+  // stores bypass the caches (out + s0 64-byte aligned).
+  template <class Src, bool Store, class Sink = NoSink, bool Stream = false>
+  LOWBIT_AVX512_FN static double segment(const Src& src, int64_t s0, float* out, const Sink& sink = {}) {
     alignas(64) double t[kTree];
     for (int g = 0; g < kLanes / 64; ++g) {  // lanes 64g .. 64g+63: "threads" 8g .. 8g+7
       __m512d a[8];
@@ -373,8 +467,15 @@ struct Avx512 {
         src.prefetch(i + kSegment);
         __m512 v[4];
         src.load4(i, v);
+        if (Sink::kActive) {
+          uint64_t m = 0;
+          for (int q = 0; q < 4; ++q)
+            m |= uint64_t(_mm512_cmp_ps_mask(v[q], _mm512_setzero_ps(), _CMP_GE_OQ)) << (16 * q);
+          sink.put64(i, m);
+        }
         for (int q = 0; q < 4; ++q) {
-          if (Store) _mm512_storeu_ps(out + i + 16 * q, v[q]);
+          if (Store && Stream) _mm512_stream_ps(out + i + 16 * q, v[q]);
+          else if (Store) _mm512_storeu_ps(out + i + 16 * q, v[q]);
           const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v[q]));
           const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v[q], 1));
           if (r == 0) {
@@ -388,6 +489,7 @@ struct Avx512 {
       }
       for (int k = 0; k < 8; ++k) t[8 * g + k] = fold8(a[k]);
     }
+    if (Stream) _mm_sfence();
     return sumsq::tree256(t);
   }
 
@@ -567,8 +669,8 @@ void for_each_block(int64_t count, int nt, F&& f) {
 // out[i] if Store. The segments' sums are computed in any order (in parallel,
 // blocks of kBlockSegments) into seg[], then added to the accumulators in
 // segment order, batch by batch.
-template <class Isa, bool Store, class Src>
-double sumsq_pass(const Src& src, int64_t count, float* out) {
+template <class Isa, bool Store, class Src, class Sink = NoSink, bool Stream = false>
+double sumsq_pass(const Src& src, int64_t count, float* out, const Sink& sink = {}) {
   constexpr int64_t kBatch = 2048;  // segments (16 M elements) per batch
   constexpr int64_t kBlockSegments = 4;
   double acc[kTree] = {};
@@ -581,7 +683,7 @@ double sumsq_pass(const Src& src, int64_t count, float* out) {
     for_each_block(blocks, threads_for((b1 - b0) * kSegment), [&](int64_t k) {
       const int64_t lo = b0 + k * kBlockSegments, hi = min64(b1, lo + kBlockSegments);
       for (int64_t s = lo; s < hi; ++s)
-        seg[s - b0] = s < full ? Isa::template segment<Src, Store>(src, s * kSegment, out)
+        seg[s - b0] = s < full ? Isa::template segment<Src, Store, Sink, Stream>(src, s * kSegment, out, sink)
                                : segment_scalar(src, s * kSegment, count - s * kSegment, Store ? out : nullptr);
     });
     for (int64_t s = b0; s < b1; ++s) acc[s % kTree] += seg[s - b0];
@@ -676,7 +778,8 @@ void decode_pass(const uint8_t* grecv, const Layout& l, float* out) {
 // negations (2W floats) in a per-thread buffer that keeps its capacity, so a
 // call allocates nothing after the first (lowbit_comm.h); valid until the
 // calling thread's next server_source. finite is false if a scale is not.
-SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, bool* finite) {
+template <class E>
+SrcServer<E> server_source(const uint8_t* recv, E z, const Layout& l, bool* finite) {
   static thread_local std::vector<float> sc;
   const int32_t W = l.world;
   sc.resize(size_t(2 * W));
@@ -688,14 +791,37 @@ SrcServer server_source(const uint8_t* recv, const float* z, const Layout& l, bo
     if (!std::isfinite(s)) *finite = false;
   }
   const float inv = (W & (W - 1)) == 0 ? 1.0f / float(W) : 0.0f;
-  return SrcServer{recv + 4, l.msg, W, sc.data(), sc.data() + W, float(W), inv, z};
+  return SrcServer<E>{recv + 4, l.msg, W, sc.data(), sc.data() + W, float(W), inv, z};
 }
+
+// Sum of squares of src over [0, count) as sumsq_pass, each value stored to
+// out[i] (streamed past the caches when the call is larger than them) and its
+// sign bit into `sink`: the full segments' in the pass, the rest from out[]
+// afterwards, and bit 0 for the padding up to `padded`.
+template <class Isa, class Src>
+double sum_pack_pass(const Src& src, int64_t count, int64_t padded, float* out, const MsgSink& sink) {
+  double sum;
+  if constexpr (Isa::kStreams) {
+    if (streaming(count) && reinterpret_cast<uintptr_t>(out) % 64 == 0)
+      sum = sumsq_pass<Isa, true, Src, MsgSink, true>(src, count, out, sink);
+    else
+      sum = sumsq_pass<Isa, true, Src, MsgSink, false>(src, count, out, sink);
+  } else {
+    sum = sumsq_pass<Isa, true, Src, MsgSink, false>(src, count, out, sink);
+  }
+  for (int64_t i = count / kSegment * kSegment; i < padded; i += 8) {
+    unsigned byte = 0;
+    for (int k = 0; k < 8 && i + k < count; ++k) byte |= unsigned(sign_bit(out[i + k])) << k;
+    sink.put8(i, byte);
+  }
+  return sum;
+}
+
+}  // namespace
 
 void put_scales(uint8_t* msgs, int64_t count, int64_t msg, float scale) {
   for (int64_t r = 0; r < count; ++r) put_scale(msgs + r * msg, scale);
 }
-
-}  // namespace
 
 HostIsa host_isa() { return current_isa(); }
 
@@ -714,14 +840,15 @@ const char* host_isa_name(HostIsa isa) {
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n) {
   return with_isa([&](auto isa) {
     using Isa = decltype(isa);
-    return e ? sumsq_pass<Isa, true>(SrcTE{t, e}, n, x_out) : sumsq_pass<Isa, true>(SrcT0{t}, n, x_out);
+    return e ? sumsq_pass<Isa, true>(SrcTE<ErrStored>{t, {e}}, n, x_out) : sumsq_pass<Isa, true>(SrcT0{t}, n, x_out);
   });
 }
 
 double host_worker_sumsq(const float* t, const float* e, int64_t n) {
   return with_isa([&](auto isa) {
     using Isa = decltype(isa);
-    return e ? sumsq_pass<Isa, false>(SrcTE{t, e}, n, nullptr) : sumsq_pass<Isa, false>(SrcT0{t}, n, nullptr);
+    return e ? sumsq_pass<Isa, false>(SrcTE<ErrStored>{t, {e}}, n, nullptr)
+             : sumsq_pass<Isa, false>(SrcT0{t}, n, nullptr);
   });
 }
 
@@ -738,7 +865,7 @@ void host_worker_pack_from(const float* t, const float* e, float scale, const La
   with_isa([&](auto isa) {
     using Isa = decltype(isa);
     if (e)
-      pack_pass<Isa>(SrcTE{t, e}, err_out, scale, l.chunk, l.world, l.n, send, l.msg);
+      pack_pass<Isa>(SrcTE<ErrStored>{t, {e}}, err_out, scale, l.chunk, l.world, l.n, send, l.msg);
     else
       pack_pass<Isa>(SrcT0{t}, err_out, scale, l.chunk, l.world, l.n, send, l.msg);
   });
@@ -751,7 +878,7 @@ namespace {
 template <bool Store>
 double server_sumsq(const uint8_t* recv, const float* z, const Layout& l, float* y_out) {
   bool finite = true;
-  const SrcServer src = server_source(recv, z, l, &finite);
+  const auto src = server_source(recv, ErrStored{z}, l, &finite);
   const double sum =
       with_isa([&](auto isa) { return sumsq_pass<decltype(isa), Store>(src, l.server_numel(), y_out); });
   return finite ? sum : NAN;
@@ -777,7 +904,7 @@ void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend) {
 void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
                            uint8_t* gsend) {
   bool finite = true;
-  const SrcServer src = server_source(recv, z, l, &finite);
+  const auto src = server_source(recv, ErrStored{z}, l, &finite);
   put_scale(gsend, scale);
   with_isa([&](auto isa) {
     pack_pass<decltype(isa)>(src, err_out, scale, l.chunk, 1, l.server_numel(), gsend, l.msg);
@@ -796,6 +923,35 @@ float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, f
   const float scale = scale_from_sumsq(host_server_sum(recv, z, err_out, l), c);
   host_server_pack(err_out, scale, l, gsend);
   return scale;
+}
+
+double host_worker_sum_pack(const float* t, const ErrorsIn& e, const Layout& l, float* x_out, uint8_t* send) {
+  const MsgSink sink(send, l.msg, l.chunk);
+  return with_isa([&](auto isa) {
+    using Isa = decltype(isa);
+    if (!e.data) return sum_pack_pass<Isa>(SrcT0{t}, l.n, l.padded, x_out, sink);
+    if (e.lazy) return sum_pack_pass<Isa>(SrcTE<ErrLazy>{t, {e.data, e.scale}}, l.n, l.padded, x_out, sink);
+    return sum_pack_pass<Isa>(SrcTE<ErrStored>{t, {e.data}}, l.n, l.padded, x_out, sink);
+  });
+}
+
+double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout& l, float* y_out, uint8_t* gsend) {
+  const MsgSink sink(gsend, l.msg, l.chunk);
+  bool finite = true;
+  const double sum = with_isa([&](auto isa) {
+    using Isa = decltype(isa);
+    if (z.lazy)
+      return sum_pack_pass<Isa>(server_source(recv, ErrLazy{z.data, z.scale}, l, &finite), l.server_numel(), l.chunk,
+                                y_out, sink);
+    return sum_pack_pass<Isa>(server_source(recv, ErrStored{z.data}, l, &finite), l.server_numel(), l.chunk, y_out,
+                              sink);
+  });
+  return finite ? sum : NAN;
+}
+
+void host_errors_from(const float* x, float scale, int64_t n, float* out) {
+  const ErrLazy e{x, scale};
+  for (int64_t i = 0; i < n; ++i) out[i] = e.at(i);
 }
 
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l) {

@@ -67,6 +67,31 @@ void host_server_pack_from(const uint8_t* recv, const float* z, float scale, con
 // scale (NaN if the sum, or a received scale, is not finite).
 float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, float* err_out, uint8_t* gsend);
 
+// The one-pass forms the communicator runs (one read of each input, one
+// write of each output): the errors a call reads are stored (lazy false: e,
+// or z, as they are; data nullptr: zero) or rebuilt from the value the last
+// call packed and its scale (lazy: e = x - (x >= 0 ? scale : -scale), the
+// bits the pack functions above store). Each element's value (x = t + e, or
+// y = mean_j(scale_j * sign_j) + z) goes to x_out / y_out, its sign bit into
+// the messages (their scales are not written), and the sum of squares (as
+// host_worker_sum / host_server_sum; NaN if a received scale is not finite)
+// is returned: the caller writes the scales, and keeps x / y with their scale
+// as the next call's lazy errors.
+struct ErrorsIn {
+  const float* data = nullptr;
+  float scale = 0.0f;
+  bool lazy = false;
+};
+double host_worker_sum_pack(const float* t, const ErrorsIn& e, const Layout& l, float* x_out, uint8_t* send);
+double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout& l, float* y_out, uint8_t* gsend);
+
+// The errors a lazy buffer stands for: out = x - (x >= 0 ? scale : -scale),
+// n elements (out may be x).
+void host_errors_from(const float* x, float scale, int64_t n, float* out);
+
+// Writes `scale` at the head of `count` messages of `msg` bytes.
+void put_scales(uint8_t* msgs, int64_t count, int64_t msg, float scale);
+
 // True if every gathered scale (grecv, W * msg bytes) is finite.
 bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 

@@ -66,6 +66,13 @@ struct Buffers {
   int32_t device_index = 0;
   Layout layout;
   Mem err, ws_err, serr, ws_serr;       // worker (n) and server (chunk) errors, double-buffered
+  // Host bindings, after a call: err / serr hold that call's x / y, and the
+  // errors are rebuilt from them and its scales (host_kernels.hpp, ErrorsIn)
+  // as the next call reads them. false: err / serr hold the errors (zero,
+  // loaded, or on a device).
+  bool lazy = false;
+  float err_scale = 0.0f, serr_scale = 0.0f;
+  float call_scale = 0.0f, call_sscale = 0.0f;  // the worker / server scales of the host call in flight
   Mem send, recv, gsend, grecv;         // packed messages
   Mem partials, scal, flag, host_flag;  // device only
   Mem hsend, hrecv, hgsend, hgrecv;     // pinned staging (device data over non-CUDA-aware MPI)

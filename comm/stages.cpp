@@ -51,8 +51,7 @@ void Communicator::stage_compress(const lowbit_tensor_t* tensor, void* send, int
   check_buffer(send, send_bytes, int64_t(L.world) * L.msg, "send", a);
   I.prepare(a, stream);
   I.activate(a, stream);
-  const double sumsq = a.device == LOWBIT_DEVICE_CPU ? onebit::host_worker_sumsq(a.data, I.buf.err.as<float>(), a.n)
-                                                      : 0.0;
+  const double sumsq = a.device == LOWBIT_DEVICE_CPU ? I.host_worker_pass(a, static_cast<uint8_t*>(send)) : 0.0;
   I.worker_phase(a, sumsq, static_cast<uint8_t*>(send), stream);
   I.stage_arg = a;
   I.stage = Impl::Stage::Compressed;
@@ -100,8 +99,8 @@ bool Communicator::stage_decode(const void* grecv, int64_t grecv_bytes, const lo
 void Communicator::Impl::worker_phase(const CommArg& a, double sumsq, uint8_t* send, void* stream) {
   Buffers& B = buf;
   if (a.device == LOWBIT_DEVICE_CPU) {
-    const float scale = onebit::scale_from_sumsq(sumsq, a.n);
-    onebit::host_worker_pack_from(a.data, B.err.as<float>(), scale, B.layout, B.ws_err.as<float>(), send);
+    B.call_scale = onebit::scale_from_sumsq(sumsq, a.n);
+    onebit::put_scales(send, B.layout.world, B.layout.msg, B.call_scale);
     return;
   }
 #ifdef LOWBIT_HAVE_CUDA
@@ -117,7 +116,10 @@ void Communicator::Impl::worker_phase(const CommArg& a, double sumsq, uint8_t* s
 void Communicator::Impl::server_phase(const CommArg& a, const uint8_t* recv, uint8_t* gsend, void* stream) {
   Buffers& B = buf;
   if (a.device == LOWBIT_DEVICE_CPU) {
-    onebit::host_server_reduce(recv, B.serr.as<float>(), B.layout, B.ws_serr.as<float>(), gsend);
+    const onebit::ErrorsIn z{B.serr.as<float>(), B.serr_scale, B.lazy};
+    const double sumsq = onebit::host_server_sum_pack(recv, z, B.layout, B.ws_serr.as<float>(), gsend);
+    B.call_sscale = onebit::scale_from_sumsq(sumsq, B.layout.server_numel());
+    onebit::put_scale(gsend, B.call_sscale);
     return;
   }
 #ifdef LOWBIT_HAVE_CUDA
@@ -160,6 +162,11 @@ bool Communicator::Impl::finish_phase(const CommArg& a, const uint8_t* grecv, fl
   // finite, so the swap is right either way.
   B.err.swap(B.ws_err);
   B.serr.swap(B.ws_serr);
+  if (a.device == LOWBIT_DEVICE_CPU) {  // the workspaces held x and y: the errors of this call, lazily
+    B.lazy = true;
+    B.err_scale = B.call_scale;
+    B.serr_scale = B.call_sscale;
+  }
   last_nonfinite = false;
   return true;
 }

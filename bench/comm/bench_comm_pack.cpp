@@ -108,7 +108,7 @@ struct Stage {
 
 void print(const Stage& s, double ref) {
   const double gbs = s.bytes_per_el * double(s.per) / s.seconds;
-  std::printf("  %-12s %8.3f %9.3f %9.2f %9.1f %7.1f%%\n", s.name, s.bytes_per_el, s.seconds * 1e9 / double(s.per),
+  std::printf("  %-13s %8.3f %9.3f %9.2f %9.1f %7.1f%%\n", s.name, s.bytes_per_el, s.seconds * 1e9 / double(s.per),
               s.seconds * 1e3, gbs / 1e9, 100.0 * gbs / ref);
 }
 
@@ -121,20 +121,34 @@ void run(int64_t n, int32_t world, int threads, double ref) {
   std::vector<uint8_t> send(size_t(L.world * L.msg)), gsend(size_t(L.msg));
   const std::vector<uint8_t> recv = messages(L, 7), grecv = messages(L, 8);
 
-  // The worker and server stages as the allreduce runs them: the worker in
-  // one pass for the sum of squares and one that recomputes x and packs; the
-  // server in host_server_reduce (on AVX-512 the same two passes over y).
+  // The worker and server stages as the allreduce runs them: one pass each
+  // (host_*_sum_pack) reading the errors lazily (the last call's x / y and
+  // its scale), writing x / y and the sign bits; the scales after it.
   Stage w{"worker pack", 12.125, n, 0};
   w.seconds = median_time([&] {
-    const double s2 = ob::host_worker_sumsq(t.data(), e.data(), n);
-    ob::host_worker_pack_from(t.data(), e.data(), ob::scale_from_sumsq(s2, n), L, x.data(), send.data());
+    const double s2 = ob::host_worker_sum_pack(t.data(), ob::ErrorsIn{e.data(), 0.3f, true}, L, x.data(), send.data());
+    ob::put_scales(send.data(), L.world, L.msg, ob::scale_from_sumsq(s2, n));
   });
   Stage s{"server pack", double(world) / 8.0 + 8.125, c, 0};
-  s.seconds = median_time([&] { ob::host_server_reduce(recv.data(), z.data(), L, y.data(), gsend.data()); });
+  s.seconds = median_time([&] {
+    const double q = ob::host_server_sum_pack(recv.data(), ob::ErrorsIn{z.data(), 0.05f, true}, L, y.data(),
+                                              gsend.data());
+    ob::put_scale(gsend.data(), ob::scale_from_sumsq(q, c));
+  });
   Stage u{"unpack", 4.125, n, 0};
   u.seconds = median_time([&] { ob::host_decode(grecv.data(), L, out.data()); });
   const double all_bytes = (w.bytes_per_el * double(n) + s.bytes_per_el * double(c) + u.bytes_per_el * double(n));
   Stage a{"all", all_bytes / double(n), n, w.seconds + s.seconds + u.seconds};
+  // The two-pass forms the allreduce ran before the one-pass ones, with the
+  // errors stored: a sum of squares, then a pass that recomputes x and packs
+  // (host_worker_sumsq + host_worker_pack_from, host_server_reduce).
+  Stage w0{"worker 2-pass", 12.125, n, 0};
+  w0.seconds = median_time([&] {
+    const double s2 = ob::host_worker_sumsq(t.data(), e.data(), n);
+    ob::host_worker_pack_from(t.data(), e.data(), ob::scale_from_sumsq(s2, n), L, x.data(), send.data());
+  });
+  Stage s0{"server 2-pass", s.bytes_per_el, c, 0};
+  s0.seconds = median_time([&] { ob::host_server_reduce(recv.data(), z.data(), L, y.data(), gsend.data()); });
   // The forms that store x (y) in the first pass and pack them in place
   // (host_worker_sum + host_worker_pack, host_server_sum + host_server_pack).
   Stage w2{"worker (x)", 12.125, n, 0};
@@ -151,11 +165,13 @@ void run(int64_t n, int32_t world, int threads, double ref) {
   ws.seconds = median_time([&] { (void)ob::host_worker_sumsq(t.data(), e.data(), n); });
 
   std::printf(" world %d (chunk %lld), %d thread%s:\n", world, (long long)c, threads, threads == 1 ? "" : "s");
-  std::printf("  %-12s %8s %9s %9s %9s %8s\n", "stage", "B/el", "ns/el", "ms", "GB/s", "of copy");
+  std::printf("  %-13s %8s %9s %9s %9s %8s\n", "stage", "B/el", "ns/el", "ms", "GB/s", "of copy");
   print(w, ref);
   print(s, ref);
   print(u, ref);
   print(a, ref);
+  print(w0, ref);
+  print(s0, ref);
   print(w2, ref);
   print(s2, ref);
   print(ws, ref);

@@ -6,7 +6,9 @@
 // (non-temporal) stores at 64-, 32- and 4-byte alignment, and both forms of the
 // worker and server phases (two passes that store x / y and pack in place,
 // the fused form that recomputes them: host_*_pack_from, and
-// host_server_reduce). Sizes cross the
+// host_server_reduce), and the one-pass forms the communicator runs
+// (host_*_sum_pack) with stored, zero and lazy errors (rebuilt from the last
+// call's values and scale: host_errors_from). Sizes cross the
 // 8-, 16- and 64-element blocks, the lanes, rounds and segments of the sums
 // and the parallel threshold; world sizes 1 to 8, first and last rank,
 // unaligned buffers, zero and non-zero errors, signed zeros with a zero scale,
@@ -148,6 +150,19 @@ void run_case(const Case& k, Rng& rng) {
     for (int64_t i = 0; i < c; ++i) z.p[i] = (i % 3 == 0) ? -0.0f : 0.0f;
   }
   if (k.special == 3) ob::put_scale(recv.data() + (W - 1) * L.msg, INFINITY);
+  // With errors and no special values, e and z are what lazy buffers (the
+  // values of a last call, with zeros of both signs, and its scale) stand for.
+  const bool lazy = k.error && k.special == 0;
+  const float lazy_ws = 0.37f, lazy_ss = 0.011f;
+  Floats xprev(n, k.unaligned), yprev(c, k.unaligned);
+  if (lazy) {
+    rng.normal(xprev.p, n, 0.4);
+    rng.normal(yprev.p, c, 0.05);
+    for (int64_t i = 0; i < n; i += 17) xprev.p[i] = (i / 17) % 2 ? -0.0f : 0.0f;
+    for (int64_t i = 0; i < c; i += 13) yprev.p[i] = (i / 13) % 2 ? -0.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) e.p[i] = xprev.p[i] - signed_scale(xprev.p[i] >= 0.0f, lazy_ws);
+    for (int64_t i = 0; i < c; ++i) z.p[i] = yprev.p[i] - signed_scale(yprev.p[i] >= 0.0f, lazy_ss);
+  }
   const float* ep = k.error ? e.p : nullptr;
 
   // Reference.
@@ -263,6 +278,43 @@ void run_case(const Case& k, Rng& rng) {
         if (std::isfinite(sc3)) {
           CHECK(first_diff(re.p, x.serr.data(), c) < 0, "server error (host_server_reduce) differs");
           CHECK(g3 == x.gsend, "server message (host_server_reduce) differs");
+        }
+      }
+      // The one-pass forms: values stored, sign bits packed, scales left to
+      // the caller; errors stored, zero, or lazy.
+      for (int form = 0; form < (lazy ? 2 : 1); ++form) {
+        const char* what = form ? "lazy" : (ep ? "stored" : "zero");
+        if (form) {
+          std::vector<float> back(static_cast<size_t>(n)), zback(static_cast<size_t>(c));
+          ob::host_errors_from(xprev.p, lazy_ws, n, back.data());
+          ob::host_errors_from(yprev.p, lazy_ss, c, zback.data());
+          CHECK(first_diff(back.data(), e.p, n) < 0, "host_errors_from (worker) differs");
+          CHECK(first_diff(zback.data(), z.p, c) < 0, "host_errors_from (server) differs");
+        }
+        const ob::ErrorsIn we = form ? ob::ErrorsIn{xprev.p, lazy_ws, true} : ob::ErrorsIn{ep, 0.0f, false};
+        const ob::ErrorsIn ze = form ? ob::ErrorsIn{yprev.p, lazy_ss, true} : ob::ErrorsIn{z.p, 0.0f, false};
+        Floats xo(n, k.unaligned), yo(c, k.unaligned);
+        std::vector<uint8_t> s4(size_t(all), 0x5A), g4(size_t(L.msg), 0xA5);
+        const double s5 = ob::host_worker_sum_pack(t.p, we, L, xo.p, s4.data());
+        CHECK(same_double(s5, x.wsum), "worker sum_pack (%s errors) sum %.17g, expected %.17g", what, s5, x.wsum);
+        for (int64_t i = 0; i < n; ++i)
+          if (bits(xo.p[i]) != bits(wv(i))) {
+            CHECK(false, "worker sum_pack (%s errors) x[%" PRId64 "] = %.9g, expected %.9g", what, i,
+                  double(xo.p[i]), double(wv(i)));
+            break;
+          }
+        ob::put_scales(s4.data(), W, L.msg, ob::scale_from_sumsq(s5, n));
+        CHECK(s4 == x.send, "worker sum_pack (%s errors) messages differ", what);
+        const double s6 = ob::host_server_sum_pack(recv.data(), ze, L, yo.p, g4.data());
+        CHECK(same_double(s6, x.ssum), "server sum_pack (%s errors) sum %.17g, expected %.17g", what, s6, x.ssum);
+        if (finite) {
+          for (int64_t i = 0; i < c; ++i)
+            if (bits(yo.p[i]) != bits(sv(i))) {
+              CHECK(false, "server sum_pack (%s errors) y[%" PRId64 "] differs", what, i);
+              break;
+            }
+          ob::put_scale(g4.data(), ob::scale_from_sumsq(s6, c));
+          CHECK(g4 == x.gsend, "server sum_pack (%s errors) message differs", what);
         }
       }
       // Decode, with guards past n.
