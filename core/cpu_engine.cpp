@@ -44,6 +44,32 @@ LOWBIT_VECTOR_CLONES void update_tile_factored(const StepScalars& s, int n, floa
     for (int i = 0; i < n; ++i) update_element_factored<A>(s, p[i], g[i], m[i], v[i]);
 }
 
+// 1-bit LAMB's compressed pass over len <= kLambLanes consecutive elements of
+// an fp32 param: element l feeds lane l of the chunk's reducer (a, b) and of
+// the ratio maxima (mx). The per-element rule and the order of every sum are
+// LambReducer's; the form lets the compiler vectorise it.
+template <bool kMasked>
+LOWBIT_VECTOR_CLONES void lamb_compressed_lanes(const StepScalars& s, int len, const uint8_t* __restrict mask,
+                                                const float* __restrict avg, float scaling, float* __restrict m,
+                                                const float* __restrict v, float* __restrict fresh,
+                                                const float* __restrict p, double* __restrict a,
+                                                double* __restrict b, float* __restrict mx) {
+  for (int l = 0; l < len; ++l) {
+    float pre, u;
+    const float ratio =
+        lamb_compressed_element(s, kMasked && !mask[l], avg[l], scaling, m[l], v[l], fresh[l], p[l], pre, u);
+    mx[l] = std::max(mx[l], ratio);
+    a[l] += double(pre) * pre;
+    b[l] += double(u) * u;
+  }
+}
+
+// p -= step * lamb_update(m, v, p) over n fp32 params.
+LOWBIT_VECTOR_CLONES void lamb_apply_fp32(int64_t n, float step, float eps, float weight_decay,
+                                          const float* __restrict m, const float* __restrict v, float* __restrict p) {
+  for (int64_t i = 0; i < n; ++i) p[i] -= step * lamb_update(m[i], v[i], p[i], eps, weight_decay);
+}
+
 struct alignas(64) Tile {
   float p[kTile], g[kTile], m[kTile], v[kTile];
 };
@@ -648,12 +674,28 @@ class CpuEngine final : public Engine {
       const float sc = a.scalars[i].scaling;
       LambReducer red;
       float max_ratio = 0.f;
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
-        float pre, u;
-        const float ratio = lamb_compressed_element(s, mask && !mask[k], avg[k], sc, m[k], v[k], fresh[k], p, pre, u);
-        max_ratio = std::max(max_ratio, ratio);
-        red.add(k - c.begin, double(pre) * pre, double(u) * u);
+      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+        const float* pp = static_cast<const float*>(pv.param);
+        float mx[kLambLanes] = {};
+        for (int64_t k = c.begin; k < c.end; k += kLambLanes) {
+          const int len = int(std::min<int64_t>(kLambLanes, c.end - k));
+          if (mask)
+            lamb_compressed_lanes<true>(s, len, mask + k, avg + k, sc, m + k, v + k, fresh + k, pp + k, red.a, red.b,
+                                        mx);
+          else
+            lamb_compressed_lanes<false>(s, len, nullptr, avg + k, sc, m + k, v + k, fresh + k, pp + k, red.a,
+                                         red.b, mx);
+        }
+        for (float x : mx) max_ratio = std::max(max_ratio, x);  // every lane's maximum, as one running one
+      } else {
+        for (int64_t k = c.begin; k < c.end; ++k) {
+          const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
+          float pre, u;
+          const float ratio =
+              lamb_compressed_element(s, mask && !mask[k], avg[k], sc, m[k], v[k], fresh[k], p, pre, u);
+          max_ratio = std::max(max_ratio, ratio);
+          red.add(k - c.begin, double(pre) * pre, double(u) * u);
+        }
       }
       a.partials[ci] = red.result(max_ratio, 0);
     });
@@ -669,6 +711,11 @@ class CpuEngine final : public Engine {
       const float* m = static_cast<const float*>(pv.moment[0].data);
       const float* v = static_cast<const float*>(pv.moment[1].data);
       const int32_t r = int32_t(pv.rounding);
+      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+        lamb_apply_fp32(c.end - c.begin, step, s.eps, s.weight_decay, m + c.begin, v + c.begin,
+                        static_cast<float*>(pv.param) + c.begin);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
         p -= step * lamb_update(m[k], v[k], p, s.eps, s.weight_decay);
