@@ -64,6 +64,28 @@ LOWBIT_VECTOR_CLONES void lamb_compressed_lanes(const StepScalars& s, int len, c
   }
 }
 
+// 1-bit Adam's apply over n elements of an fp32 param: m = 0 where masked,
+// else the averaged momentum (kBlend: blended into the local one), then the
+// update with the frozen v; the generic loop's rule in a vectorisable form.
+template <bool kMasked, bool kBlend>
+LOWBIT_VECTOR_CLONES void onebit_apply_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
+                                            const float* __restrict avg, float* __restrict m,
+                                            const float* __restrict v, float* __restrict p) {
+  for (int64_t k = 0; k < n; ++k) {
+    const float mk = kMasked && !mask[k] ? 0.f : (kBlend ? onebit_local_momentum(s, m[k], avg[k]) : avg[k]);
+    m[k] = mk;
+    onebit_apply(s, p[k], mk, v[k]);
+  }
+}
+
+// The local momentum of n fp32 grads into out (0 where masked).
+template <bool kMasked>
+LOWBIT_VECTOR_CLONES void onebit_momentum_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
+                                               const float* __restrict m, const float* __restrict g,
+                                               float* __restrict out) {
+  for (int64_t k = 0; k < n; ++k) out[k] = kMasked && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g[k]);
+}
+
 // p -= step * lamb_update(m, v, p) over n fp32 params.
 LOWBIT_VECTOR_CLONES void lamb_apply_fp32(int64_t n, float step, float eps, float weight_decay,
                                           const float* __restrict m, const float* __restrict v, float* __restrict p) {
@@ -476,6 +498,15 @@ class CpuEngine final : public Engine {
       const float* m = static_cast<const float*>(params_[i].moment[0].data);
       const uint8_t* mask = masks_[i];
       float* out = bucket + offsets_[i];
+      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        const float* g = static_cast<const float*>(grads[i].data) + b;
+        if (mask)
+          onebit_momentum_fp32<true>(s, n, mask + b, m + b, g, out + b);
+        else
+          onebit_momentum_fp32<false>(s, n, nullptr, m + b, g, out + b);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         const float g = load_element(grads[i].data, grads[i].dtype, k);
         out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g);
@@ -496,6 +527,20 @@ class CpuEngine final : public Engine {
       const float* avg = a.bucket + offsets_[i];
       const uint8_t* mask = masks_[i];
       const int32_t r = int32_t(pv.rounding);
+      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        float* p = static_cast<float*>(pv.param) + b;
+        const uint8_t* mb = mask ? mask + b : nullptr;
+        if (mask && a.blend)
+          onebit_apply_fp32<true, true>(s, n, mb, avg + b, m + b, v + b, p);
+        else if (mask)
+          onebit_apply_fp32<true, false>(s, n, mb, avg + b, m + b, v + b, p);
+        else if (a.blend)
+          onebit_apply_fp32<false, true>(s, n, mb, avg + b, m + b, v + b, p);
+        else
+          onebit_apply_fp32<false, false>(s, n, mb, avg + b, m + b, v + b, p);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         const float mk = mask && !mask[k] ? 0.f : (a.blend ? onebit_local_momentum(s, m[k], avg[k]) : avg[k]);
         m[k] = mk;
