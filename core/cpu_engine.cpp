@@ -78,12 +78,14 @@ LOWBIT_VECTOR_CLONES void onebit_apply_fp32(const StepScalars& s, int64_t n, con
   }
 }
 
-// The local momentum of n fp32 grads into out (0 where masked).
+// The local momentum of n fp32 grads, times `scaling` (1-bit LAMB's; 1 for
+// 1-bit Adam, which leaves every value as it is), into out (0 where masked).
 template <bool kMasked>
-LOWBIT_VECTOR_CLONES void onebit_momentum_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
-                                               const float* __restrict m, const float* __restrict g,
-                                               float* __restrict out) {
-  for (int64_t k = 0; k < n; ++k) out[k] = kMasked && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g[k]);
+LOWBIT_VECTOR_CLONES void local_momentum_fp32(const StepScalars& s, float scaling, int64_t n,
+                                              const uint8_t* __restrict mask, const float* __restrict m,
+                                              const float* __restrict g, float* __restrict out) {
+  for (int64_t k = 0; k < n; ++k)
+    out[k] = kMasked && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g[k]) * scaling;
 }
 
 // p -= step * lamb_update(m, v, p) over n fp32 params.
@@ -502,9 +504,9 @@ class CpuEngine final : public Engine {
         const int64_t b = c.begin, n = c.end - c.begin;
         const float* g = static_cast<const float*>(grads[i].data) + b;
         if (mask)
-          onebit_momentum_fp32<true>(s, n, mask + b, m + b, g, out + b);
+          local_momentum_fp32<true>(s, 1.f, n, mask + b, m + b, g, out + b);
         else
-          onebit_momentum_fp32<false>(s, n, nullptr, m + b, g, out + b);
+          local_momentum_fp32<false>(s, 1.f, n, nullptr, m + b, g, out + b);
         return;
       }
       for (int64_t k = c.begin; k < c.end; ++k) {
@@ -696,6 +698,15 @@ class CpuEngine final : public Engine {
       const float* m = static_cast<const float*>(params_[i].moment[0].data);
       const uint8_t* mask = masks_[i];
       float* out = bucket + offsets_[i];
+      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        const float* g = static_cast<const float*>(grads[i].data) + b;
+        if (mask)
+          local_momentum_fp32<true>(s, sc, n, mask + b, m + b, g, out + b);
+        else
+          local_momentum_fp32<false>(s, sc, n, nullptr, m + b, g, out + b);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         const float g = load_element(grads[i].data, grads[i].dtype, k);
         out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g) * sc;
