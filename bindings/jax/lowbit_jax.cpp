@@ -46,13 +46,13 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
                    float beta2, float eps, float momentum, float dampening, int32_t nesterov,
                    int32_t bias_correction, ffi::Span<const float> weight_decay, ffi::Span<const int32_t> formats,
                    ffi::Span<const int32_t> rounding,
-                   ffi::Span<const int32_t> normalizations, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
+                   ffi::Span<const int32_t> normalizations, ffi::Span<const int32_t> parts, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
                    std::string_view names) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
     LOWBIT_REQUIRE(num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", num_threads, " must be >= 0");
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, normalizations, seed, skip_nonfinite, names};
+                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;  // keeps its capacity from step to step
     StepDecoder decoder(a, args, rets);
     const float* host_lr = static_cast<const float*>(lr.untyped_data());

@@ -37,12 +37,12 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
                     int32_t algorithm, float beta1, float beta2, float eps, float momentum, float dampening,
                     int32_t nesterov, int32_t bias_correction, ffi::Span<const float> weight_decay,
                     ffi::Span<const int32_t> formats, ffi::Span<const int32_t> rounding,
-                   ffi::Span<const int32_t> normalizations, uint64_t seed,
+                   ffi::Span<const int32_t> normalizations, ffi::Span<const int32_t> parts, uint64_t seed,
                     int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, normalizations, seed, skip_nonfinite, names};
+                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names};
     thread_local PreparedStep prep;
     StepDecoder decoder(a, args, rets);
     decoder.prepare(nullptr, nullptr, nullptr, layout.dimensions(), prep);

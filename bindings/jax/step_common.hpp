@@ -14,13 +14,15 @@
 //                                      moments 0 and 1, rounding,
 //                                      normalisations of moments 0 and 1, ndim
 //                                      and dims of the bound shape
-//            3 + 7 i + k, k = 0..6:    param i, grad i, mu, mu_scale, nu,
-//                                      nu_scale, ecc (absent parts: 0 elements)
+//            3 + ...:                  per param: param, grad, then its
+//                                      state parts that have elements, in the
+//                                      order mu, mu_scale, nu, nu_scale, ecc
+//                                      (an empty part may also travel)
 //   outputs  0: count (aliases input 1), +1 unless the step was skipped (on
 //            CUDA also when lr is not finite and >= 0, count < 0, or the
 //            layout differs from the attributes: then nothing changes)
-//            1 + 6 i + k, k = 0..5:    param, mu, mu_scale, nu, nu_scale, ecc,
-//                                      each aliasing its input
+//            1 + ...:                  per param: param, then the state parts
+//                                      that travelled, each aliasing its input
 //   attributes: algorithm (s32, lowbit_algorithm_t), beta1, beta2, eps,
 //            momentum, dampening (f32), nesterov, bias_correction (s32),
 //            weight_decay (f32[N]), formats (s32[2N]: lowbit_state_format_t of
@@ -31,6 +33,9 @@
 //            algorithm keeps no such moment; a param with a RANK1 or FACTORED
 //            moment is bound with the shape of its buffer, others flat),
 //            seed (u64), skip_nonfinite (s32), num_threads (s32),
+//            parts (s32[N]: bit k set if state part k of the param, in the
+//            order mu, mu_scale, nu, nu_scale, ecc, travels; the others are
+//            read as empty arrays),
 //            names (string: the N leaf names separated by '\n', for messages).
 #pragma once
 #include <algorithm>
@@ -58,7 +63,7 @@ namespace ffi = ::xla::ffi;
 
 // Bumped whenever the buffer or attribute layout above changes; the Python
 // side refuses a module with another version.
-constexpr int32_t kProtocolVersion = 2;
+constexpr int32_t kProtocolVersion = 3;
 constexpr size_t kLeadingArgs = 3;
 constexpr size_t kArgsPerParam = 7;
 constexpr size_t kRetsPerParam = 6;
@@ -71,6 +76,7 @@ struct StepAttrs {
   ffi::Span<const int32_t> formats;
   ffi::Span<const int32_t> rounding;
   ffi::Span<const int32_t> normalizations;
+  ffi::Span<const int32_t> parts;
   uint64_t seed;
   int32_t skip_nonfinite;
   std::string_view names;
@@ -183,6 +189,20 @@ inline void check_scalar(const ffi::AnyBuffer& b, ffi::DataType dtype, const cha
                  shape_string(b.dimensions()));
 }
 
+// Bits of the `parts` attribute: which state parts of a param travel as
+// buffers (in this order: mu, mu_scale, nu, nu_scale, ecc).
+constexpr int32_t kAllParts = 31;
+constexpr int kStateParts = 5;
+
+// What an absent part reads as: a 0-element float32 buffer.
+inline const XLA_FFI_Buffer* empty_part() {
+  static int64_t dims[1] = {0};
+  static const XLA_FFI_Buffer b{XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_F32, nullptr, 1, dims};
+  return &b;
+}
+
+inline int part_count(int32_t mask) { return __builtin_popcount(unsigned(mask)); }
+
 // One parameter's buffers.
 struct LeafBuffers {
   ffi::AnyBuffer in[kArgsPerParam];
@@ -233,18 +253,28 @@ class StepDecoder {
     LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", a_.algorithm,
                    " is not one of adamw (1), adam (2), lion (3), sgd (4)");
-    LOWBIT_REQUIRE(args_.size() % kArgsPerParam == 0 && args_.size() > 0, LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "expected 3 + 7 * N inputs (lr, count, layout, then param, grad, mu, mu_scale, nu, nu_scale, ecc "
-                   "per param), got ",
-                   args_.size() + kLeadingArgs);
-    const size_t n = args_.size() / kArgsPerParam;
-    LOWBIT_REQUIRE(rets_.size() == n * kRetsPerParam, LOWBIT_ERROR_INVALID_ARGUMENT, "expected 1 + 6 * ", n,
-                   " outputs, got ", rets_.size() + 1);
+    const size_t n = a_.parts.size();
+    LOWBIT_REQUIRE(n > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "the parts attribute is empty (no params)");
     LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n &&
                        a_.normalizations.size() == 2 * n,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "attributes weight_decay/rounding/formats/normalizations have ",
+                   LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "attributes parts/weight_decay/rounding/formats/normalizations have ", n, "/",
                    a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), "/",
-                   a_.normalizations.size(), " entries for ", n, " params (expected N/N/2N/2N)");
+                   a_.normalizations.size(), " entries (expected N/N/N/2N/2N)");
+    in_at_.resize(n + 1);
+    out_at_.resize(n + 1);
+    in_at_[0] = out_at_[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      LOWBIT_REQUIRE(a_.parts[i] >= 0 && a_.parts[i] <= kAllParts, LOWBIT_ERROR_INVALID_ARGUMENT, "parts[", i,
+                     "] = ", a_.parts[i], " is not a mask of the 5 state parts (0 to 31)");
+      in_at_[i + 1] = in_at_[i] + 2 + size_t(part_count(a_.parts[i]));
+      out_at_[i + 1] = out_at_[i] + 1 + size_t(part_count(a_.parts[i]));
+    }
+    LOWBIT_REQUIRE(args_.size() == in_at_[n] && rets_.size() == out_at_[n], LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "expected ", in_at_[n] + kLeadingArgs, " inputs and ", out_at_[n] + 1,
+                   " outputs for the parts attribute (lr, count, layout, then param, grad and the present state "
+                   "parts per param), got ",
+                   args_.size() + kLeadingArgs, " and ", rets_.size() + 1);
     num_leaves_ = n;
     names_split_ = false;
     LOWBIT_REQUIRE(!count || (*count >= 0 && *count < INT32_MAX), LOWBIT_ERROR_INVALID_ARGUMENT, "state.count = ",
@@ -305,14 +335,14 @@ class StepDecoder {
   }
 
  private:
+  // Param i's buffers: its present parts from the call, the others empty.
   LeafBuffers leaf(size_t i) const {
-    LeafBuffers b{{arg_buffer(args_, kArgsPerParam * i), arg_buffer(args_, kArgsPerParam * i + 1),
-                   arg_buffer(args_, kArgsPerParam * i + 2), arg_buffer(args_, kArgsPerParam * i + 3),
-                   arg_buffer(args_, kArgsPerParam * i + 4), arg_buffer(args_, kArgsPerParam * i + 5),
-                   arg_buffer(args_, kArgsPerParam * i + 6)},
-                  {ret_buffer(rets_, kRetsPerParam * i), ret_buffer(rets_, kRetsPerParam * i + 1),
-                   ret_buffer(rets_, kRetsPerParam * i + 2), ret_buffer(rets_, kRetsPerParam * i + 3),
-                   ret_buffer(rets_, kRetsPerParam * i + 4), ret_buffer(rets_, kRetsPerParam * i + 5)}};
+    const ffi::AnyBuffer empty(empty_part());
+    LeafBuffers b{{arg_buffer(args_, in_at_[i]), arg_buffer(args_, in_at_[i] + 1), empty, empty, empty, empty, empty},
+                  {ret_buffer(rets_, out_at_[i]), empty, empty, empty, empty, empty}};
+    size_t in = in_at_[i] + 2, out = out_at_[i] + 1;
+    for (int k = 0; k < kStateParts; ++k)
+      if (a_.parts[i] & (1 << k)) b.in[2 + k] = arg_buffer(args_, in++), b.out[1 + k] = ret_buffer(rets_, out++);
     return b;
   }
 
@@ -480,6 +510,7 @@ class StepDecoder {
   const ffi::RemainingArgs& args_;
   const ffi::RemainingRets& rets_;
   size_t num_leaves_ = 0;
+  std::vector<size_t> in_at_, out_at_;  // param i's first input / output among the remaining ones
   mutable bool names_split_ = false;
   mutable std::vector<std::string_view> names_;
 };
@@ -516,6 +547,7 @@ auto bind_step_signature(Binding b) {
       .template Attr<ffi::Span<const int32_t>>("formats")
       .template Attr<ffi::Span<const int32_t>>("rounding")
       .template Attr<ffi::Span<const int32_t>>("normalizations")
+      .template Attr<ffi::Span<const int32_t>>("parts")
       .template Attr<uint64_t>("seed")
       .template Attr<int32_t>("skip_nonfinite")
       .template Attr<int32_t>("num_threads")

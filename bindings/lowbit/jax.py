@@ -88,7 +88,7 @@ __all__ = [
     "sgd",
 ]
 
-PROTOCOL_VERSION = 2  # bindings/jax/step_common.hpp kProtocolVersion
+PROTOCOL_VERSION = 3  # bindings/jax/step_common.hpp kProtocolVersion
 LAYOUT_COLUMNS = 14  # core/layout_record.hpp kLayoutColumns
 
 _STEP_TARGET = "lowbit_step"
@@ -429,17 +429,26 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     if lr.shape != ():
         raise ValueError(f"lowbit.jax: the learning rate must be a scalar, got shape {lr.shape}")
 
+    # Per param: param, grad and the state parts that have elements (an
+    # absent part is an empty array: it stays out of the call and is returned
+    # as it came, so XLA makes no buffer or copy for it).
     args = [lr, state.count, state.layout]
     results = [jax.ShapeDtypeStruct(jnp.shape(state.count), jnp.result_type(state.count))]
     aliases = {1: 0}
+    masks, present = [], []
     for i in range(len(leaves)):
-        parts = [leaves[i], g[i], mu[i], mus[i], nu[i], nus[i], ecc[i]]
-        base_in, base_out = 3 + 7 * i, 1 + 6 * i
-        args += parts
-        for k, j in enumerate((0, 2, 3, 4, 5, 6)):
-            x = parts[j]
-            results.append(jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)))
-            aliases[base_in + j] = base_out + k
+        parts = [mu[i], mus[i], nu[i], nus[i], ecc[i]]
+        mask = sum(1 << k for k, x in enumerate(parts) if np.size(x))
+        masks.append(mask)
+        present.append(mask)
+        aliases[len(args)] = len(results)
+        args += [leaves[i], g[i]]
+        results.append(jax.ShapeDtypeStruct(jnp.shape(leaves[i]), jnp.result_type(leaves[i])))
+        for k, x in enumerate(parts):
+            if mask >> k & 1:
+                aliases[len(args)] = len(results)
+                args.append(x)
+                results.append(jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)))
 
     call = jax.ffi.ffi_call(_STEP_TARGET, results, input_output_aliases=aliases, vmap_method="sequential")
     out = call(
@@ -456,22 +465,34 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
         formats=np.array([f for p in plans for f in p.formats], np.int32),
         rounding=np.array([p.rounding for p in plans], np.int32),
         normalizations=np.array([n for p in plans for n in p.normalizations], np.int32),
+        parts=np.array(masks, np.int32),
         seed=np.uint64(cfg.seed),
         skip_nonfinite=np.int32(cfg.skip_nonfinite),
         num_threads=np.int32(cfg.num_threads),
         names="\n".join(names),
     )
     un = treedef.unflatten
-    per = [out[1 + 6 * i: 7 + 6 * i] for i in range(len(leaves))]
-    new_params = un([p[0] for p in per])
+    pos = 1
+    new_leaves, per = [], []
+    for i in range(len(leaves)):
+        new_leaves.append(out[pos])
+        pos += 1
+        parts = []
+        for k, x in enumerate((mu[i], mus[i], nu[i], nus[i], ecc[i])):
+            if present[i] >> k & 1:
+                x = out[pos]
+                pos += 1
+            parts.append(x)
+        per.append(parts)
+    new_params = un(new_leaves)
     new_state = LowbitState(
         count=out[0],
         layout=state.layout,
-        mu=un([p[1] for p in per]),
-        mu_scale=un([p[2] for p in per]),
-        nu=un([p[3] for p in per]),
-        nu_scale=un([p[4] for p in per]),
-        ecc=un([p[5] for p in per]),
+        mu=un([p[0] for p in per]),
+        mu_scale=un([p[1] for p in per]),
+        nu=un([p[2] for p in per]),
+        nu_scale=un([p[3] for p in per]),
+        ecc=un([p[4] for p in per]),
     )
     return new_params, new_state
 

@@ -121,3 +121,36 @@ def test_errors_leave_everything_usable(ljax):
     for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(x, y)
     assert int(s2.count) == 1
+
+
+def test_a_needed_state_part_left_empty(ljax):
+    # An empty part does not travel to the handler; it reads there as an
+    # empty array and is rejected for the format that needs it.
+    opt, params, grads, state = setup(ljax)
+    bad = state._replace(mu_scale=dict(state.mu_scale, w=jnp.zeros((0,), jnp.float32)))
+    with pytest.raises(XlaError, match=r"state mu_scale is float32\(0,\) but the 8bit format of a 5000-element param "
+                                       r"needs float32\(20,\)"):
+        jax.jit(opt.step)(params, grads, bad)
+
+
+def test_raw_call_with_a_bad_parts_attribute(ljax):
+    # The handler checks the call protocol itself (a hand-written call).
+    ljax._MODULE.load()
+    n = 16
+    layout = jnp.asarray(np.array([[1, 1, 0, 1, 1, 0] + [0] * 8], np.int32))
+    args = [jnp.float32(1e-3), jnp.int32(0), layout, jnp.zeros(n, jnp.float32), jnp.ones(n, jnp.float32),
+            jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.float32)]
+    outs = [jax.ShapeDtypeStruct((), jnp.int32)] + [jax.ShapeDtypeStruct((n,), jnp.float32)] * 3
+    attrs = dict(algorithm=np.int32(1), beta1=np.float32(0.9), beta2=np.float32(0.999), eps=np.float32(1e-8),
+                 momentum=np.float32(0), dampening=np.float32(0), nesterov=np.int32(0), bias_correction=np.int32(1),
+                 weight_decay=np.array([0.0], np.float32), formats=np.array([1, 1], np.int32),
+                 rounding=np.array([0], np.int32), normalizations=np.array([1, 1], np.int32), seed=np.uint64(0),
+                 skip_nonfinite=np.int32(0), num_threads=np.int32(1), names="w")
+    call = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2, 6: 3})
+    good = jax.jit(lambda *a: call(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args)
+    assert int(good[0]) == 1 and bool(jnp.all(good[1] < 0))  # one AdamW step on positive grads
+    with pytest.raises(XlaError, match=r"parts\[0\] = 32 is not a mask of the 5 state parts"):
+        jax.jit(lambda *a: call(*a, parts=np.array([32], np.int32), **attrs))(*args)
+    with pytest.raises(XlaError, match=r"expected 7 inputs and 4 outputs for the parts attribute.*got 6 and 4"):
+        bad = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2})
+        jax.jit(lambda *a: bad(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args[:6])
