@@ -88,6 +88,30 @@ LOWBIT_VECTOR_CLONES void local_momentum_fp32(const StepScalars& s, float scalin
     out[k] = kMasked && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g[k]) * scaling;
 }
 
+// 0/1 Adam's synchronisation over n elements of an fp32 param with fp32
+// grads: the deltas to average (0 where masked), then, after the exchange,
+// the new momentum, param and sync param; the generic loops' rules.
+template <bool kMasked>
+LOWBIT_VECTOR_CLONES void zeroone_delta_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
+                                             const float* __restrict m, const float* __restrict g,
+                                             const float* __restrict v, const float* __restrict ps,
+                                             const float* __restrict p, float* __restrict out) {
+  for (int64_t k = 0; k < n; ++k)
+    out[k] = kMasked && !mask[k] ? 0.f : zeroone_sync_delta(s, m[k], g[k], v[k], ps[k], p[k]);
+}
+
+template <bool kMasked>
+LOWBIT_VECTOR_CLONES void zeroone_sync_fp32(int64_t n, float eps, float inv_lrs, const uint8_t* __restrict mask,
+                                            const float* __restrict d, const float* __restrict v, float* __restrict m,
+                                            float* __restrict ps, float* __restrict p) {
+  for (int64_t k = 0; k < n; ++k) {
+    m[k] = kMasked && !mask[k] ? 0.f : d[k] * inv_lrs;
+    const float x = zeroone_sync_param(ps[k], d[k], v[k], eps);
+    p[k] = x;
+    ps[k] = x;
+  }
+}
+
 // p -= step * lamb_update(m, v, p) over n fp32 params.
 LOWBIT_VECTOR_CLONES void lamb_apply_fp32(int64_t n, float step, float eps, float weight_decay,
                                           const float* __restrict m, const float* __restrict v, float* __restrict p) {
@@ -582,6 +606,16 @@ class CpuEngine final : public Engine {
       const float* ps = sync_params + offsets_[i];
       const uint8_t* mask = masks_[i];
       float* out = bucket + offsets_[i];
+      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32 && pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        const float* g = static_cast<const float*>(grads[i].data) + b;
+        const float* p = static_cast<const float*>(pv.param) + b;
+        if (mask)
+          zeroone_delta_fp32<true>(s, n, mask + b, m + b, g, v + b, ps + b, p, out + b);
+        else
+          zeroone_delta_fp32<false>(s, n, nullptr, m + b, g, v + b, ps + b, p, out + b);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         const float g = load_element(grads[i].data, grads[i].dtype, k);
         out[k] = mask && !mask[k] ? 0.f : zeroone_sync_delta(s, m[k], g, v[k], ps[k], load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k));
@@ -604,6 +638,15 @@ class CpuEngine final : public Engine {
       float* ps = a.sync_params + offsets_[i];
       const uint8_t* mask = masks_[i];
       const int32_t r = int32_t(pv.rounding);
+      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        float* p = static_cast<float*>(pv.param) + b;
+        if (mask)
+          zeroone_sync_fp32<true>(n, eps, inv_lrs, mask + b, d + b, v + b, m + b, ps + b, p);
+        else
+          zeroone_sync_fp32<false>(n, eps, inv_lrs, nullptr, d + b, v + b, m + b, ps + b, p);
+        return;
+      }
       for (int64_t k = c.begin; k < c.end; ++k) {
         m[k] = mask && !mask[k] ? 0.f : d[k] * inv_lrs;
         const float p = zeroone_sync_param(ps[k], d[k], v[k], eps);
