@@ -517,27 +517,7 @@ class CpuEngine final : public Engine {
   }
 
   void onebit_momentum(const GradView* grads, float* bucket, void*) override {
-    for_chunks([&](const Chunk& c) {
-      const size_t i = size_t(c.param);
-      StepScalars s{};
-      s.beta1 = hparams_[size_t(groups_[i])].beta1;
-      const float* m = static_cast<const float*>(params_[i].moment[0].data);
-      const uint8_t* mask = masks_[i];
-      float* out = bucket + offsets_[i];
-      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        const float* g = static_cast<const float*>(grads[i].data) + b;
-        if (mask)
-          local_momentum_fp32<true>(s, 1.f, n, mask + b, m + b, g, out + b);
-        else
-          local_momentum_fp32<false>(s, 1.f, n, nullptr, m + b, g, out + b);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(grads[i].data, grads[i].dtype, k);
-        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g);
-      }
-    });
+    local_momentum(grads, nullptr, bucket);
   }
 
   void onebit_apply(const OneBitApply& a, void*) override {
@@ -733,28 +713,7 @@ class CpuEngine final : public Engine {
   }
 
   void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void*) override {
-    for_chunks([&](const Chunk& c) {
-      const size_t i = size_t(c.param);
-      StepScalars s{};
-      s.beta1 = hparams_[size_t(groups_[i])].beta1;
-      const float sc = scalars[i].scaling;
-      const float* m = static_cast<const float*>(params_[i].moment[0].data);
-      const uint8_t* mask = masks_[i];
-      float* out = bucket + offsets_[i];
-      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        const float* g = static_cast<const float*>(grads[i].data) + b;
-        if (mask)
-          local_momentum_fp32<true>(s, sc, n, mask + b, m + b, g, out + b);
-        else
-          local_momentum_fp32<false>(s, sc, n, nullptr, m + b, g, out + b);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(grads[i].data, grads[i].dtype, k);
-        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g) * sc;
-      }
-    });
+    local_momentum(grads, scalars, bucket);
   }
 
   void lamb_compressed(const LambStep& a, void*) override {
@@ -830,6 +789,34 @@ class CpuEngine final : public Engine {
                    params_.size(), " bound");
   }
   bool parallel() const { return total_ >= kParallelMinElements; }
+
+  // Every param's local momentum of its grads into the bucket (0 where
+  // masked), times 1-bit LAMB's scaling (scalars; nullptr: 1-bit Adam's, times
+  // 1, which leaves every value as it is).
+  void local_momentum(const GradView* grads, const LambScalars* scalars, float* bucket) {
+    for_chunks([&](const Chunk& c) {
+      const size_t i = size_t(c.param);
+      StepScalars s{};
+      s.beta1 = hparams_[size_t(groups_[i])].beta1;
+      const float sc = scalars ? scalars[i].scaling : 1.f;
+      const float* m = static_cast<const float*>(params_[i].moment[0].data);
+      const uint8_t* mask = masks_[i];
+      float* out = bucket + offsets_[i];
+      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
+        const int64_t b = c.begin, n = c.end - c.begin;
+        const float* g = static_cast<const float*>(grads[i].data) + b;
+        if (mask)
+          local_momentum_fp32<true>(s, sc, n, mask + b, m + b, g, out + b);
+        else
+          local_momentum_fp32<false>(s, sc, n, nullptr, m + b, g, out + b);
+        return;
+      }
+      for (int64_t k = c.begin; k < c.end; ++k) {
+        const float g = load_element(grads[i].data, grads[i].dtype, k);
+        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g) * sc;
+      }
+    });
+  }
 
   // 1-bit passes: every parameter's scalars (no bias correction past
   // freeze_step) and rounding key for the step that follows its count.
