@@ -911,20 +911,6 @@ void host_server_pack_from(const uint8_t* recv, const float* z, float scale, con
   });
 }
 
-float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, float* err_out, uint8_t* gsend) {
-  const int64_t c = l.server_numel();
-  // AVX-512 recomputes y at memory speed; the compiled loops are cheaper
-  // reading a stored y back than recomputing it.
-  if (current_isa() == HostIsa::Avx512) {
-    const float scale = scale_from_sumsq(host_server_sumsq(recv, z, l), c);
-    host_server_pack_from(recv, z, scale, l, err_out, gsend);
-    return scale;
-  }
-  const float scale = scale_from_sumsq(host_server_sum(recv, z, err_out, l), c);
-  host_server_pack(err_out, scale, l, gsend);
-  return scale;
-}
-
 double host_worker_sum_pack(const float* t, const ErrorsIn& e, const Layout& l, float* x_out, uint8_t* send) {
   const MsgSink sink(send, l.msg, l.chunk);
   return with_isa([&](auto isa) {

@@ -19,6 +19,11 @@ namespace onebit {
 void put_scale(uint8_t* msg, float scale);
 float get_scale(const uint8_t* msg);
 
+// The two-pass forms (a sum of squares, then a pack that writes the new
+// errors; the structure the device kernels follow): the host reference of
+// the device-emulation tests and the benchmark's "2-pass" rows. The
+// communicator's host path runs the one-pass forms further below.
+//
 // x = t + e into x_out (n floats; e == nullptr: zero error); returns sum of
 // x^2 (non-finite iff some x is).
 double host_worker_sum(const float* t, const float* e, float* x_out, int64_t n);
@@ -59,13 +64,6 @@ void host_server_pack(float* y, float scale, const Layout& l, uint8_t* gsend);
 // from z) and the message into `gsend`.
 void host_server_pack_from(const uint8_t* recv, const float* z, float scale, const Layout& l, float* err_out,
                            uint8_t* gsend);
-
-// The whole server phase: host_server_sum, scale_from_sumsq over
-// server_numel, host_server_pack, in whichever form is faster on this
-// instruction set (the fused one, or y stored in err_out and packed in
-// place): the new server error in err_out, the message in gsend; returns the
-// scale (NaN if the sum, or a received scale, is not finite).
-float host_server_reduce(const uint8_t* recv, const float* z, const Layout& l, float* err_out, uint8_t* gsend);
 
 // The one-pass forms the communicator runs (one read of each input, one
 // write of each output): the errors a call reads are stored (lazy false: e,

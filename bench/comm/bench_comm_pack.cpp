@@ -141,14 +141,17 @@ void run(int64_t n, int32_t world, int threads, double ref) {
   Stage a{"all", all_bytes / double(n), n, w.seconds + s.seconds + u.seconds};
   // The two-pass forms the allreduce ran before the one-pass ones, with the
   // errors stored: a sum of squares, then a pass that recomputes x and packs
-  // (host_worker_sumsq + host_worker_pack_from, host_server_reduce).
+  // (host_*_sumsq + host_*_pack_from).
   Stage w0{"worker 2-pass", 12.125, n, 0};
   w0.seconds = median_time([&] {
     const double s2 = ob::host_worker_sumsq(t.data(), e.data(), n);
     ob::host_worker_pack_from(t.data(), e.data(), ob::scale_from_sumsq(s2, n), L, x.data(), send.data());
   });
   Stage s0{"server 2-pass", s.bytes_per_el, c, 0};
-  s0.seconds = median_time([&] { ob::host_server_reduce(recv.data(), z.data(), L, y.data(), gsend.data()); });
+  s0.seconds = median_time([&] {
+    const double q = ob::host_server_sumsq(recv.data(), z.data(), L);
+    ob::host_server_pack_from(recv.data(), z.data(), ob::scale_from_sumsq(q, c), L, y.data(), gsend.data());
+  });
   // The forms that store x (y) in the first pass and pack them in place
   // (host_worker_sum + host_worker_pack, host_server_sum + host_server_pack).
   Stage w2{"worker (x)", 12.125, n, 0};

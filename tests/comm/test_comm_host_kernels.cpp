@@ -5,8 +5,7 @@
 // (AVX-512, AVX2 and portable), 1, 2 and 3 OpenMP threads, plain and streaming
 // (non-temporal) stores at 64-, 32- and 4-byte alignment, and both forms of the
 // worker and server phases (two passes that store x / y and pack in place,
-// the fused form that recomputes them: host_*_pack_from, and
-// host_server_reduce), and the one-pass forms the communicator runs
+// the fused form that recomputes them: host_*_pack_from), and the one-pass forms the communicator runs
 // (host_*_sum_pack) with stored, zero and lazy errors (rebuilt from the last
 // call's values and scale: host_errors_from). Sizes cross the
 // 8-, 16- and 64-element blocks, the lanes, rounds and segments of the sums
@@ -267,18 +266,6 @@ void run_case(const Case& k, Rng& rng) {
         CHECK(d < 0, "server error (fused) element %" PRId64, d);
         CHECK(g1 == x.gsend, "server message (in place) differs");
         CHECK(g2 == x.gsend, "server message (fused) differs");
-      }
-      // The whole server phase.
-      {
-        Floats re(c, k.unaligned);
-        std::vector<uint8_t> g3(size_t(L.msg), 0xEF);
-        const float sc3 = ob::host_server_reduce(recv.data(), z.p, L, re.p, g3.data());
-        CHECK(bits(sc3) == bits(x.sscale) || (std::isnan(sc3) && std::isnan(x.sscale)),
-              "host_server_reduce scale %.9g vs %.9g", double(sc3), double(x.sscale));
-        if (std::isfinite(sc3)) {
-          CHECK(first_diff(re.p, x.serr.data(), c) < 0, "server error (host_server_reduce) differs");
-          CHECK(g3 == x.gsend, "server message (host_server_reduce) differs");
-        }
       }
       // The one-pass forms: values stored, sign bits packed, scales left to
       // the caller; errors stored, zero, or lazy.
