@@ -167,7 +167,7 @@ struct ErrLazy {
   float s;
   float at(int64_t i) const { return x[i] - signed_scale(sign_bit(x[i]), s); }
   LOWBIT_INLINE void load8(int64_t i, float* v) const {
-    for (int k = 0; k < 8; ++k) v[k] = x[i + k] - (x[i + k] >= 0.0f ? s : -s);
+    for (int k = 0; k < 8; ++k) v[k] = at(i + k);
   }
 #if LOWBIT_COMM_X86
   LOWBIT_AVX512_FN __m512 load16(int64_t i) const {
