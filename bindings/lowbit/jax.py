@@ -429,21 +429,19 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     if lr.shape != ():
         raise ValueError(f"lowbit.jax: the learning rate must be a scalar, got shape {lr.shape}")
 
-    # Per param: param, grad and the state parts that have elements (an
-    # absent part is an empty array: it stays out of the call and is returned
-    # as it came, so XLA makes no buffer or copy for it).
+    # Per param: param, grad and the state parts that have elements. An
+    # absent part (an empty array) stays out of the custom call, which keeps
+    # XLA's compile time down (it grows steeply with the call's operands), and
+    # is returned as it came.
     args = [lr, state.count, state.layout]
     results = [jax.ShapeDtypeStruct(jnp.shape(state.count), jnp.result_type(state.count))]
     aliases = {1: 0}
-    masks, present = [], []
-    for i in range(len(leaves)):
-        parts = [mu[i], mus[i], nu[i], nus[i], ecc[i]]
-        mask = sum(1 << k for k, x in enumerate(parts) if np.size(x))
-        masks.append(mask)
-        present.append(mask)
+    all_parts = [(mu[i], mus[i], nu[i], nus[i], ecc[i]) for i in range(len(leaves))]
+    masks = [sum(1 << k for k, x in enumerate(parts) if np.size(x)) for parts in all_parts]
+    for leaf, grad, parts, mask in zip(leaves, g, all_parts, masks):
         aliases[len(args)] = len(results)
-        args += [leaves[i], g[i]]
-        results.append(jax.ShapeDtypeStruct(jnp.shape(leaves[i]), jnp.result_type(leaves[i])))
+        args += [leaf, grad]
+        results.append(jax.ShapeDtypeStruct(jnp.shape(leaf), jnp.result_type(leaf)))
         for k, x in enumerate(parts):
             if mask >> k & 1:
                 aliases[len(args)] = len(results)
@@ -474,16 +472,16 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     un = treedef.unflatten
     pos = 1
     new_leaves, per = [], []
-    for i in range(len(leaves)):
+    for parts, mask in zip(all_parts, masks):
         new_leaves.append(out[pos])
         pos += 1
-        parts = []
-        for k, x in enumerate((mu[i], mus[i], nu[i], nus[i], ecc[i])):
-            if present[i] >> k & 1:
+        new_parts = []
+        for k, x in enumerate(parts):
+            if mask >> k & 1:
                 x = out[pos]
                 pos += 1
-            parts.append(x)
-        per.append(parts)
+            new_parts.append(x)
+        per.append(new_parts)
     new_params = un(new_leaves)
     new_state = LowbitState(
         count=out[0],
