@@ -262,16 +262,14 @@ class StepDecoder {
                    a_.weight_decay.size(), "/", a_.rounding.size(), "/", a_.formats.size(), "/",
                    a_.normalizations.size(), " entries (expected N/N/N/2N/2N)");
     in_at_.resize(n + 1);
-    out_at_.resize(n + 1);
-    in_at_[0] = out_at_[0] = 0;
+    in_at_[0] = 0;
     for (size_t i = 0; i < n; ++i) {
       LOWBIT_REQUIRE(a_.parts[i] >= 0 && a_.parts[i] <= kAllParts, LOWBIT_ERROR_INVALID_ARGUMENT, "parts[", i,
                      "] = ", a_.parts[i], " is not a mask of the 5 state parts (0 to 31)");
       in_at_[i + 1] = in_at_[i] + 2 + size_t(part_count(a_.parts[i]));
-      out_at_[i + 1] = out_at_[i] + 1 + size_t(part_count(a_.parts[i]));
     }
-    LOWBIT_REQUIRE(args_.size() == in_at_[n] && rets_.size() == out_at_[n], LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "expected ", in_at_[n] + kLeadingArgs, " inputs and ", out_at_[n] + 1,
+    LOWBIT_REQUIRE(args_.size() == in_at_[n] && rets_.size() == out_at(n), LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "expected ", in_at_[n] + kLeadingArgs, " inputs and ", out_at(n) + 1,
                    " outputs for the parts attribute (lr, count, layout, then param, grad and the present state "
                    "parts per param), got ",
                    args_.size() + kLeadingArgs, " and ", rets_.size() + 1);
@@ -339,8 +337,8 @@ class StepDecoder {
   LeafBuffers leaf(size_t i) const {
     const ffi::AnyBuffer empty(empty_part());
     LeafBuffers b{{arg_buffer(args_, in_at_[i]), arg_buffer(args_, in_at_[i] + 1), empty, empty, empty, empty, empty},
-                  {ret_buffer(rets_, out_at_[i]), empty, empty, empty, empty, empty}};
-    size_t in = in_at_[i] + 2, out = out_at_[i] + 1;
+                  {ret_buffer(rets_, out_at(i)), empty, empty, empty, empty, empty}};
+    size_t in = in_at_[i] + 2, out = out_at(i) + 1;
     for (int k = 0; k < kStateParts; ++k)
       if (a_.parts[i] & (1 << k)) b.in[2 + k] = arg_buffer(args_, in++), b.out[1 + k] = ret_buffer(rets_, out++);
     return b;
@@ -510,7 +508,10 @@ class StepDecoder {
   const ffi::RemainingArgs& args_;
   const ffi::RemainingRets& rets_;
   size_t num_leaves_ = 0;
-  std::vector<size_t> in_at_, out_at_;  // param i's first input / output among the remaining ones
+  std::vector<size_t> in_at_;  // param i's first input among the remaining ones
+  // Param i's first output: each param before it has one output fewer than
+  // inputs (its grad has none).
+  size_t out_at(size_t i) const { return in_at_[i] - i; }
   mutable bool names_split_ = false;
   mutable std::vector<std::string_view> names_;
 };
