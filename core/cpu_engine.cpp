@@ -130,6 +130,43 @@ float* fp32_moment(const ParamView& pv, int k) {
   return fp32 ? static_cast<float*>(pv.moment[k].data) : nullptr;
 }
 
+// Software prefetch of the tile kPrefetchTiles ahead in every stream a tile
+// reads (param, its error-correction bytes, grad, per-element moment data).
+// The quantized steps spend long enough per tile in the codec that the
+// hardware prefetcher falls behind, and their first loads of a tile stall
+// (issue 14: 4-bit AdamW 8-12% faster, 8-bit and FP8 4-8%, at 2 threads).
+constexpr int kPrefetchTiles = 2;
+
+class TilePrefetch {
+ public:
+  TilePrefetch(const ParamView& pv, const GradView& grad) {
+    add(pv.param, 8 * int(dtype_bytes(pv.param_dtype)));
+    if (pv.param_dtype != LOWBIT_DTYPE_FLOAT32 && pv.rounding == WeightRounding::ErrorCorrection) add(pv.ecc, 8);
+    add(grad.data, 8 * int(dtype_bytes(grad.dtype)));
+    for (int k = 0; k < pv.num_moments; ++k)
+      if (pv.moment[k].norm != Norm::Factored) add(pv.moment[k].data, state_bits(pv.moment[k].format));
+  }
+  // Elements [base, base + kTile) of every stream, if below end.
+  void tile(int64_t base, int64_t end) const {
+    if (base >= end) return;
+    for (int k = 0; k < n_; ++k) {
+      const char* p = data_[k] + base * bits_[k] / 8;
+      for (int o = 0; o < kTile * bits_[k] / 8; o += 64) __builtin_prefetch(p + o);
+    }
+  }
+
+ private:
+  static int state_bits(lowbit_state_format_t f) {
+    return f == LOWBIT_STATE_FP32 ? 32 : f == LOWBIT_STATE_BF16 ? 16 : f == LOWBIT_STATE_4BIT ? 4 : 8;
+  }
+  void add(const void* data, int bits) {
+    if (data) data_[n_] = static_cast<const char*>(data), bits_[n_++] = bits;
+  }
+  const char* data_[5] = {};
+  int bits_[5] = {};
+  int n_ = 0;
+};
+
 // fp32 tensors are updated where they lie; the others go through the tile's
 // fp32 arrays (decoded or loaded before the update, encoded or stored after).
 void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
@@ -149,8 +186,10 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
   const bool code_m = pv.num_moments > 0 && !m_fp32, code_v = pv.num_moments > 1 && !v_fp32;
   const bool shaped_m = shaped_moment(pv, 0), shaped_v = shaped_moment(pv, 1);
   const bool factored = shaped_v && pv.moment[1].norm == Norm::Factored;
+  const TilePrefetch prefetch(pv, grad);
   for (int64_t base = c.begin; base < c.end; base += kTile) {
     int n = int(c.end - base < kTile ? c.end - base : kTile);
+    prefetch.tile(base + kPrefetchTiles * kTile, c.end);
     float* p = p_fp32 ? p_fp32 + base : t.p;
     const float* g = g_fp32 ? g_fp32 + base : t.g;
     float* m = m_fp32 ? m_fp32 + base : t.m;
