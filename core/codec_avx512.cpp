@@ -428,19 +428,53 @@ void encode8(const Search8& search, const Direct8& direct, int zero_code, bool s
 
 // float_to_e4m3() on 16 lanes, the same codes with fewer steps: the integer
 // rounding of the normal range already saturates at 0x7E for every |q| >=
-// 448 up to Inf (the sum wraps to >= 0x7E << 20), and RNE conversion of
-// |q| * 512 is the portable magic-number rounding of the subnormal range.
+// 448 up to Inf (the sum wraps to >= 0x7E << 20), the odd bit's round-to-even
+// is a masked add, and RNE conversion of |q| * 512 (written over the lanes
+// below 2^-6) is the portable magic-number rounding of the subnormal range.
+// kFinite: no lane is NaN (the block's scale is finite, so x / scale is).
+template <bool kFinite>
 inline __m512i e4m3_codes16(__m512 q) {
   const __m512i bits = _mm512_castps_si512(q);
   const __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  __m512i normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(int(0xC407FFFFu))), odd), 20);
-  normal = _mm512_min_epu32(normal, _mm512_set1_epi32(0x7E));
-  const __m512i sub = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.f)),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512i code = _mm512_mask_blend_epi32(_mm512_cmpge_epu32_mask(a, _mm512_set1_epi32(0x3C800000)), sub, normal);
-  code = _mm512_mask_blend_epi32(_mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)), code, _mm512_set1_epi32(0x7F));
+  const __mmask16 odd = _mm512_test_epi32_mask(a, _mm512_set1_epi32(1 << 20));
+  const __m512i rounded = _mm512_add_epi32(a, _mm512_set1_epi32(int(0xC407FFFFu)));
+  __m512i code = _mm512_min_epu32(_mm512_srli_epi32(_mm512_mask_add_epi32(rounded, odd, rounded, _mm512_set1_epi32(1)), 20),
+                                  _mm512_set1_epi32(0x7E));
+  code = _mm512_mask_cvt_roundps_epi32(code, _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x3C800000)),
+                                       _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  if (!kFinite)
+    code = _mm512_mask_blend_epi32(_mm512_cmpgt_epu32_mask(a, _mm512_set1_epi32(0x7F800000)), code, _mm512_set1_epi32(0x7F));
   return _mm512_ternarylogic_epi32(code, _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);  // code | (b & c)
+}
+
+// The low bytes of 4 x 16 dword codes (each in [0, 255]) into out[0, 64), in
+// order: two in-lane saturating packs (the values pass unchanged) leave lane j
+// of vector k at dword 4 j + k; one permute puts it at 4 k + j.
+inline void store_codes64(const __m512i (&c)[4], uint8_t* out) {
+  const __m512i packed = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, packed));
+}
+
+// floor_positive_e4m3(): a positive second moment never takes code 0.
+inline __m512i floor_positive_e4m3(__m512i c, __m512 x) {
+  return _mm512_mask_or_epi32(c, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ),
+                              c, _mm512_set1_epi32(1));
+}
+
+template <bool kFinite>
+void fp8_codes_block(bool second, const float* x, float s, uint8_t* codes) {
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int i = 0; i < kBlock8; i += 64) {
+    __m512i c[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512 xi = _mm512_loadu_ps(x + i + 16 * k);
+      c[k] = e4m3_codes16<kFinite>(_mm512_div_ps(xi, sv));
+      if (second) c[k] = floor_positive_e4m3(c[k], xi);
+    }
+    store_codes64(c, codes + i);
+  }
 }
 
 // encode_fp8() of one 256-element block: scale absmax / 448, codes of x / scale
@@ -448,15 +482,17 @@ inline __m512i e4m3_codes16(__m512 q) {
 void encode_fp8_block(bool second, const float* x, uint8_t* codes, float* scale) {
   const float s = absmax_bits(x, kBlock8) / kFp8Max;
   *scale = s;
-  const bool positive = s > 0.f;  // not for 0 or NaN
-  const __m512 sv = _mm512_set1_ps(s);
-  for (int i = 0; i < kBlock8; i += 16) {
-    const __m512 xi = _mm512_loadu_ps(x + i);
-    __m512i c = positive ? e4m3_codes16(_mm512_div_ps(xi, sv)) : _mm512_setzero_si512();
-    if (second)
-      c = _mm512_mask_or_epi32(c, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(xi, _mm512_setzero_ps(), _CMP_GT_OQ),
-                               c, _mm512_set1_epi32(1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(c));
+  if (!(s > 0.f)) {  // 0 or NaN
+    for (int i = 0; i < kBlock8; i += 64) {
+      __m512i c[4];
+      for (int k = 0; k < 4; ++k) c[k] = second ? floor_positive_e4m3(_mm512_setzero_si512(), _mm512_loadu_ps(x + i + 16 * k))
+                                                : _mm512_setzero_si512();
+      store_codes64(c, codes + i);
+    }
+  } else if (s < INFINITY) {
+    fp8_codes_block<true>(second, x, s, codes);
+  } else {
+    fp8_codes_block<false>(second, x, s, codes);
   }
 }
 
