@@ -277,12 +277,12 @@ inline __m512 normalized(const float* x, float absmax) {
   return absmax > 0.f ? _mm512_div_ps(_mm512_loadu_ps(x), _mm512_set1_ps(absmax)) : _mm512_setzero_ps();
 }
 
-// floor_positive(): a positive second moment never takes the code of 0.
+// floor_positive(): a positive second moment never takes the code of 0. A
+// positive x has a code >= zero_code, so bumping zero_code to zero_code + 1
+// is a max.
 inline __m512i floor_positive16(__m512i c, __m512 x, int zero_code) {
   if (zero_code < 0) return c;
-  const __mmask16 bump = _mm512_cmpeq_epi32_mask(c, _mm512_set1_epi32(zero_code)) &
-                         _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
-  return _mm512_mask_add_epi32(c, bump, c, _mm512_set1_epi32(1));
+  return _mm512_mask_max_epi32(c, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), c, _mm512_set1_epi32(zero_code + 1));
 }
 
 struct Search8Regs {
@@ -457,10 +457,10 @@ inline void store_codes64(const __m512i (&c)[4], uint8_t* out) {
   _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, packed));
 }
 
-// floor_positive_e4m3(): a positive second moment never takes code 0.
+// floor_positive_e4m3(): a positive second moment never takes code 0 (a
+// positive x's code has no sign bit, so that is a max with 1).
 inline __m512i floor_positive_e4m3(__m512i c, __m512 x) {
-  return _mm512_mask_or_epi32(c, _mm512_cmpeq_epi32_mask(c, _mm512_setzero_si512()) & _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ),
-                              c, _mm512_set1_epi32(1));
+  return _mm512_mask_max_epu32(c, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), c, _mm512_set1_epi32(1));
 }
 
 template <bool kFinite>
