@@ -83,9 +83,12 @@ void fill_tile(int kind, const QMap* map, float* x) {
         }
       }
       break;
-    case 4:  // denormals and the smallest normals
-      for (int i = 0; i < kTile; ++i) x[i] = bits_float(uint32_t(rng() % 0x01000000u) | (rng() & 1 ? 0x80000000u : 0u));
+    case 4: {  // denormals and the smallest normals, or only denormals of at most 2^-136: an FP8
+               // scale absmax / 448 then keeps a few bits, and x / scale passes 448 (code 0x7E)
+      const uint32_t top = rng() & 1 ? 0x01000000u : 1u << (4 + rng() % 10);
+      for (int i = 0; i < kTile; ++i) x[i] = bits_float(uint32_t(rng() % top) | (rng() & 1 ? 0x80000000u : 0u));
       break;
+    }
     case 5:  // infinities
       x[rng() % kTile] = INFINITY;
       x[rng() % kTile] = -INFINITY;
