@@ -144,7 +144,8 @@ class TilePrefetch {
     if (pv.param_dtype != LOWBIT_DTYPE_FLOAT32 && pv.rounding == WeightRounding::ErrorCorrection) add(pv.ecc, 8);
     add(grad.data, 8 * int(dtype_bytes(grad.dtype)));
     for (int k = 0; k < pv.num_moments; ++k)
-      if (pv.moment[k].norm != Norm::Factored) add(pv.moment[k].data, state_bits(pv.moment[k].format));
+      if (pv.moment[k].norm != Norm::Factored)
+        add(pv.moment[k].data, int(8 * moment_data_bytes(pv.moment[k].format, kTile) / kTile));
   }
   // Elements [base, base + kTile) of every stream, if below end.
   void tile(int64_t base, int64_t end) const {
@@ -156,9 +157,6 @@ class TilePrefetch {
   }
 
  private:
-  static int state_bits(lowbit_state_format_t f) {
-    return f == LOWBIT_STATE_FP32 ? 32 : f == LOWBIT_STATE_BF16 ? 16 : f == LOWBIT_STATE_4BIT ? 4 : 8;
-  }
   void add(const void* data, int bits) {
     if (data) data_[n_] = static_cast<const char*>(data), bits_[n_++] = bits;
   }
