@@ -277,9 +277,9 @@ inline __m512 normalized(const float* x, float absmax) {
   return absmax > 0.f ? _mm512_div_ps(_mm512_loadu_ps(x), _mm512_set1_ps(absmax)) : _mm512_setzero_ps();
 }
 
-// floor_positive(): a positive second moment never takes the code of 0. A
-// positive x has a code >= zero_code, so bumping zero_code to zero_code + 1
-// is a max.
+// floor_positive() (and floor_positive_e4m3(), with zero code 0): a positive
+// second moment never takes the code of 0. A positive x has a code >=
+// zero_code, so bumping zero_code to zero_code + 1 is a max.
 inline __m512i floor_positive16(__m512i c, __m512 x, int zero_code) {
   if (zero_code < 0) return c;
   return _mm512_mask_max_epi32(c, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), c, _mm512_set1_epi32(zero_code + 1));
@@ -457,12 +457,6 @@ inline void store_codes64(const __m512i (&c)[4], uint8_t* out) {
   _mm512_storeu_si512(out, _mm512_permutexvar_epi32(order, packed));
 }
 
-// floor_positive_e4m3(): a positive second moment never takes code 0 (a
-// positive x's code has no sign bit, so that is a max with 1).
-inline __m512i floor_positive_e4m3(__m512i c, __m512 x) {
-  return _mm512_mask_max_epu32(c, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), c, _mm512_set1_epi32(1));
-}
-
 template <bool kFinite>
 void fp8_codes_block(bool second, const float* x, float s, uint8_t* codes) {
   const __m512 sv = _mm512_set1_ps(s);
@@ -471,22 +465,23 @@ void fp8_codes_block(bool second, const float* x, float s, uint8_t* codes) {
     for (int k = 0; k < 4; ++k) {
       const __m512 xi = _mm512_loadu_ps(x + i + 16 * k);
       c[k] = e4m3_codes16<kFinite>(_mm512_div_ps(xi, sv));
-      if (second) c[k] = floor_positive_e4m3(c[k], xi);
+      if (second) c[k] = floor_positive16(c[k], xi, 0);  // floor_positive_e4m3: +0 is code 0
     }
     store_codes64(c, codes + i);
   }
 }
 
 // encode_fp8() of one 256-element block: scale absmax / 448, codes of x / scale
-// (all 0 when the scale is not > 0), floor_positive_e4m3 for a second moment.
+// (all 0 when the scale is not > 0), floor_positive_e4m3 (floor_positive16
+// with zero code 0) for a second moment.
 void encode_fp8_block(bool second, const float* x, uint8_t* codes, float* scale) {
   const float s = absmax_bits(x, kBlock8) / kFp8Max;
   *scale = s;
   if (!(s > 0.f)) {  // 0 or NaN
     for (int i = 0; i < kBlock8; i += 64) {
       __m512i c[4];
-      for (int k = 0; k < 4; ++k) c[k] = second ? floor_positive_e4m3(_mm512_setzero_si512(), _mm512_loadu_ps(x + i + 16 * k))
-                                                : _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k)
+        c[k] = second ? floor_positive16(_mm512_setzero_si512(), _mm512_loadu_ps(x + i + 16 * k), 0) : _mm512_setzero_si512();
       store_codes64(c, codes + i);
     }
   } else if (s < INFINITY) {
@@ -581,13 +576,13 @@ inline void search_pack4(const Search4& map, int zero_code, bool second, const _
     if (second) pos[k] = floor_positive16(pos[k], xn[k], zero_code);
   if constexpr (L == 8) {
     store_packed4_block(pos, packed);
-    return;
-  }
-  for (int k = 0; k < L; ++k) {
-    // qword lane j = code[2j] | code[2j + 1] << 32 (codes < 16): its low byte
-    // after or-ing in itself shifted right by 28 is code[2j] | code[2j + 1] << 4
-    const __m512i pairs = _mm512_or_si512(pos[k], _mm512_srli_epi64(pos[k], 28));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
+  } else {
+    for (int k = 0; k < L; ++k) {
+      // qword lane j = code[2j] | code[2j + 1] << 32 (codes < 16): its low byte
+      // after or-ing in itself shifted right by 28 is code[2j] | code[2j + 1] << 4
+      const __m512i pairs = _mm512_or_si512(pos[k], _mm512_srli_epi64(pos[k], 28));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(packed + 8 * k), _mm512_cvtepi64_epi8(pairs));
+    }
   }
 }
 
