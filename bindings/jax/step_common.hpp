@@ -370,10 +370,13 @@ class StepDecoder {
   void check_size(size_t i, const char* part, const ffi::AnyBuffer& b, ffi::DataType dtype, int64_t elements,
                   const Why& why) const {
     if (int64_t(b.element_count()) == elements && (elements == 0 || b.element_type() == dtype)) return;
-    std::string need = elements ? concat(ffi_dtype_name(dtype), "(", elements, ",)") : std::string("an empty array");
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": state ", part, " is ", ffi_dtype_name(b.element_type()),
-         shape_string(b.dimensions()), " but ", why(), " needs ", need,
-         " (a state made for another param, dtype or format?)");
+    // A part without elements never travels (lowbit.jax passes None or a
+    // zero-size array as absent), so it reads as absent here.
+    std::string need = elements ? concat(ffi_dtype_name(dtype), "(", elements, ",)") : std::string("none (None)");
+    std::string got = b.element_count() ? concat(ffi_dtype_name(b.element_type()), shape_string(b.dimensions()))
+                                         : std::string("absent (None or zero-size)");
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": state ", part, " is ", got, " but ", why(), " needs ",
+         need, " (a state made for another param, dtype or format?)");
   }
 
   void check_leaf(size_t i, const LeafBuffers& b, lowbit_algorithm_t algorithm, int num_moments,

@@ -204,9 +204,12 @@ def _check_hparams(algorithm, lr, b1, b2, eps, wd, momentum, dampening, nesterov
 class LowbitState(NamedTuple):
     """Optimizer state. ``mu``/``nu`` (moment data), ``mu_scale``/``nu_scale``
     (per-block float32 scales) and ``ecc`` (error-correction bytes) are pytrees
-    with the structure of the params whose leaves are flat arrays, empty where
-    a param has no such part. ``count`` is the number of steps applied (a
-    skipped non-finite step does not count); ``layout[i]`` (14 int32) =
+    with the structure of the params whose leaves are flat arrays, None where a
+    param has no such part (an absent part is no array, so a jitted step
+    dispatches fewer of them). States from earlier lowbit versions hold
+    zero-size arrays there instead; a step takes either and returns each part
+    in the form it came, so a carried state keeps its structure. ``count`` is
+    the number of steps applied (a skipped non-finite step does not count); ``layout[i]`` (14 int32) =
     format of moment 0, format of moment 1 (lowbit_state_format_t values, 0:
     no such moment), rounding (0 nearest / 1 stochastic / 2 error
     correction), normalisation of moment 0 and 1 (lowbit_normalization_t
@@ -336,17 +339,25 @@ def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
 
 def _moment_arrays(plan: _Leaf, m: int):
     """Zero data and scales of moment m: the data as its format stores it
-    (float32, bfloat16 or uint8 codes), one float32 per scale."""
+    (float32, bfloat16 or uint8 codes), one float32 per scale; None for a part
+    the moment does not have."""
     fmt, nbytes = plan.formats[m], plan.data_bytes[m]
-    if fmt == StateFormat.FP32:
+    if fmt == 0:
+        data = None
+    elif fmt == StateFormat.FP32:
         data = jnp.zeros((nbytes // 4,), jnp.float32)
     elif fmt == StateFormat.BF16:
         data = jnp.zeros((nbytes // 2,), jnp.bfloat16)
-    elif fmt == 0:
-        data = jnp.zeros((0,), jnp.float32)
     else:
         data = jnp.zeros((nbytes,), jnp.uint8)
-    return data, jnp.zeros((plan.scale_count[m],), jnp.float32)
+    count = plan.scale_count[m]
+    return data, jnp.zeros((count,), jnp.float32) if count else None
+
+
+def _present(part) -> bool:
+    """A state part with elements (absent: None, or a zero-size array from an
+    earlier lowbit)."""
+    return part is not None and np.size(part) > 0
 
 
 def _leaf_names(params):
@@ -386,7 +397,7 @@ def _init(params, cfg: Config) -> LowbitState:
         mus.append(s0)
         nu.append(d1)
         nus.append(s1)
-        ecc.append(jnp.zeros((plan.ecc_bytes,), jnp.uint8))
+        ecc.append(jnp.zeros((plan.ecc_bytes,), jnp.uint8) if plan.ecc_bytes else None)
         layout.append(plan.layout_row())
     un = treedef.unflatten
     return LowbitState(
@@ -430,14 +441,14 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
         raise ValueError(f"lowbit.jax: the learning rate must be a scalar, got shape {lr.shape}")
 
     # Per param: param, grad and the state parts that have elements. An
-    # absent part (an empty array) stays out of the custom call, which keeps
-    # XLA's compile time down (it grows steeply with the call's operands), and
-    # is returned as it came.
+    # absent part (None, or an empty array) stays out of the custom call, which
+    # keeps XLA's compile time down (it grows steeply with the call's
+    # operands), and is returned as it came.
     args = [lr, state.count, state.layout]
     results = [jax.ShapeDtypeStruct(jnp.shape(state.count), jnp.result_type(state.count))]
     aliases = {1: 0}
     all_parts = [(mu[i], mus[i], nu[i], nus[i], ecc[i]) for i in range(len(leaves))]
-    masks = [sum(1 << k for k, x in enumerate(parts) if np.size(x)) for parts in all_parts]
+    masks = [sum(1 << k for k, x in enumerate(parts) if _present(x)) for parts in all_parts]
     for leaf, grad, parts, mask in zip(leaves, g, all_parts, masks):
         aliases[len(args)] = len(results)
         args += [leaf, grad]
@@ -695,7 +706,8 @@ def moments(state: LowbitState, params):
             if norm != Normalization.BLOCK and bound != tuple(jnp.shape(p)):
                 raise ValueError(f"lowbit.jax: state of leaf {i} was made for shape {bound}, the param has shape "
                                  f"{tuple(jnp.shape(p))}")
-            d, s = jax.device_put(data[i], cpu), jax.device_put(scales[i], cpu)
+            d = jax.device_put(data[i] if _present(data[i]) else jnp.zeros((0,), jnp.uint8), cpu)
+            s = jax.device_put(scales[i] if _present(scales[i]) else jnp.zeros((0,), jnp.float32), cpu)
             vals.append(_decode(d, s, fmt, norm, m, jnp.shape(p)))
         out.append(treedef.unflatten(vals))
     return tuple(out)

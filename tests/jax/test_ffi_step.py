@@ -251,7 +251,7 @@ def test_same_bits_as_c_api(ljax, capi, case, seed):
             assert (info.state_format, info.second_state_format) == (layout[i, 0], layout[i, 1]), i
             assert info.error_correction == (layout[i, 2] == 2) and info.stochastic_rounding == (layout[i, 2] == 1)
             nbytes = sum(np.asarray(x[i]).nbytes for x in (state.mu, state.mu_scale, state.nu, state.nu_scale,
-                                                            state.ecc))
+                                                            state.ecc) if x[i] is not None)
             assert nbytes == info.state_bytes, (i, nbytes, info.state_bytes)
             for m, tree in enumerate((mu, nu)):
                 if tree[i] is None:
@@ -321,11 +321,49 @@ def test_state_layout_and_sizes(ljax):
     assert s.mu["big"].shape == (3000,) and s.mu["big"].dtype == jnp.uint8
     assert s.mu_scale["big"].shape == (47,)  # ceil(6000 / 128)
     assert s.mu["small"].dtype == jnp.float32 and s.mu["small"].shape == (10,)  # under the threshold
-    assert s.mu["half"].shape == (2049,) and s.ecc["half"].shape == (4097,) and s.ecc["big"].shape == (0,)
+    assert s.mu["half"].shape == (2049,) and s.ecc["half"].shape == (4097,) and s.ecc["big"] is None
+    assert s.mu_scale["small"] is None  # absent parts are None: no array to dispatch
     layout = {k: tuple(v) for k, v in zip(sorted(params), np.asarray(s.layout).tolist())}
     flat = (1, 1, 0) + (0,) * 8  # block normalisations, no bound shape
     assert layout == {"big": (4, 4, 0) + flat, "half": (4, 4, 2) + flat, "small": (1, 1, 0) + flat}
     s = ljax.sgd(0.1).init(params)  # no momentum: no moments
-    assert all(x.size == 0 for x in jax.tree.leaves((s.mu, s.nu, s.mu_scale, s.ecc)))
+    assert jax.tree.leaves((s.mu, s.nu, s.mu_scale, s.nu_scale, s.ecc)) == []
     s = ljax.lion(1e-4, state_format="bf16").init(params)
-    assert s.mu["small"].dtype == jnp.bfloat16 and s.nu["small"].size == 0
+    assert s.mu["small"].dtype == jnp.bfloat16 and s.nu["small"] is None
+
+
+def test_state_with_zero_size_parts_from_older_lowbit(ljax, rng):
+    """Earlier lowbit held absent parts as zero-size arrays: such a state steps
+    to the same bits as one with None there, and keeps its structure (a
+    lax.fori_loop carry needs the same tree in and out)."""
+    params = {"w": jnp.asarray(rng.standard_normal((5000,)), jnp.float32),
+              "h": jnp.asarray(rng.standard_normal((4500,)), jnp.bfloat16),
+              "b": jnp.asarray(rng.standard_normal((9,)), jnp.float32)}
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), jnp.float32), params)
+    opt = ljax.adamw(1e-2, state_format="8bit", error_correction=True)
+    new = opt.init(params)
+    assert new.ecc["w"] is None and new.mu_scale["b"] is None and new.ecc["h"].shape == (4500,) and new.nu_scale["h"].size > 0
+    old = jax.tree.map(lambda x: x, new, is_leaf=lambda x: x is None)
+    old = old._replace(**{f: {k: jnp.zeros((0,), jnp.uint8 if f == "ecc" else jnp.float32) if v is None else v
+                              for k, v in getattr(new, f).items()}
+                          for f in ("mu", "mu_scale", "nu", "nu_scale", "ecc")})
+    assert len(jax.tree.leaves(old)) == len(jax.tree.leaves(new)) + 4  # ecc w, b; mu_scale b; nu_scale b
+
+    def steps(state):
+        return jax.lax.fori_loop(0, 3, lambda i, c: opt.step(c[0], grads, c[1]), (params, state))
+
+    p_new, s_new = jax.jit(steps)(new)
+    p_old, s_old = jax.jit(steps)(old)
+    assert jax.tree.structure(s_old) == jax.tree.structure(old)
+    assert jax.tree.structure(s_new) == jax.tree.structure(new)
+    assert s_old.ecc["w"].shape == (0,) and s_old.ecc["w"].dtype == jnp.uint8
+    kept = [z for z in jax.tree.leaves((p_old, s_old)) if z.size]
+    assert len(kept) == len(jax.tree.leaves((p_new, s_new)))
+    for x, y in zip(jax.tree.leaves((p_new, s_new)), kept):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not np.array_equal(np.asarray(p_new["w"]), np.asarray(params["w"]))
+    mu_new, nu_new = ljax.moments(s_new, p_new)
+    mu_old, nu_old = ljax.moments(s_old, p_old)
+    for k in params:
+        np.testing.assert_array_equal(np.asarray(mu_new[k]), np.asarray(mu_old[k]))
+        np.testing.assert_array_equal(np.asarray(nu_new[k]), np.asarray(nu_old[k]))

@@ -123,13 +123,21 @@ def test_errors_leave_everything_usable(ljax):
     assert int(s2.count) == 1
 
 
-def test_a_needed_state_part_left_empty(ljax):
-    # An empty part does not travel to the handler; it reads there as an
-    # empty array and is rejected for the format that needs it.
+@pytest.mark.parametrize("absent", ["none", "zero-size"])
+def test_a_needed_state_part_left_out(ljax, absent):
+    # An absent part (None, or an empty array) does not travel to the handler;
+    # it is rejected there for the format that needs it.
     opt, params, grads, state = setup(ljax)
-    bad = state._replace(mu_scale=dict(state.mu_scale, w=jnp.zeros((0,), jnp.float32)))
-    with pytest.raises(XlaError, match=r"state mu_scale is float32\(0,\) but the 8bit format of a 5000-element param "
-                                       r"needs float32\(20,\)"):
+    bad = state._replace(mu_scale=dict(state.mu_scale, w=None if absent == "none" else jnp.zeros((0,), jnp.float32)))
+    with pytest.raises(XlaError, match=r"state mu_scale is absent \(None or zero-size\) but the 8bit format of a "
+                                       r"5000-element param needs float32\(20,\)"):
+        jax.jit(opt.step)(params, grads, bad)
+
+
+def test_a_part_the_format_does_not_have(ljax):
+    opt, params, grads, state = setup(ljax)
+    bad = state._replace(ecc=dict(state.ecc, w=jnp.zeros((5000,), jnp.uint8)))
+    with pytest.raises(XlaError, match=r"state ecc is uint8\(5000,\) but .* needs none \(None\)"):
         jax.jit(opt.step)(params, grads, bad)
 
 
