@@ -334,13 +334,20 @@ inline void search8(const Search8Regs& r, const __m512 (&x)[L], __m512i (&pos)[L
   for (int k = 0; k < L; ++k) advance(k, 1, level1_candidates(r, _mm512_srli_epi32(pos[k], 1)));
 }
 
+// floored: level 0 (0 < y <= the first positive midpoint) counts 1 instead of
+// 0 (its line t = 0.5, top 1), which is floor_positive() of an unsigned map
+// for every y > 0; direct_codes8 zeroes the lanes that are not > 0.
 struct Direct8Regs {
   __m512 bound_lo, bound_hi, a, c;
   __m512i level_lo, level_hi, top;
-  explicit Direct8Regs(const Direct8& d) {
+  Direct8Regs(const Direct8& d, bool floored) {
     bound_lo = _mm512_load_ps(d.bound), bound_hi = _mm512_load_ps(d.bound + 16);
     level_lo = _mm512_load_si512(d.level_at), level_hi = _mm512_load_si512(d.level_at + 16);
     a = _mm512_load_ps(d.a), c = _mm512_load_ps(d.c), top = _mm512_load_si512(d.top);
+    if (floored) {
+      c = _mm512_mask_mov_ps(c, 1, _mm512_set1_ps(0.5f));
+      top = _mm512_mask_mov_epi32(top, 1, _mm512_set1_epi32(1));
+    }
   }
 };
 
@@ -349,17 +356,21 @@ struct Direct8Regs {
 // the positive ones). Lanes it defers (near a midpoint, on a boundary, NaN)
 // take the search, whole vectors at a time, rarely. An unsigned map
 // (zero_code 0) gives every q < 0 the code 0, so its boundaries need no tie
-// check (q > midpoint is exact).
-template <int L, bool kSigned>
+// check (q > midpoint is exact). kFloored (unsigned only, with floored
+// registers): the codes of a second moment, floor_positive() included.
+template <int L, bool kSigned, bool kFloored = false>
 inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_code, const __m512 (&xn)[L], __m512i (&c)[L]) {
+  static_assert(!(kSigned && kFloored), "the floored form is for unsigned maps");
   const __m512i zc = _mm512_set1_epi32(zero_code);
   __mmask16 defer[L];
   for (int k = 0; k < L; ++k) {
     const __m512i bits = _mm512_castps_si512(xn[k]);
     const __m512i ybits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
     const __m512 y = _mm512_castsi512_ps(ybits);
-    const __m512i binade = _mm512_min_epu32(_mm512_max_epu32(_mm512_srli_epi32(ybits, 23), _mm512_set1_epi32(kFirstBinade)),
-                                            _mm512_set1_epi32(127));  // its low 5 bits index the tables
+    // The binade's table index: exponent - 96, or 0 below (a saturating
+    // subtract on the low halfword, where the exponent sits). y <= 1 or NaN,
+    // so the exponent never passes 127 but for NaN, whose lanes defer.
+    const __m512i binade = _mm512_subs_epu16(_mm512_srli_epi32(ybits, 23), _mm512_set1_epi32(kFirstBinade));
     const __m512 bound = _mm512_permutex2var_ps(r.bound_lo, binade, r.bound_hi);
     const __m512i level0 = _mm512_permutex2var_epi32(r.level_lo, binade, r.level_hi);
     const __m512i level = _mm512_mask_add_epi32(level0, _mm512_cmp_ps_mask(y, bound, _CMP_GT_OQ), level0, _mm512_set1_epi32(1));
@@ -371,8 +382,10 @@ inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_
     if (kSigned) {
       defer[k] |= _mm512_cmp_ps_mask(y, bound, _CMP_EQ_OQ);
       c[k] = _mm512_mask_sub_epi32(_mm512_add_epi32(zc, count), _mm512_movepi32_mask(bits), zc, _mm512_min_epi32(count, zc));
+    } else if (kFloored) {
+      c[k] = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(xn[k], _mm512_setzero_ps(), _CMP_GT_OQ), count);
     } else {
-      c[k] = _mm512_maskz_mov_epi32(_knot_mask16(_mm512_movepi32_mask(bits)), count);
+      c[k] = _mm512_maskz_mov_epi32(_mm512_testn_epi32_mask(bits, _mm512_set1_epi32(int(0x80000000u))), count);
     }
   }
   for (int k = 0; k < L; ++k)
@@ -380,39 +393,60 @@ inline void direct_codes8(const Direct8Regs& r, const Search8& search, int zero_
       const Search8Regs sr(search);
       __m512i exact[1];
       search8<1>(sr, {xn[k]}, exact);
+      if (kFloored) exact[0] = floor_positive16(exact[0], xn[k], zero_code);
       c[k] = _mm512_mask_blend_epi32(defer[k], c[k], exact[0]);
     }
 }
 
-// The 8-bit codes of L vectors of normalised values (direct where the map's
-// tables allow, else the search), floor_positive for a second moment, the
-// codes into codes[0, 16 L).
+// How a map's 8-bit codes are computed: the search, or the direct form for a
+// signed map, an unsigned one, or an unsigned one with floor_positive() built
+// in (a second moment).
+enum class Form8 { Search, Signed, Unsigned, Floored };
+
+inline Form8 form8(const Direct8& direct, int zero_code, bool second) {
+  if (!direct.usable) return Form8::Search;
+  if (zero_code > 0) return Form8::Signed;
+  return second ? Form8::Floored : Form8::Unsigned;
+}
+
+// The 8-bit codes of L vectors of normalised values, floor_positive for a
+// second moment, into codes[0, 16 L).
+template <int L, Form8 F>
+inline void store8(const Direct8& direct, const Search8& search, int zero_code, bool second, const __m512 (&xn)[L],
+                   uint8_t* codes) {
+  __m512i c[L];
+  if (F == Form8::Search)
+    search8<L>(Search8Regs(search), xn, c);
+  else
+    direct_codes8<L, F == Form8::Signed, F == Form8::Floored>(Direct8Regs(direct, F == Form8::Floored), search,
+                                                               zero_code, xn, c);
+  for (int k = 0; k < L; ++k) {
+    if (second && F != Form8::Floored) c[k] = floor_positive16(c[k], xn[k], zero_code);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
+  }
+}
+
 template <int L>
 inline void search_store8(const Direct8& direct, const Search8& search, int zero_code, bool second, const __m512 (&xn)[L],
                           uint8_t* codes) {
-  __m512i c[L];
-  if (direct.usable && zero_code > 0)
-    direct_codes8<L, true>(Direct8Regs(direct), search, zero_code, xn, c);
-  else if (direct.usable)
-    direct_codes8<L, false>(Direct8Regs(direct), search, zero_code, xn, c);
-  else
-    search8<L>(Search8Regs(search), xn, c);
-  for (int k = 0; k < L; ++k) {
-    if (second) c[k] = floor_positive16(c[k], xn[k], zero_code);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 16 * k), _mm512_cvtepi32_epi8(c[k]));
+  switch (form8(direct, zero_code, second)) {
+    case Form8::Search: return store8<L, Form8::Search>(direct, search, zero_code, second, xn, codes);
+    case Form8::Signed: return store8<L, Form8::Signed>(direct, search, zero_code, second, xn, codes);
+    case Form8::Unsigned: return store8<L, Form8::Unsigned>(direct, search, zero_code, second, xn, codes);
+    case Form8::Floored: return store8<L, Form8::Floored>(direct, search, zero_code, second, xn, codes);
   }
 }
 
 // L vectors at a time: the search's levels form long dependency chains that
 // 8 vectors in lockstep hide; the direct form has short ones, and 4 keep its
 // temporaries in registers.
-template <int L>
+template <int L, Form8 F>
 void encode8_groups(const Search8& search, const Direct8& direct, int zero_code, bool second, const float* x, float absmax,
                     uint8_t* codes) {
   for (int i = 0; i < kBlock8; i += 16 * L) {
     __m512 xn[L];
     for (int k = 0; k < L; ++k) xn[k] = normalized(x + i + 16 * k, absmax);
-    search_store8<L>(direct, search, zero_code, second, xn, codes + i);
+    store8<L, F>(direct, search, zero_code, second, xn, codes + i);
   }
 }
 
@@ -420,10 +454,12 @@ void encode8(const Search8& search, const Direct8& direct, int zero_code, bool s
              float* scale) {
   const float absmax = absmax_bits(x, kBlock8);
   *scale = absmax;
-  if (direct.usable)
-    encode8_groups<4>(search, direct, zero_code, second, x, absmax, codes);
-  else
-    encode8_groups<kLanes>(search, direct, zero_code, second, x, absmax, codes);
+  switch (form8(direct, zero_code, second)) {
+    case Form8::Search: return encode8_groups<kLanes, Form8::Search>(search, direct, zero_code, second, x, absmax, codes);
+    case Form8::Signed: return encode8_groups<4, Form8::Signed>(search, direct, zero_code, second, x, absmax, codes);
+    case Form8::Unsigned: return encode8_groups<4, Form8::Unsigned>(search, direct, zero_code, second, x, absmax, codes);
+    case Form8::Floored: return encode8_groups<4, Form8::Floored>(search, direct, zero_code, second, x, absmax, codes);
+  }
 }
 
 // float_to_e4m3() on 16 lanes, the same codes with fewer steps: the integer
