@@ -147,8 +147,10 @@ class TilePrefetch {
       if (pv.moment[k].norm != Norm::Factored)
         add(pv.moment[k].data, int(8 * moment_data_bytes(pv.moment[k].format, kTile) / kTile));
   }
-  // Elements [base, base + kTile) of every stream, if below end.
-  void tile(int64_t base, int64_t end) const {
+  // Elements [base, base + kTile) of every stream, if below end. Always
+  // inlined: GCC counts prefetches as no effect, so where it does not inline
+  // this (a larger caller) it deletes the call and the prefetches with it.
+  __attribute__((always_inline)) void tile(int64_t base, int64_t end) const {
     if (base >= end) return;
     for (int k = 0; k < n_; ++k) {
       const char* p = data_[k] + base * bits_[k] / 8;
