@@ -209,13 +209,14 @@ class LowbitState(NamedTuple):
     dispatches fewer of them). States from earlier lowbit versions hold
     zero-size arrays there instead; a step takes either and returns each part
     in the form it came, so a carried state keeps its structure. ``count`` is
-    the number of steps applied (a skipped non-finite step does not count); ``layout[i]`` (14 int32) =
-    format of moment 0, format of moment 1 (lowbit_state_format_t values, 0:
-    no such moment), rounding (0 nearest / 1 stochastic / 2 error
-    correction), normalisation of moment 0 and 1 (lowbit_normalization_t
-    values, 0: no such moment), then ndim and the 8 dims of the shape the
-    step binds (the leaf's, when a moment is rank-1 or factored; else ndim 0).
-    A factored second moment has format fp32 (its accumulators)."""
+    the number of steps applied (a skipped non-finite step does not count);
+    ``layout[i]`` (14 int32) = format of moment 0, format of moment 1
+    (lowbit_state_format_t values, 0: no such moment), rounding (0 nearest /
+    1 stochastic / 2 error correction), normalisation of moment 0 and 1
+    (lowbit_normalization_t values, 0: no such moment), then ndim and the 8
+    dims of the shape the step binds (the leaf's, when a moment is rank-1 or
+    factored; else ndim 0). A factored second moment has format fp32 (its
+    accumulators)."""
 
     count: jax.Array
     layout: jax.Array

@@ -342,9 +342,9 @@ def test_state_with_zero_size_parts_from_older_lowbit(ljax, rng):
     grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), jnp.float32), params)
     opt = ljax.adamw(1e-2, state_format="8bit", error_correction=True)
     new = opt.init(params)
-    assert new.ecc["w"] is None and new.mu_scale["b"] is None and new.ecc["h"].shape == (4500,) and new.nu_scale["h"].size > 0
-    old = jax.tree.map(lambda x: x, new, is_leaf=lambda x: x is None)
-    old = old._replace(**{f: {k: jnp.zeros((0,), jnp.uint8 if f == "ecc" else jnp.float32) if v is None else v
+    assert new.ecc["w"] is None and new.mu_scale["b"] is None
+    assert new.ecc["h"].shape == (4500,) and new.nu_scale["h"].size > 0
+    old = new._replace(**{f: {k: jnp.zeros((0,), jnp.uint8 if f == "ecc" else jnp.float32) if v is None else v
                               for k, v in getattr(new, f).items()}
                           for f in ("mu", "mu_scale", "nu", "nu_scale", "ecc")})
     assert len(jax.tree.leaves(old)) == len(jax.tree.leaves(new)) + 4  # ecc w, b; mu_scale b; nu_scale b
