@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "qmaps.hpp"
 #include "quant.hpp"
@@ -409,6 +410,17 @@ inline Form8 form8(const Direct8& direct, int zero_code, bool second) {
   return second ? Form8::Floored : Form8::Unsigned;
 }
 
+// f(form) with the form as a compile-time constant (std::integral_constant).
+template <class Fn>
+inline void with_form8(Form8 form, Fn&& f) {
+  switch (form) {
+    case Form8::Search: return f(std::integral_constant<Form8, Form8::Search>{});
+    case Form8::Signed: return f(std::integral_constant<Form8, Form8::Signed>{});
+    case Form8::Unsigned: return f(std::integral_constant<Form8, Form8::Unsigned>{});
+    case Form8::Floored: return f(std::integral_constant<Form8, Form8::Floored>{});
+  }
+}
+
 // The 8-bit codes of L vectors of normalised values, floor_positive for a
 // second moment, into codes[0, 16 L).
 template <int L, Form8 F>
@@ -429,12 +441,8 @@ inline void store8(const Direct8& direct, const Search8& search, int zero_code, 
 template <int L>
 inline void search_store8(const Direct8& direct, const Search8& search, int zero_code, bool second, const __m512 (&xn)[L],
                           uint8_t* codes) {
-  switch (form8(direct, zero_code, second)) {
-    case Form8::Search: return store8<L, Form8::Search>(direct, search, zero_code, second, xn, codes);
-    case Form8::Signed: return store8<L, Form8::Signed>(direct, search, zero_code, second, xn, codes);
-    case Form8::Unsigned: return store8<L, Form8::Unsigned>(direct, search, zero_code, second, xn, codes);
-    case Form8::Floored: return store8<L, Form8::Floored>(direct, search, zero_code, second, xn, codes);
-  }
+  with_form8(form8(direct, zero_code, second),
+             [&](auto form) { store8<L, form()>(direct, search, zero_code, second, xn, codes); });
 }
 
 // L vectors at a time: the search's levels form long dependency chains that
@@ -454,12 +462,10 @@ void encode8(const Search8& search, const Direct8& direct, int zero_code, bool s
              float* scale) {
   const float absmax = absmax_bits(x, kBlock8);
   *scale = absmax;
-  switch (form8(direct, zero_code, second)) {
-    case Form8::Search: return encode8_groups<kLanes, Form8::Search>(search, direct, zero_code, second, x, absmax, codes);
-    case Form8::Signed: return encode8_groups<4, Form8::Signed>(search, direct, zero_code, second, x, absmax, codes);
-    case Form8::Unsigned: return encode8_groups<4, Form8::Unsigned>(search, direct, zero_code, second, x, absmax, codes);
-    case Form8::Floored: return encode8_groups<4, Form8::Floored>(search, direct, zero_code, second, x, absmax, codes);
-  }
+  with_form8(form8(direct, zero_code, second), [&](auto form) {
+    constexpr int kGroup = form() == Form8::Search ? kLanes : 4;
+    encode8_groups<kGroup, form()>(search, direct, zero_code, second, x, absmax, codes);
+  });
 }
 
 // float_to_e4m3() on 16 lanes, the same codes with fewer steps: the integer
