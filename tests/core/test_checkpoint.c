@@ -628,8 +628,13 @@ static int negative_extreme_blocks(lowbit_optimizer_t opt, int i, int block) {
  * cycle 1's. Before, blocks whose largest-magnitude element is negative
  * shrank by x0.99297 (8-bit) or x0.8875 (4-bit) per cycle (the signed maps'
  * most negative code is not -1). From an fp32 checkpoint, cycle 1 itself
- * keeps every decoded value within 2 ulps of the state the steps made. The
- * same holds through read_moment / write_moment, which encode like a load. */
+ * keeps every decoded value within 2 ulps of the state the steps made. From a
+ * bf16 one, rounding moves each value and its block's scale by at most 2^-8
+ * (relative), so the normalised value by at most about 2^-7; where that
+ * crosses a midpoint the code moves to a neighbour, which then lies at most
+ * twice as far: every decoded value stays within 2^-6 + 2^-8 < 2^-5 (which
+ * depends on the data: some seeds cross a midpoint, most do not). The same
+ * holds through read_moment / write_moment, which encode like a load. */
 static void test_materialized_round_trip_is_fixed_point(void** state) {
   (void)state;
   const lowbit_state_format_t fmts[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8};
@@ -640,10 +645,11 @@ static void test_materialized_round_trip_is_fixed_point(void** state) {
       Fixture x;
       make(&x, LOWBIT_ALGORITHM_ADAMW, fmts[f], LOWBIT_DTYPE_FLOAT32, 0, 0);
       run_steps(&x, 0, 4);
-      /* params 0 and 2 are quantized (257 stays fp32): about half their
-       * blocks have a negative extreme */
-      assert_true(negative_extreme_blocks(x.opt, 0, blocks[f]) >= 3);
-      assert_true(negative_extreme_blocks(x.opt, 2, blocks[f]) >= 6);
+      /* params 0 and 2 are quantized (257 stays fp32): some of their blocks
+       * have a negative extreme once decoded (about half in fp32; fewer in
+       * 4-bit, whose top positive code is 1 but most negative -0.8875: at
+       * least 9 of 111 blocks over 60 random seeds, as few as 2 in param 0) */
+      assert_true(negative_extreme_blocks(x.opt, 0, blocks[f]) + negative_extreme_blocks(x.opt, 2, blocks[f]) >= 3);
       float *orig[2][NP], *now[NP];
       for (int m = 0; m < 2; ++m) read_all(x.opt, m, orig[m]);
       int64_t first_size = 0;
@@ -672,7 +678,7 @@ static void test_materialized_round_trip_is_fixed_point(void** state) {
           for (int64_t k = 0; k < kSizes[i]; ++k) {
             float a = orig[m][i][k], b = now[i][k];
             float tol = modes[mi] == LOWBIT_CHECKPOINT_MATERIALIZED_FP32 ? 2.f * (nextafterf(fabsf(a), INFINITY) - fabsf(a))
-                                                                       : 0x1p-7f * fabsf(a); /* bf16 rounding of the input */
+                                                                       : 0x1p-5f * fabsf(a); /* bf16 rounding, see above */
             if (!(fabsf(a - b) <= tol))
               fail_msg("format %d, mode %d: param %d moment %d element %lld: %.9g after the steps, %.9g after a save/load",
                        (int)fmts[f], (int)modes[mi], i, m, (long long)k, a, b);
