@@ -17,7 +17,6 @@
 #include "engine.hpp"
 #include "error.hpp"
 #include "onebit_rules.hpp"
-#include "param_io.hpp"
 #include "rounding.hpp"
 #include "simd.hpp"
 #include "step_scalars.hpp"
@@ -44,8 +43,8 @@ LOWBIT_VECTOR_CLONES void update_tile_factored(const StepScalars& s, int n, floa
     for (int i = 0; i < n; ++i) update_element_factored<A>(s, p[i], g[i], m[i], v[i]);
 }
 
-// 1-bit LAMB's compressed pass over len <= kLambLanes consecutive elements of
-// an fp32 param: element l feeds lane l of the chunk's reducer (a, b) and of
+// 1-bit LAMB's compressed pass over len <= kLambLanes consecutive elements
+// (the param's values in fp32): element l feeds lane l of the chunk's reducer (a, b) and of
 // the ratio maxima (mx). The per-element rule and the order of every sum are
 // LambReducer's; the form lets the compiler vectorise it.
 template <bool kMasked>
@@ -64,9 +63,10 @@ LOWBIT_VECTOR_CLONES void lamb_compressed_lanes(const StepScalars& s, int len, c
   }
 }
 
-// 1-bit Adam's apply over n elements of an fp32 param: m = 0 where masked,
-// else the averaged momentum (kBlend: blended into the local one), then the
-// update with the frozen v; the generic loop's rule in a vectorisable form.
+// 1-bit Adam's apply over n elements (the param's values in fp32: its own
+// memory, or a tile of a bf16 / fp16 one, see param_spans): m = 0 where
+// masked, else the averaged momentum (kBlend: blended into the local one),
+// then the update with the frozen v; onebit_rules.hpp's rule, vectorisable.
 template <bool kMasked, bool kBlend>
 LOWBIT_VECTOR_CLONES void onebit_apply_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
                                             const float* __restrict avg, float* __restrict m,
@@ -78,7 +78,7 @@ LOWBIT_VECTOR_CLONES void onebit_apply_fp32(const StepScalars& s, int64_t n, con
   }
 }
 
-// The local momentum of n fp32 grads, times `scaling` (1-bit LAMB's; 1 for
+// The local momentum of n grads (fp32 values), times `scaling` (1-bit LAMB's; 1 for
 // 1-bit Adam, which leaves every value as it is), into out (0 where masked).
 template <bool kMasked>
 LOWBIT_VECTOR_CLONES void local_momentum_fp32(const StepScalars& s, float scaling, int64_t n,
@@ -88,9 +88,9 @@ LOWBIT_VECTOR_CLONES void local_momentum_fp32(const StepScalars& s, float scalin
     out[k] = kMasked && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g[k]) * scaling;
 }
 
-// 0/1 Adam's synchronisation over n elements of an fp32 param with fp32
-// grads: the deltas to average (0 where masked), then, after the exchange,
-// the new momentum, param and sync param; the generic loops' rules.
+// 0/1 Adam's synchronisation over n elements (param and grad values in
+// fp32): the deltas to average (0 where masked), then, after the exchange,
+// the new momentum, param and sync param; onebit_rules.hpp's rules.
 template <bool kMasked>
 LOWBIT_VECTOR_CLONES void zeroone_delta_fp32(const StepScalars& s, int64_t n, const uint8_t* __restrict mask,
                                              const float* __restrict m, const float* __restrict g,
@@ -112,10 +112,82 @@ LOWBIT_VECTOR_CLONES void zeroone_sync_fp32(int64_t n, float eps, float inv_lrs,
   }
 }
 
-// p -= step * lamb_update(m, v, p) over n fp32 params.
+// p -= step * lamb_update(m, v, p) over n params (fp32 values).
 LOWBIT_VECTOR_CLONES void lamb_apply_fp32(int64_t n, float step, float eps, float weight_decay,
                                           const float* __restrict m, const float* __restrict v, float* __restrict p) {
   for (int64_t i = 0; i < n; ++i) p[i] -= step * lamb_update(m[i], v[i], p[i], eps, weight_decay);
+}
+
+// 1-bit LAMB's warm-up, its first pass over len <= kLambLanes consecutive
+// elements (fp32 values of the param and grad): element l feeds lane l of the
+// chunk's reducer with p^2 and the update's u^2; `bad` collects a non-finite
+// grad. The moments are not written (the second pass does).
+LOWBIT_VECTOR_CLONES void lamb_warmup_lanes(const StepScalars& s, int len, const float* __restrict g,
+                                            const float* __restrict p, const float* __restrict m,
+                                            const float* __restrict v, double* __restrict a, double* __restrict b,
+                                            int32_t& bad) {
+  int32_t found = 0;
+  for (int l = 0; l < len; ++l) {
+    found |= !std::isfinite(g[l]);
+    float mk = m[l], vk = v[l];
+    lamb_moments(s, g[l], mk, vk);
+    const float u = lamb_update(mk, vk, p[l], s.eps, s.weight_decay);
+    a[l] += double(p[l]) * p[l];
+    b[l] += double(u) * u;
+  }
+  bad |= found;
+}
+
+// Its second pass over n elements: the moments (m = 0 where masked; v also
+// into fresh when kFresh) and p -= step * lamb_update.
+template <bool kMasked, bool kFresh>
+LOWBIT_VECTOR_CLONES void lamb_warmup_apply(const StepScalars& s, float step, int64_t n, const uint8_t* __restrict mask,
+                                            const float* __restrict g, float* __restrict m, float* __restrict v,
+                                            float* __restrict fresh, float* __restrict p) {
+  for (int64_t k = 0; k < n; ++k) {
+    float mk = m[k], vk = v[k];
+    lamb_moments(s, g[k], mk, vk);
+    p[k] -= step * lamb_update(mk, vk, p[k], s.eps, s.weight_decay);
+    m[k] = kMasked && !mask[k] ? 0.f : mk;
+    v[k] = vk;
+    if (kFresh) fresh[k] = vk;
+  }
+}
+
+// body(b, n, p) over elements [c.begin, c.end) of a param as fp32, p the
+// values of elements b .. b + n - 1: when `direct` (an fp32 param) the whole
+// chunk at once on the param's own memory; otherwise tile by tile on a copy
+// (load_param_tile), stored back with the param's rounding and `key` when
+// kStore. The 1-bit passes run their fp32 loops on bf16 and fp16 params this
+// way, with the same per-element rules and rounding as the step's tiles.
+template <bool kStore, class Body>
+void param_spans(const ParamView& pv, uint64_t key, const Chunk& c, bool direct, const Body& body) {
+  if (direct) {
+    body(c.begin, c.end - c.begin, static_cast<float*>(pv.param) + c.begin);
+    return;
+  }
+  alignas(64) float p[kTile];
+  for (int64_t b = c.begin; b < c.end; b += kTile) {
+    const int n = int(std::min<int64_t>(kTile, c.end - b));
+    load_param_tile(pv, b, n, p);
+    body(b, int64_t(n), p);
+    if (kStore) store_param_tile(pv, key, b, n, p);
+  }
+}
+
+// Whether a grad's memory is apart from its param's (a grad may share it).
+bool grad_apart(const ParamView& pv, const GradView& grad) {
+  const char* gp = static_cast<const char*>(grad.data);
+  const char* pp = static_cast<const char*>(pv.param);
+  return gp + dtype_bytes(grad.dtype) * pv.numel <= pp || pp + dtype_bytes(pv.param_dtype) * pv.numel <= gp;
+}
+
+// Elements [b, b + n) of a grad as fp32: its own memory, or (n <= kTile) a
+// copy in tmp.
+const float* grad_span(const GradView& g, int64_t b, int64_t n, float* tmp) {
+  if (g.dtype == LOWBIT_DTYPE_FLOAT32) return static_cast<const float*>(g.data) + b;
+  load_tensor_tile(g.data, g.dtype, b, int(n), tmp);
+  return tmp;
 }
 
 struct alignas(64) Tile {
@@ -174,13 +246,9 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
   Tile t;
   // A grad that shares memory with its param goes through the tile
   // (update_tile's arrays are __restrict, and the param is written in place).
-  const char* gp = static_cast<const char*>(grad.data);
-  const char* pp = static_cast<const char*>(pv.param);
-  const bool grad_apart =
-      gp + dtype_bytes(grad.dtype) * pv.numel <= pp || pp + dtype_bytes(pv.param_dtype) * pv.numel <= gp;
   float* const p_fp32 = pv.param_dtype == LOWBIT_DTYPE_FLOAT32 ? static_cast<float*>(pv.param) : nullptr;
   const float* const g_fp32 =
-      grad.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart ? static_cast<const float*>(grad.data) : nullptr;
+      grad.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart(pv, grad) ? static_cast<const float*>(grad.data) : nullptr;
   float* const m_fp32 = fp32_moment(pv, 0);
   float* const v_fp32 = fp32_moment(pv, 1);
   const bool code_m = pv.num_moments > 0 && !m_fp32, code_v = pv.num_moments > 1 && !v_fp32;
@@ -571,10 +639,7 @@ class CpuEngine final : public Engine {
       const float* v = static_cast<const float*>(pv.moment[1].data);
       const float* avg = a.bucket + offsets_[i];
       const uint8_t* mask = masks_[i];
-      const int32_t r = int32_t(pv.rounding);
-      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        float* p = static_cast<float*>(pv.param) + b;
+      param_spans<true>(pv, keys_[i], c, pv.param_dtype == LOWBIT_DTYPE_FLOAT32, [&](int64_t b, int64_t n, float* p) {
         const uint8_t* mb = mask ? mask + b : nullptr;
         if (mask && a.blend)
           onebit_apply_fp32<true, true>(s, n, mb, avg + b, m + b, v + b, p);
@@ -584,15 +649,7 @@ class CpuEngine final : public Engine {
           onebit_apply_fp32<false, true>(s, n, mb, avg + b, m + b, v + b, p);
         else
           onebit_apply_fp32<false, false>(s, n, mb, avg + b, m + b, v + b, p);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float mk = mask && !mask[k] ? 0.f : (a.blend ? onebit_local_momentum(s, m[k], avg[k]) : avg[k]);
-        m[k] = mk;
-        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
-        lowbit::onebit_apply(s, p, mk, v[k]);
-        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
-      }
+      });
     });
     for (int64_t& t : steps_) ++t;
   }
@@ -609,8 +666,8 @@ class CpuEngine final : public Engine {
     for_chunks([&](const Chunk& c) {
       const ParamView& pv = params_[size_t(c.param)];
       float* out = sync_params + offsets_[size_t(c.param)];
-      for (int64_t k = c.begin; k < c.end; ++k)
-        out[k] = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
+      for (int64_t b = c.begin; b < c.end; b += kTile)
+        load_param_tile(pv, b, int(std::min<int64_t>(kTile, c.end - b)), out + b);
     });
   }
 
@@ -625,20 +682,15 @@ class CpuEngine final : public Engine {
       const float* ps = sync_params + offsets_[i];
       const uint8_t* mask = masks_[i];
       float* out = bucket + offsets_[i];
-      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32 && pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        const float* g = static_cast<const float*>(grads[i].data) + b;
-        const float* p = static_cast<const float*>(pv.param) + b;
+      const bool direct = grads[i].dtype == LOWBIT_DTYPE_FLOAT32 && pv.param_dtype == LOWBIT_DTYPE_FLOAT32;
+      param_spans<false>(pv, 0, c, direct, [&](int64_t b, int64_t n, const float* p) {
+        alignas(64) float tg[kTile];
+        const float* g = grad_span(grads[i], b, n, tg);
         if (mask)
           zeroone_delta_fp32<true>(s, n, mask + b, m + b, g, v + b, ps + b, p, out + b);
         else
           zeroone_delta_fp32<false>(s, n, nullptr, m + b, g, v + b, ps + b, p, out + b);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(grads[i].data, grads[i].dtype, k);
-        out[k] = mask && !mask[k] ? 0.f : zeroone_sync_delta(s, m[k], g, v[k], ps[k], load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k));
-      }
+      });
     });
   }
 
@@ -656,22 +708,18 @@ class CpuEngine final : public Engine {
       const float* d = a.bucket + offsets_[i];
       float* ps = a.sync_params + offsets_[i];
       const uint8_t* mask = masks_[i];
-      const int32_t r = int32_t(pv.rounding);
-      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        float* p = static_cast<float*>(pv.param) + b;
+      const bool direct = pv.param_dtype == LOWBIT_DTYPE_FLOAT32;
+      param_spans<true>(pv, keys_[i], c, direct, [&](int64_t b, int64_t n, float* p) {
         if (mask)
           zeroone_sync_fp32<true>(n, eps, inv_lrs, mask + b, d + b, v + b, m + b, ps + b, p);
         else
           zeroone_sync_fp32<false>(n, eps, inv_lrs, nullptr, d + b, v + b, m + b, ps + b, p);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        m[k] = mask && !mask[k] ? 0.f : d[k] * inv_lrs;
-        const float p = zeroone_sync_param(ps[k], d[k], v[k], eps);
-        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
-        ps[k] = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
-      }
+      });
+      // The sync params are the params as stored (rounded), as the next
+      // synchronisation reads them back.
+      if (!direct)
+        for (int64_t b = c.begin; b < c.end; b += kTile)
+          load_param_tile(pv, b, int(std::min<int64_t>(kTile, c.end - b)), ps + b);
     });
     for (int64_t& t : steps_) ++t;
   }
@@ -688,15 +736,15 @@ class CpuEngine final : public Engine {
       const GradView& gv = grads[i];
       LambReducer red;
       int32_t bad = 0;
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(gv.data, gv.dtype, k);
-        bad |= !std::isfinite(g);
-        const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
-        float mk = m[k], vk = v[k];
-        lamb_moments(s, g, mk, vk);
-        const float u = lamb_update(mk, vk, p, s.eps, s.weight_decay);
-        red.add(k - c.begin, double(p) * p, double(u) * u);
-      }
+      const bool direct = pv.param_dtype == LOWBIT_DTYPE_FLOAT32 && gv.dtype == LOWBIT_DTYPE_FLOAT32;
+      param_spans<false>(pv, 0, c, direct, [&](int64_t b, int64_t n, const float* p) {
+        alignas(64) float tg[kTile];
+        for (int64_t k = 0; k < n; k += kLambLanes) {  // b - c.begin is a multiple of kLambLanes
+          const int len = int(std::min<int64_t>(kLambLanes, n - k));
+          const float* g = grad_span(gv, b + k, len, tg);
+          lamb_warmup_lanes(s, len, g, p + k, m + b + k, v + b + k, red.a, red.b, bad);
+        }
+      });
       a.partials[ci] = red.result(0.f, bad);
     });
     bool bad = false;
@@ -716,18 +764,26 @@ class CpuEngine final : public Engine {
       float* fresh = a.fresh_v + offsets_[i];
       const GradView& gv = grads[i];
       const uint8_t* mask = masks_[i];
-      const int32_t r = int32_t(pv.rounding);
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(gv.data, gv.dtype, k);
-        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
-        float mk = m[k], vk = v[k];
-        lamb_moments(s, g, mk, vk);
-        p -= step * lamb_update(mk, vk, p, s.eps, s.weight_decay);
-        m[k] = mask && !mask[k] ? 0.f : mk;
-        v[k] = vk;
-        if (a.seed_fresh_v) fresh[k] = vk;
-        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
-      }
+      // A grad sharing the param's memory is read through a tile copy.
+      const bool direct =
+          pv.param_dtype == LOWBIT_DTYPE_FLOAT32 && gv.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart(pv, gv);
+      param_spans<true>(pv, keys_[i], c, direct, [&](int64_t b, int64_t n, float* p) {
+        alignas(64) float tg[kTile];
+        const float* g = tg;
+        if (direct)
+          g = static_cast<const float*>(gv.data) + b;
+        else
+          load_tensor_tile(gv.data, gv.dtype, b, int(n), tg);
+        const uint8_t* mb = mask ? mask + b : nullptr;
+        if (mask && a.seed_fresh_v)
+          lamb_warmup_apply<true, true>(s, step, n, mb, g, m + b, v + b, fresh + b, p);
+        else if (mask)
+          lamb_warmup_apply<true, false>(s, step, n, mb, g, m + b, v + b, fresh + b, p);
+        else if (a.seed_fresh_v)
+          lamb_warmup_apply<false, true>(s, step, n, mb, g, m + b, v + b, fresh + b, p);
+        else
+          lamb_warmup_apply<false, false>(s, step, n, mb, g, m + b, v + b, fresh + b, p);
+      });
     });
     for (int64_t& t : steps_) ++t;
   }
@@ -770,30 +826,21 @@ class CpuEngine final : public Engine {
       const uint8_t* mask = masks_[i];
       const float sc = a.scalars[i].scaling;
       LambReducer red;
-      float max_ratio = 0.f;
-      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-        const float* pp = static_cast<const float*>(pv.param);
-        float mx[kLambLanes] = {};
-        for (int64_t k = c.begin; k < c.end; k += kLambLanes) {
-          const int len = int(std::min<int64_t>(kLambLanes, c.end - k));
+      float mx[kLambLanes] = {};
+      param_spans<false>(pv, 0, c, pv.param_dtype == LOWBIT_DTYPE_FLOAT32, [&](int64_t b, int64_t n, const float* p) {
+        for (int64_t k = 0; k < n; k += kLambLanes) {  // b - c.begin is a multiple of kLambLanes
+          const int64_t e = b + k;
+          const int len = int(std::min<int64_t>(kLambLanes, n - k));
           if (mask)
-            lamb_compressed_lanes<true>(s, len, mask + k, avg + k, sc, m + k, v + k, fresh + k, pp + k, red.a, red.b,
+            lamb_compressed_lanes<true>(s, len, mask + e, avg + e, sc, m + e, v + e, fresh + e, p + k, red.a, red.b,
                                         mx);
           else
-            lamb_compressed_lanes<false>(s, len, nullptr, avg + k, sc, m + k, v + k, fresh + k, pp + k, red.a,
+            lamb_compressed_lanes<false>(s, len, nullptr, avg + e, sc, m + e, v + e, fresh + e, p + k, red.a,
                                          red.b, mx);
         }
-        for (float x : mx) max_ratio = std::max(max_ratio, x);  // every lane's maximum, as one running one
-      } else {
-        for (int64_t k = c.begin; k < c.end; ++k) {
-          const float p = load_param_element(pv.param, pv.param_dtype, int32_t(pv.rounding), pv.ecc, k);
-          float pre, u;
-          const float ratio =
-              lamb_compressed_element(s, mask && !mask[k], avg[k], sc, m[k], v[k], fresh[k], p, pre, u);
-          max_ratio = std::max(max_ratio, ratio);
-          red.add(k - c.begin, double(pre) * pre, double(u) * u);
-        }
-      }
+      });
+      float max_ratio = 0.f;
+      for (float x : mx) max_ratio = std::max(max_ratio, x);  // every lane's maximum, as one running one
       a.partials[ci] = red.result(max_ratio, 0);
     });
     per_param_sums(a.partials, [&](size_t i, double sa, double sb, float mx) {
@@ -807,17 +854,9 @@ class CpuEngine final : public Engine {
       const float step = s.lr * a.scalars[i].trust;
       const float* m = static_cast<const float*>(pv.moment[0].data);
       const float* v = static_cast<const float*>(pv.moment[1].data);
-      const int32_t r = int32_t(pv.rounding);
-      if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-        lamb_apply_fp32(c.end - c.begin, step, s.eps, s.weight_decay, m + c.begin, v + c.begin,
-                        static_cast<float*>(pv.param) + c.begin);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        float p = load_param_element(pv.param, pv.param_dtype, r, pv.ecc, k);
-        p -= step * lamb_update(m[k], v[k], p, s.eps, s.weight_decay);
-        store_param_element(pv.param, pv.param_dtype, r, pv.ecc, keys_[i], k, p);
-      }
+      param_spans<true>(pv, keys_[i], c, pv.param_dtype == LOWBIT_DTYPE_FLOAT32, [&](int64_t b, int64_t n, float* p) {
+        lamb_apply_fp32(n, step, s.eps, s.weight_decay, m + b, v + b, p);
+      });
     });
     for (int64_t& t : steps_) ++t;
   }
@@ -841,18 +880,16 @@ class CpuEngine final : public Engine {
       const float* m = static_cast<const float*>(params_[i].moment[0].data);
       const uint8_t* mask = masks_[i];
       float* out = bucket + offsets_[i];
-      if (grads[i].dtype == LOWBIT_DTYPE_FLOAT32) {
-        const int64_t b = c.begin, n = c.end - c.begin;
-        const float* g = static_cast<const float*>(grads[i].data) + b;
+      const bool direct = grads[i].dtype == LOWBIT_DTYPE_FLOAT32;
+      const int64_t span = direct ? c.end - c.begin : kTile;
+      alignas(64) float tg[kTile];
+      for (int64_t b = c.begin; b < c.end; b += span) {
+        const int64_t n = std::min<int64_t>(span, c.end - b);
+        const float* g = grad_span(grads[i], b, n, tg);
         if (mask)
           local_momentum_fp32<true>(s, sc, n, mask + b, m + b, g, out + b);
         else
           local_momentum_fp32<false>(s, sc, n, nullptr, m + b, g, out + b);
-        return;
-      }
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        const float g = load_element(grads[i].data, grads[i].dtype, k);
-        out[k] = mask && !mask[k] ? 0.f : onebit_local_momentum(s, m[k], g) * sc;
       }
     });
   }
