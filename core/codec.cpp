@@ -205,10 +205,10 @@ void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, co
         for (int i = 0; i < n; ++i) h[i] = float_to_fp16(in[i]);
       return;
     case WeightRounding::Stochastic:
-      for (int i = 0; i < n; ++i) {
-        uint32_t bits = random_bits(key, uint64_t(base + i));
-        h[i] = bf16 ? float_to_bf16_sr(in[i], bits) : float_to_fp16_sr(in[i], bits);
-      }
+      if (bf16)
+        for (int i = 0; i < n; ++i) h[i] = float_to_bf16_sr(in[i], random_bits(key, uint64_t(base + i)));
+      else
+        for (int i = 0; i < n; ++i) h[i] = float_to_fp16_sr(in[i], random_bits(key, uint64_t(base + i)));
       return;
     case WeightRounding::ErrorCorrection: {
       uint8_t* e = pv.ecc + base;

@@ -41,36 +41,28 @@ LOWBIT_HD uint16_t float_to_bf16(float f) {
 }
 
 LOWBIT_HD float fp16_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t mant = h & 0x3FFu;
-  if (exp == 0) {
-    float mag = float(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
-    return bits_float(float_bits(mag) | sign);
-  }
-  if (exp == 31) return bits_float(sign | 0x7F800000u | (mant << 13));
-  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  const float subnormal = float(mant) * 5.9604644775390625e-8f;  // mant * 2^-24, exact
+  const uint32_t other = exp == 31 ? 0x7F800000u | (mant << 13) : ((exp + 112u) << 23) | (mant << 13);
+  return bits_float(sign | (exp == 0 ? float_bits(subnormal) : other));
 }
 
+// Branch-free (selects) so conversion loops vectorise. The subnormal range
+// (|f| < 2^-14) is the float sum |f| + 0.5, whose ulp is 2^-24, the fp16
+// subnormal step: the add rounds to nearest even (the default rounding mode,
+// as round_small in rounding.hpp) and its low bits are the fp16 code, up to
+// 0x400 (the smallest normal) where |f| rounds up into it.
 LOWBIT_HD uint16_t float_to_fp16(float f) {
-  uint32_t x = float_bits(f);
-  uint16_t sign = uint16_t((x >> 16) & 0x8000u);
-  x &= 0x7FFFFFFFu;
-  if (x >= 0x7F800000u) return uint16_t(sign | (x > 0x7F800000u ? 0x7E00u : 0x7C00u));
-  if (x >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // >= 65520 rounds to Inf
-  if (x >= 0x38800000u) {                                // normal fp16 (>= 2^-14)
-    x += 0xC8000FFFu + ((x >> 13) & 1u);                 // rebias exponent, round to even
-    return uint16_t(sign | (x >> 13));
-  }
-  if (x < 0x33000000u) return sign;  // below half the smallest subnormal
-  uint32_t e = x >> 23;
-  uint32_t m = (x & 0x7FFFFFu) | 0x800000u;
-  uint32_t shift = 126u - e;  // result in units of 2^-24
-  uint32_t r = m >> shift;
-  uint32_t rem = m & ((1u << shift) - 1u);
-  uint32_t half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (r & 1u))) ++r;
-  return uint16_t(sign | r);
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t x = u & 0x7FFFFFFFu;
+  const uint32_t normal = (x + 0xC8000FFFu + ((x >> 13) & 1u)) >> 13;  // rebias the exponent, round to even
+  const uint32_t subnormal = float_bits(bits_float(x) + 0.5f) - 0x3F000000u;
+  uint32_t h = x >= 0x38800000u ? normal : subnormal;  // normal fp16 from 2^-14
+  h = x >= 0x477FF000u ? 0x7C00u : h;                   // >= 65520 rounds to Inf, Inf stays Inf
+  h = x > 0x7F800000u ? 0x7E00u : h;                    // NaN
+  return uint16_t(sign | h);
 }
 
 }  // namespace lowbit

@@ -33,26 +33,27 @@ LOWBIT_HD uint32_t random_bits(uint64_t key, uint64_t i) {
 }
 
 // bf16 stochastic rounding: P(round away from zero) = dropped bits / 2^16.
+// Selects, no early return, so loops over it vectorise.
 LOWBIT_HD uint16_t float_to_bf16_sr(float f, uint32_t bits) {
-  uint32_t u = float_bits(f);
-  if (!is_finite_bits(u)) return float_to_bf16(f);
-  uint32_t r = u + (bits & 0xFFFFu);
-  if (!is_finite_bits(r)) return uint16_t(u >> 16);  // would overflow to Inf: truncate
-  return uint16_t(r >> 16);
+  const uint32_t u = float_bits(f);
+  const uint32_t r = u + (bits & 0xFFFFu);
+  const uint16_t rounded = uint16_t((is_finite_bits(r) ? r : u) >> 16);  // would overflow to Inf: truncate
+  return is_finite_bits(u) ? rounded : float_to_bf16(f);
 }
 
-// fp16 stochastic rounding between the two neighbouring fp16 values.
+// fp16 stochastic rounding between the two neighbouring fp16 values. Both
+// candidates are computed and one selected (no early return), so loops over
+// it vectorise; a value that is exact or not finite keeps its nearest.
 LOWBIT_HD uint16_t float_to_fp16_sr(float f, uint32_t bits) {
-  uint16_t h = float_to_fp16(f);
-  float hf = fp16_to_float(h);
-  if (hf == f || !is_finite_bits(float_bits(f))) return h;
-  uint16_t lo = h, hi = h;
-  if (std::fabs(hf) > std::fabs(f)) lo = uint16_t(h - 1);  // magnitude one step down
-  else hi = uint16_t(h + 1);
-  float lof = std::fabs(fp16_to_float(lo)), hif = std::fabs(fp16_to_float(hi));
-  float frac = (std::fabs(f) - lof) / (hif - lof);
-  float u = float(bits >> 8) * 5.9604644775390625e-8f;  // [0, 1) on 24 bits
-  return u < frac ? hi : lo;
+  const uint16_t h = float_to_fp16(f);
+  const float hf = fp16_to_float(h);
+  const bool down = std::fabs(hf) > std::fabs(f);  // then lo is one step down in magnitude
+  const uint16_t lo = down ? uint16_t(h - 1) : h, hi = down ? h : uint16_t(h + 1);
+  const float lof = std::fabs(fp16_to_float(lo)), hif = std::fabs(fp16_to_float(hi));
+  const float frac = (std::fabs(f) - lof) / (hif - lof);
+  const float u = float(bits >> 8) * 5.9604644775390625e-8f;  // [0, 1) on 24 bits
+  const uint16_t rounded = u < frac ? hi : lo;
+  return hf == f || !is_finite_bits(float_bits(f)) ? h : rounded;
 }
 
 // log2 of one ulp of the 16-bit value with this exponent field.

@@ -1,6 +1,6 @@
 /* The 1-bit optimizers' CPU step by param dtype: 1-bit Adam, 0/1 Adam and
- * 1-bit LAMB over host tensors, fp32 params against bf16 params with
- * stochastic rounding and fp16 params with error correction, same run.
+ * 1-bit LAMB over host tensors, fp32 params against bf16 and fp16 params
+ * with stochastic rounding or error correction, same run.
  *
  *   mpiexec -n 1 ./bench_onebit_step [millions of params [steps [freeze_step]]]
  *   (default 16M params in 16 tensors, 12 steps, freeze_step 4)
@@ -90,16 +90,19 @@ int main(int argc, char** argv) {
   const lowbit_algorithm_t algos[3] = {LOWBIT_ALGORITHM_ONEBIT_ADAM, LOWBIT_ALGORITHM_ZEROONE_ADAM,
                                        LOWBIT_ALGORITHM_ONEBIT_LAMB};
   const char* algo_names[3] = {"1-bit Adam", "0/1 Adam", "1-bit LAMB"};
-  const kind_t kinds[3] = {{"fp32", LOWBIT_DTYPE_FLOAT32, 0, 0},
-                           {"bf16 stochastic", LOWBIT_DTYPE_BFLOAT16, 1, 0},
-                           {"fp16 error-corr.", LOWBIT_DTYPE_FLOAT16, 0, 1}};
+  enum { NK = 5 };
+  const kind_t kinds[NK] = {{"fp32", LOWBIT_DTYPE_FLOAT32, 0, 0},
+                            {"bf16 stochastic", LOWBIT_DTYPE_BFLOAT16, 1, 0},
+                            {"bf16 error-corr.", LOWBIT_DTYPE_BFLOAT16, 0, 1},
+                            {"fp16 stochastic", LOWBIT_DTYPE_FLOAT16, 1, 0},
+                            {"fp16 error-corr.", LOWBIT_DTYPE_FLOAT16, 0, 1}};
   if (rank == 0)
     printf("%lld params in %d tensors, %d ranks, %d steps, freeze_step %d; median ms per step (slowest rank)\n",
            (long long)numel, NT, world, steps, freeze);
   if (rank == 0) printf("%-12s %-17s %10s %10s\n", "optimizer", "params", "warm-up", "1-bit");
   double* t = malloc(sizeof(double) * (size_t)steps);
   for (int a = 0; a < 3; ++a)
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < NK; ++k) {
       const size_t bytes = (size_t)numel * (kinds[k].dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2);
       char* param = malloc(bytes);
       char* grad = malloc(bytes);

@@ -257,6 +257,39 @@ void test_16bit_rounding(void**) {
   assert_int_equal(float_to_fp16(65519.f), 0x7BFF);
 }
 
+// float -> fp16 case by case, as IEEE specifies it (the library's form is
+// branch-free and rounds the subnormal range with a float add).
+uint16_t fp16_by_cases(uint32_t x) {  // x: the bits of a non-negative float
+  if (x > 0x7F800000u) return 0x7E00u;
+  if (x >= 0x477FF000u) return 0x7C00u;  // 65520 and above, Inf
+  if (x >= 0x38800000u) {                // normal: drop 13 bits, ties to even
+    const uint32_t kept = x >> 13, rest = x & 0x1FFFu;
+    const uint32_t r = kept + (rest > 0x1000u || (rest == 0x1000u && (kept & 1u)));
+    return uint16_t(r - (112u << 10));
+  }
+  if (x < 0x33000000u) return 0;  // at most half the smallest subnormal's value: 0
+  const uint32_t m = (x & 0x7FFFFFu) | 0x800000u, shift = 126u - (x >> 23);  // in units of 2^-24
+  const uint32_t r = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  return uint16_t(r + (rest > half || (rest == half && (r & 1u))));
+}
+
+void test_fp16_every_float(void**) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {  // fp16 -> float: every code
+    const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    const float mag = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(1024u + m), int(e) - 25);
+    const uint32_t want = e == 31 ? (0x7F800000u | (m << 13)) : float_bits(mag);
+    if (float_bits(fp16_to_float(uint16_t(h))) != (want | (h & 0x8000u) << 16))
+      fail_msg("fp16_to_float(0x%04x) = bits 0x%08x, want 0x%08x", unsigned(h), float_bits(fp16_to_float(uint16_t(h))),
+               want | (h & 0x8000u) << 16);
+  }
+  for (uint64_t x = 0; x <= 0x7FFFFFFFu; ++x) {
+    const uint16_t want = fp16_by_cases(uint32_t(x));
+    const uint16_t pos = float_to_fp16(from_bits(uint32_t(x))), neg = float_to_fp16(from_bits(uint32_t(x) | 0x80000000u));
+    if (pos != want || neg != (want | 0x8000u))
+      fail_msg("float_to_fp16(bits 0x%08x) = 0x%04x (negative: 0x%04x), want 0x%04x", unsigned(x), pos, neg, want);
+  }
+}
+
 }  // namespace
 
 int main(void) {
@@ -269,6 +302,7 @@ int main(void) {
       cmocka_unit_test(test_nan_poisons_its_block),
       cmocka_unit_test(test_e4m3),
       cmocka_unit_test(test_16bit_rounding),
+      cmocka_unit_test(test_fp16_every_float),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
