@@ -175,6 +175,13 @@ void param_spans(const ParamView& pv, uint64_t key, const Chunk& c, bool direct,
   }
 }
 
+// A chunk of a param as fp32 (load_param_tile's values), into out[c.begin,
+// c.end).
+void load_param_chunk(const ParamView& pv, const Chunk& c, float* out) {
+  for (int64_t b = c.begin; b < c.end; b += kTile)
+    load_param_tile(pv, b, int(std::min<int64_t>(kTile, c.end - b)), out + b);
+}
+
 // Whether a grad's memory is apart from its param's (a grad may share it).
 bool grad_apart(const ParamView& pv, const GradView& grad) {
   const char* gp = static_cast<const char*>(grad.data);
@@ -664,10 +671,7 @@ class CpuEngine final : public Engine {
   // ---- 0/1 Adam
   void zeroone_snapshot(float* sync_params, void*) override {
     for_chunks([&](const Chunk& c) {
-      const ParamView& pv = params_[size_t(c.param)];
-      float* out = sync_params + offsets_[size_t(c.param)];
-      for (int64_t b = c.begin; b < c.end; b += kTile)
-        load_param_tile(pv, b, int(std::min<int64_t>(kTile, c.end - b)), out + b);
+      load_param_chunk(params_[size_t(c.param)], c, sync_params + offsets_[size_t(c.param)]);
     });
   }
 
@@ -717,9 +721,7 @@ class CpuEngine final : public Engine {
       });
       // The sync params are the params as stored (rounded), as the next
       // synchronisation reads them back.
-      if (!direct)
-        for (int64_t b = c.begin; b < c.end; b += kTile)
-          load_param_tile(pv, b, int(std::min<int64_t>(kTile, c.end - b)), ps + b);
+      if (!direct) load_param_chunk(pv, c, ps);
     });
     for (int64_t& t : steps_) ++t;
   }
@@ -764,16 +766,13 @@ class CpuEngine final : public Engine {
       float* fresh = a.fresh_v + offsets_[i];
       const GradView& gv = grads[i];
       const uint8_t* mask = masks_[i];
-      // A grad sharing the param's memory is read through a tile copy.
+      // A param whose grad shares its memory goes through tiles: each tile's
+      // grads are read before the tile is stored.
       const bool direct =
           pv.param_dtype == LOWBIT_DTYPE_FLOAT32 && gv.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart(pv, gv);
       param_spans<true>(pv, keys_[i], c, direct, [&](int64_t b, int64_t n, float* p) {
         alignas(64) float tg[kTile];
-        const float* g = tg;
-        if (direct)
-          g = static_cast<const float*>(gv.data) + b;
-        else
-          load_tensor_tile(gv.data, gv.dtype, b, int(n), tg);
+        const float* g = grad_span(gv, b, n, tg);
         const uint8_t* mb = mask ? mask + b : nullptr;
         if (mask && a.seed_fresh_v)
           lamb_warmup_apply<true, true>(s, step, n, mb, g, m + b, v + b, fresh + b, p);
