@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Every check lowbit runs on a GPU, in one call of a lent GPU machine (it keeps
+# nothing between calls, so one prepared script does the whole round):
+#   1. the GPU C suites (cuda.vs_cpu, cuda.graph_capi, cuda.engine_graph);
+#   2. alone on the card, the timings: bench_gpu_step (every config, both
+#      layouts), the same kernels built with --use_fast_math (the cost of
+#      exactness; needs FAST_BUILD), bench/gpu/compare_peers.py (torch fused
+#      AdamW, bitsandbytes), bench_comm_cuda (pack/unpack bandwidth, NCCL at
+#      world size 1), bench/gpu/compare_jax.py (optax);
+#   3. side by side: compute-sanitizer memcheck, racecheck, initcheck and
+#      synccheck over the C suites, the PyTorch CUDA tests, the JAX tests on
+#      the GPU and the demo on the GPU.
+# Each stage has a time limit; its log and a summary line go under OUTDIR
+# (summary.txt and all.log, the two files to read first).
+#
+#   bash bench/gpu/device_checks.sh BUILD [FAST_BUILD|-] OUTDIR
+#
+# BUILD holds liblowbit, liblowbit_jax, lowbit_cdef.h, tests/cuda/* and
+# bench/*; configure it with -DCMAKE_CUDA_ARCHITECTURES=90 (bench/NOTES.md,
+# "CUDA kernels", says how it was built for the device machine). Python:
+# bindings/ on PYTHONPATH, LOWBIT_LIBRARY set here; cffi must be importable.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+B=$(cd "$1" && pwd)
+FB=""
+if [ "${2:--}" != "-" ]; then FB=$(cd "$2" && pwd); fi
+O=$3
+mkdir -p "$O/logs"
+SUM=$O/summary.txt
+: >"$SUM"
+
+nccl_dir=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+export LD_LIBRARY_PATH=$B${nccl_dir:+:$nccl_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LOWBIT_LIBRARY=$B/liblowbit.so
+export PYTHONPATH=$ROOT/bindings${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false OMP_NUM_THREADS=8
+
+# stage NAME LIMIT_S CMD...: runs CMD with a time limit, log in logs/NAME.log
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout -k 5 "$limit" "$@" >"$O/logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-26s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(grep -v '^\s*$' "$O/logs/$name.log" | tail -n 1 | cut -c1-110)" | tee -a "$SUM"
+  return 0
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__, jax.default_backend())"
+  echo "nccl: ${nccl_dir:-not found}"
+  ldd "$B/tests/cuda/test_cuda_vs_cpu" | grep -E "not found|cmocka|cudart|gomp" || true
+} >"$O/logs/env.log" 2>&1
+cat "$O/logs/env.log" >>"$SUM"
+
+T=$B/tests/cuda
+# 1. correctness of the C suites
+stage vs_cpu 120 "$T/test_cuda_vs_cpu"
+stage graph_capi 45 "$T/test_cuda_graph_capi"
+stage engine_graph 45 "$T/test_cuda_engine_graph"
+
+# 2. timings, alone on the card
+stage bench_gpu_step 120 "$B/bench/gpu/bench_gpu_step" all all 20
+if [ -n "$FB" ]; then
+  stage bench_fastmath 60 env LD_LIBRARY_PATH="$FB:$LD_LIBRARY_PATH" "$B/bench/gpu/bench_gpu_step" llama1b all 20
+fi
+stage compare_peers 120 python3 "$ROOT/bench/gpu/compare_peers.py" --steps 10 --rounds 3
+stage bench_comm_cuda 40 "$B/bench/comm/bench_comm_cuda"
+stage compare_jax 100 python3 "$ROOT/bench/gpu/compare_jax.py" --steps 10 --rounds 3
+
+# 3. side by side
+export LOWBIT_TEST_QUICK=1
+command -v compute-sanitizer >/dev/null || export PATH=$PATH:/usr/local/cuda/bin:$(ls -d /opt/nvidia/compute-sanitizer* /usr/local/cuda/compute-sanitizer 2>/dev/null | tr "\n" ":")
+CS="compute-sanitizer --error-exitcode 9"
+stage memcheck_vs_cpu 150 $CS --tool memcheck "$T/test_cuda_vs_cpu" &
+stage memcheck_graph 100 $CS --tool memcheck --leak-check full "$T/test_cuda_graph_capi" &
+stage racecheck_engine 150 $CS --tool racecheck "$T/test_cuda_engine_graph" &
+stage initcheck_graph 100 $CS --tool initcheck "$T/test_cuda_graph_capi" &
+stage synccheck_engine 100 $CS --tool synccheck "$T/test_cuda_engine_graph" &
+stage pytest_torch_cuda 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_torch_cuda.py" \
+  "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_arrays.py" "$ROOT/tests/python/test_main.py" -k "cuda or Cuda or CUDA or stream or captured" &
+stage pytest_jax_gpu 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/jax" &
+stage demo_cuda 150 python3 "$ROOT/examples/demo.py" --device cuda --steps 400 --no-plot &
+wait
+
+{
+  for f in "$O"/logs/*.log; do
+    echo "=================== $(basename "$f")"
+    cat "$f"
+  done
+} >"$O/all.log"
+echo "device checks done" | tee -a "$SUM"
