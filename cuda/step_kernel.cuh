@@ -343,17 +343,18 @@ __device__ __forceinline__ void param_to_float(float (&p)[8], uint8_t dtype, boo
   }
 }
 
-__device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[8], int64_t e0, int n, uint64_t key) {
+__device__ __forceinline__ void store_param(uint8_t pdtype, uint8_t rounding, void* param, uint8_t* ecc_bytes,
+                                            bool al16, const float (&p)[8], int64_t e0, int n, uint64_t key) {
   Raw r;
   zero(r);
-  if (P.pdtype == kF32) {
+  if (pdtype == kF32) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) r.w[j] = float_bits(p[j]);
-    store_elems(P.param, true, e0, n, P.param_al16, r);
+    store_elems(param, true, e0, n, al16, r);
     return;
   }
-  const bool bf16 = P.pdtype == kBF16;
-  if (P.rounding == kEcc) {
+  const bool bf16 = pdtype == kBF16;
+  if (rounding == kEcc) {
     Raw e;
     zero(e);
 #pragma unroll
@@ -367,11 +368,11 @@ __device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[
       r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
       e.w[j >> 2] |= uint32_t(b) << (8 * (j & 3));
     }
-    store_elems(P.param, false, e0, n, P.param_al16, r);
-    if (n > 0) store_bytes(P.ecc + e0, n, 8, e);
+    store_elems(param, false, e0, n, al16, r);
+    if (n > 0) store_bytes(ecc_bytes + e0, n, 8, e);
     return;
   }
-  if (P.rounding == kStochastic) {
+  if (rounding == kStochastic) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint32_t bits = random_bits(key, uint64_t(e0 + j));
@@ -385,16 +386,108 @@ __device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[
       r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
     }
   }
-  store_elems(P.param, false, e0, n, P.param_al16, r);
+  store_elems(param, false, e0, n, al16, r);
+}
+
+__device__ __forceinline__ void store_param(const DevParam& P, const float (&p)[8], int64_t e0, int n, uint64_t key) {
+  store_param(P.pdtype, P.rounding, P.param, P.ecc, P.param_al16 != 0, p, e0, n, key);
+}
+
+// ---- the fast path ---------------------------------------------------------------
+
+// Moments an algorithm keeps when it keeps any (SGD without momentum keeps
+// none and takes the generic loop).
+template <Algo A>
+constexpr int kFastMoments = (A == Algo::AdamW || A == Algo::Adam) ? 2 : 1;
+
+// Whole tiles [t_from, t_to) of a parameter whose moments are all of format F
+// and normalised per block, with params and grads of dtype PD at 16-byte
+// aligned bases: the generic loop's helpers with compile-time dtype and
+// format, so their switches fold away, no tail handling remains and the
+// parameter's fields stay in registers. The same operations in the same
+// order as the generic loop: the same bits.
+template <Algo A, uint8_t PD, uint8_t F>
+__device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, const StepScalars& s, uint64_t key,
+                                           const QMap (&smap)[2], int64_t begin, int64_t t_from, int64_t t_to,
+                                           int lane, int warp) {
+  constexpr int NM = kFastMoments<A>;
+  constexpr bool wide = PD == kF32;
+  void* const param = P.param;
+  uint8_t* const ecc_bytes = P.ecc;
+  const uint8_t rounding = P.rounding;
+  const bool ecc = !wide && rounding == kEcc;
+  const bool second0 = P.second[0] != 0, second1 = P.second[1] != 0;
+  const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
+  const MomentRef mom1{NM > 1 ? F : uint8_t(0), P.mdata[1], P.mscale[1]};
+  for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
+    const int64_t tile_off = begin + t * kTile;
+    const int64_t e0 = tile_off + lane * kElemsPerThread;
+    Raw graw, praw, eraw, mraw, vraw;
+    float mscale, vscale;
+    zero(eraw);
+    load_elems(graw, grad, wide, e0, 8, true);
+    load_elems(praw, param, wide, e0, 8, true);
+    if (ecc) load_bytes(eraw, ecc_bytes + e0, 8, 8);
+    load_moment(mraw, mscale, mom0, e0, tile_off, 8, lane);
+    load_moment(vraw, vscale, mom1, e0, tile_off, 8, lane);
+
+    float g[8], p[8], m[8], v[8];
+    tensor_to_float(PD, graw, g);
+    param_to_float(p, PD, ecc, praw, eraw);
+    decode_moment(m, F, mraw, mscale, smap[0]);
+    decode_moment(v, mom1.format, vraw, vscale, smap[1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
+    encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
+    encode_store_moment(mom1, smap[1], second1, v, e0, tile_off, 8, lane);
+    store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
+  }
+}
+
+// The fast loop for this parameter's dtype and format, if there is one; false
+// when the generic loop must take the tiles.
+template <Algo A>
+__device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& dyn,
+                                              const StepScalars& s, uint64_t key, const QMap (&smap)[2],
+                                              int64_t begin, int64_t t_from, int64_t t_to, int lane, int warp) {
+  constexpr int NM = kFastMoments<A>;
+  if (P.num_moments != NM || P.norm[0] != uint8_t(Norm::Block) || !P.param_al16 || !dyn.grad_al16 ||
+      dyn.gdtype != P.pdtype)
+    return false;
+  if (NM > 1 && (P.norm[1] != uint8_t(Norm::Block) || P.format[1] != P.format[0])) return false;
+#define LOWBIT_FAST_CASE(pd, f)                                                               \
+  case (pd) * 8 + (f):                                                                        \
+    fast_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
+    return true;
+  switch (P.pdtype * 8 + P.format[0]) {
+    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_8BIT)
+    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_4BIT)
+    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_FP8)
+    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_BF16)
+    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_FP32)
+    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_8BIT)
+    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_4BIT)
+    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_FP32)
+    default: return false;
+  }
+#undef LOWBIT_FAST_CASE
 }
 
 // ---- the kernel ----------------------------------------------------------------
 
+// Resident blocks per SM the register budget is sized for (3: 80 registers
+// per thread). LOWBIT_CUDA_STEP_MIN_BLOCKS (CMake) overrides it for
+// benchmarking (bench/NOTES.md, "CUDA kernels").
+#ifndef LOWBIT_STEP_MIN_BLOCKS
+#define LOWBIT_STEP_MIN_BLOCKS 3
+#endif
+
 template <Algo A>
-__global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) {
+__global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(const StepArgs args) {
   __shared__ QMap smap[2];
   __shared__ StepScalars sscalars;
   __shared__ uint64_t skey;
+  __shared__ DevParam sparam;
 
   if (args.skip_flag && *static_cast<const volatile int32_t*>(args.skip_flag) != 0) return;
   const DevChunk ch = args.chunks[blockIdx.x / kSplit];
@@ -404,12 +497,16 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   const int64_t ntiles = (ch.end - ch.begin + kTile - 1) / kTile;
   const int64_t t_begin = ntiles * part / kSplit, t_end = ntiles * (part + 1) / kSplit;
   if (t_begin >= t_end) return;  // all exits so far are uniform over the block
-  const DevParam P = args.params[ch.param];
+  const DevParam* Pg = args.params + ch.param;
+  // The parameter's fields go to shared memory once per block: a copy per
+  // thread would live in local memory (it is indexed at run time).
+  if (threadIdx.x < sizeof(DevParam) / 4)
+    reinterpret_cast<uint32_t*>(&sparam)[threadIdx.x] = __ldg(reinterpret_cast<const uint32_t*>(Pg) + threadIdx.x);
 
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    const uint8_t id = P.map[k];
-    if (k >= P.num_moments || id == kNoMap) continue;
+    const uint8_t id = Pg->map[k];
+    if (k >= Pg->num_moments || id == kNoMap) continue;
     const QMap& src = args.maps->map[id];
     const int n = __ldg(&src.n);
     if (n == 256) {  // 8-bit: values, midpoints and the bucket tables
@@ -431,6 +528,7 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   __syncthreads();
   const StepScalars s = sscalars;
   const uint64_t key = skey;
+  const DevParam& P = sparam;
 
   // Rank-1 moments load codes without a block scale; a factored one is not loaded at all.
   const bool r1m = P.num_moments > 0 && P.norm[0] == uint8_t(Norm::Rank1);
@@ -442,7 +540,16 @@ __global__ void __launch_bounds__(kThreads, 3) step_kernel(const StepArgs args) 
   const int lane = int(threadIdx.x & 31u);
   const int warp = int(threadIdx.x >> 5);
 
-  for (int64_t t = t_begin + warp; t < t_end; t += kWarps) {
+  // Whole tiles go to the fast loop where the parameter has one; the rest
+  // (a chunk's partial last tile, shaped moments, mixed dtypes or formats,
+  // unaligned bases) to the generic loop.
+  int64_t t_generic = t_begin;
+  const int64_t t_whole = (ch.end - ch.begin) / kTile < t_end ? (ch.end - ch.begin) / kTile : t_end;
+  if (t_whole > t_begin &&
+      dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
+    t_generic = t_whole;
+
+  for (int64_t t = t_generic + warp; t < t_end; t += kWarps) {
     const int64_t tile_off = ch.begin + t * kTile;
     const int64_t e0 = tile_off + lane * kElemsPerThread;
     const int64_t left = ch.end - e0;
