@@ -1,15 +1,15 @@
 """Bad input: an XLA error carrying the handler's message (never a crash), or
-a Python error at build/init time for what Python can see."""
+a Python error at build/init time for what Python can see; on a GPU, a step
+that changes nothing for what is checked in device data (expect_errors.py)."""
 
 import numpy as np
 import pytest
 
 import seeding
+from expect_errors import ON_GPU, fails, refused
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
-
-XlaError = getattr(jax.errors, "JaxRuntimeError", None) or jax.errors.XlaRuntimeError
 
 
 def setup(ljax, fmt="8bit", n=5000, **kw):
@@ -23,39 +23,34 @@ def setup(ljax, fmt="8bit", n=5000, **kw):
 def test_state_of_another_format(ljax):
     _, params, grads, state = setup(ljax, "8bit")
     other = ljax.adamw(1e-3, state_format="fp8")  # same sizes as 8-bit: only the layout tells them apart
-    with pytest.raises(XlaError, match=r"param \['w'\] \(leaf 1\): the state was created with \(moment 0: 8bit.*"
-                                       r"this optimizer uses \(moment 0: fp8"):
-        jax.jit(other.step)(params, grads, state)
+    refused(r"param \['w'\] \(leaf 1\): the state was created with \(moment 0: 8bit.*"
+            r"this optimizer uses \(moment 0: fp8", lambda: jax.jit(other.step)(params, grads, state), params, state)
 
 
 def test_state_of_another_size(ljax):
     opt, params, grads, _ = setup(ljax)
     state = opt.init({"w": jnp.zeros(4096), "b": jnp.zeros(7)})
-    with pytest.raises(XlaError, match=r"state mu is uint8\(4096,\) but the 8bit format of a 5000-element param "
-                                       r"needs uint8\(5000,\)"):
-        jax.jit(opt.step)(params, grads, state)
+    fails(r"state mu is uint8\(4096,\) but the 8bit format of a 5000-element param needs uint8\(5000,\)",
+          lambda: jax.jit(opt.step)(params, grads, state))
 
 
 def test_state_scales_of_another_size(ljax):
     opt, params, grads, state = setup(ljax)
     bad = state._replace(nu_scale=dict(state.nu_scale, w=jnp.zeros(3, jnp.float32)))
-    with pytest.raises(XlaError, match=r"state nu_scale is float32\(3,\) but .* needs float32\(20,\)"):
-        opt.step(params, grads, bad)
+    fails(r"state nu_scale is float32\(3,\) but .* needs float32\(20,\)", lambda: opt.step(params, grads, bad))
 
 
 def test_grad_dtype(ljax):
     opt, params, grads, state = setup(ljax)
     bad = dict(grads, w=grads["w"].astype(jnp.int32))
-    with pytest.raises(XlaError, match=r"grad of param \['w'\] \(leaf 1\) has dtype int32"):
-        jax.jit(opt.step)(params, bad, state)
+    fails(r"grad of param \['w'\] \(leaf 1\) has dtype int32", lambda: jax.jit(opt.step)(params, bad, state))
 
 
 def test_grad_shape(ljax):
     opt, params, grads, state = setup(ljax)
     bad = dict(grads, b=jnp.ones((7, 1), jnp.float32))
-    with pytest.raises(XlaError, match=r"grad of param \['b'\] \(leaf 0\) has shape \(7, 1\) but the param has "
-                                       r"shape \(7,\)"):
-        jax.jit(opt.step)(params, bad, state)
+    fails(r"grad of param \['b'\] \(leaf 0\) has shape \(7, 1\) but the param has shape \(7,\)",
+          lambda: jax.jit(opt.step)(params, bad, state))
 
 
 def test_param_dtype_changed_since_init(ljax):
@@ -63,28 +58,32 @@ def test_param_dtype_changed_since_init(ljax):
     fp32 params does not fit bf16 ones."""
     opt, params, grads, state = setup(ljax, error_correction=True)
     half = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
-    with pytest.raises(XlaError, match=r"created with .*rounding: nearest.* uses .*rounding: error-correction"):
-        jax.jit(opt.step)(half, grads, state)
+    # the CPU handler compares the recorded layout first; on CUDA (layout
+    # checked on the device) the missing error-correction bytes are the error
+    match = (r"state ecc is absent .* error correction of this param needs uint8" if ON_GPU else
+             r"created with .*rounding: nearest.* uses .*rounding: error-correction")
+    fails(match, lambda: jax.jit(opt.step)(half, grads, state))
 
 
 @pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
 def test_bad_learning_rate_from_schedule(ljax, lr):
     opt = ljax.adamw(lambda count: jnp.float32(lr) + 0 * count)
     params = {"w": jnp.ones(10)}
-    with pytest.raises(XlaError, match=r"lr = (-1|nan|inf) must be finite and >= 0"):
-        jax.jit(opt.update)(params, opt.init(params), params)
+    state = opt.init(params)
+    refused(r"lr = (-1|nan|inf) must be finite and >= 0", lambda: jax.jit(opt.update)(params, state, params),
+            params, state, update=True)
 
 
 def test_corrupted_count(ljax):
     opt, params, grads, state = setup(ljax)
-    with pytest.raises(XlaError, match=r"state.count = -3"):
-        opt.step(params, grads, state._replace(count=jnp.int32(-3)))
+    bad = state._replace(count=jnp.int32(-3))
+    refused(r"state.count = -3", lambda: opt.step(params, grads, bad), params, bad)
 
 
 def test_layout_of_another_tree(ljax):
     opt, params, grads, state = setup(ljax)
-    with pytest.raises(XlaError, match=r"state.layout has shape \(3, 3\)"):
-        opt.step(params, grads, state._replace(layout=jnp.zeros((3, 3), jnp.int32)))
+    fails(r"state.layout has shape \(3, 3\)",
+          lambda: opt.step(params, grads, state._replace(layout=jnp.zeros((3, 3), jnp.int32))))
 
 
 def test_python_side_errors(ljax):
@@ -113,8 +112,7 @@ def test_errors_leave_everything_usable(ljax):
     """A failed call changes nothing: the same arrays step normally after it."""
     opt, params, grads, state = setup(ljax)
     step = jax.jit(opt.step)
-    with pytest.raises(XlaError):
-        step(params, dict(grads, w=grads["w"].astype(jnp.int32)), state)
+    fails("has dtype int32", lambda: step(params, dict(grads, w=grads["w"].astype(jnp.int32)), state))
     before = jax.tree.map(np.array, (params, state))
     p2, s2 = step(params, grads, state)
     after = jax.tree.map(np.array, (params, state))
@@ -129,16 +127,14 @@ def test_a_needed_state_part_left_out(ljax, absent):
     # it is rejected there for the format that needs it.
     opt, params, grads, state = setup(ljax)
     bad = state._replace(mu_scale=dict(state.mu_scale, w=None if absent == "none" else jnp.zeros((0,), jnp.float32)))
-    with pytest.raises(XlaError, match=r"state mu_scale is absent \(None or zero-size\) but the 8bit format of a "
-                                       r"5000-element param needs float32\(20,\)"):
-        jax.jit(opt.step)(params, grads, bad)
+    fails(r"state mu_scale is absent \(None or zero-size\) but the 8bit format of a 5000-element param needs "
+          r"float32\(20,\)", lambda: jax.jit(opt.step)(params, grads, bad))
 
 
 def test_a_part_the_format_does_not_have(ljax):
     opt, params, grads, state = setup(ljax)
     bad = state._replace(ecc=dict(state.ecc, w=jnp.zeros((5000,), jnp.uint8)))
-    with pytest.raises(XlaError, match=r"state ecc is uint8\(5000,\) but .* needs none \(None\)"):
-        jax.jit(opt.step)(params, grads, bad)
+    fails(r"state ecc is uint8\(5000,\) but .* needs none \(None\)", lambda: jax.jit(opt.step)(params, grads, bad))
 
 
 def test_raw_call_with_a_bad_parts_attribute(ljax):
@@ -157,8 +153,8 @@ def test_raw_call_with_a_bad_parts_attribute(ljax):
     call = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2, 6: 3})
     good = jax.jit(lambda *a: call(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args)
     assert int(good[0]) == 1 and bool(jnp.all(good[1] < 0))  # one AdamW step on positive grads
-    with pytest.raises(XlaError, match=r"parts\[0\] = 32 is not a mask of the 5 state parts"):
-        jax.jit(lambda *a: call(*a, parts=np.array([32], np.int32), **attrs))(*args)
-    with pytest.raises(XlaError, match=r"expected 7 inputs and 4 outputs for the parts attribute.*got 6 and 4"):
-        bad = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2})
-        jax.jit(lambda *a: bad(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args[:6])
+    fails(r"parts\[0\] = 32 is not a mask of the 5 state parts",
+          lambda: jax.jit(lambda *a: call(*a, parts=np.array([32], np.int32), **attrs))(*args))
+    bad = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2})
+    fails(r"expected 7 inputs and 4 outputs for the parts attribute.*got 6 and 4",
+          lambda: jax.jit(lambda *a: bad(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args[:6]))
