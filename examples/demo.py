@@ -14,12 +14,13 @@ from the same weights and fed the same mini-batches, is trained with
   Lion,  8-bit state
 
 through the `lowbit` Python package (ctypes over liblowbit; the weights and
-gradient buffers are numpy arrays the library updates in place). It prints
+gradient buffers are numpy arrays the library updates in place, or, with
+`--device cuda`, CuPy arrays on the GPU that the CUDA engine updates). It prints
 progress while training, then a table of final loss, test accuracy, optimizer
 state bytes per parameter and optimizer step time, and writes the loss curves
 to a PNG.
 
-Needs numpy and matplotlib. Run it with `make -f Makefile.python demo`, or with
+Needs numpy and matplotlib (and CuPy for `--device cuda`). Run it with `make -f Makefile.python demo`, or with
 LOWBIT_LIBRARY=build-py/liblowbit.so PYTHONPATH=bindings python3 examples/demo.py
 """
 
@@ -42,6 +43,9 @@ try:
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bindings"))
     import lowbit
+
+# The array module the model runs on: numpy, or cupy under --device cuda.
+xp = np
 
 N_CLASSES = 4
 HIDDEN = 128
@@ -87,10 +91,10 @@ class MLP:
         self.params, self.grads, self.names = [], [], []
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             bound = np.sqrt(6.0 / (fan_in + fan_out))
-            self.params += [rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
-                            np.zeros(fan_out, np.float32)]
+            self.params += [xp.asarray(rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32)),
+                            xp.zeros(fan_out, np.float32)]
             self.names += [f"W{i + 1}", f"b{i + 1}"]
-        self.grads = [np.zeros_like(p) for p in self.params]
+        self.grads = [xp.zeros_like(p) for p in self.params]
 
     @property
     def num_params(self):
@@ -107,22 +111,22 @@ class MLP:
         for i in range(layers):
             w, b = self.params[2 * i], self.params[2 * i + 1]
             z = h @ w.T + b
-            h = np.tanh(z) if i < layers - 1 else z
+            h = xp.tanh(z) if i < layers - 1 else z
             acts.append(h)
         logits = acts[-1]
         logits = logits - logits.max(axis=1, keepdims=True)
-        logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        logp = logits - xp.log(xp.exp(logits).sum(axis=1, keepdims=True))
         n = x.shape[0]
-        loss = float(-logp[np.arange(n), y].mean())
+        loss = float(-logp[xp.arange(n), y].mean())
         correct = int((logp.argmax(axis=1) == y).sum())
         if backward:
-            d = np.exp(logp)
-            d[np.arange(n), y] -= 1.0
+            d = xp.exp(logp)
+            d[xp.arange(n), y] -= 1.0
             d /= n
             for i in reversed(range(layers)):
                 gw, gb = self.grads[2 * i], self.grads[2 * i + 1]
-                np.matmul(d.T, acts[i], out=gw)
-                np.sum(d, axis=0, out=gb)
+                xp.matmul(d.T, acts[i], out=gw)
+                xp.sum(d, axis=0, out=gb)
                 if i > 0:
                     d = (d @ self.params[2 * i]) * (1.0 - acts[i] * acts[i])
         return loss, correct
@@ -148,7 +152,8 @@ def train(label, algorithm, state, peak_lr, wd, init, data, steps, log_every):
     step_times = np.empty(steps, dtype=np.float64)
     # num_threads=1: a model this small gains nothing from threads, and the
     # engine's threads would compete with numpy's BLAS threads.
-    with lowbit.Optimizer(algorithm, lr=peak_lr, weight_decay=wd, state=state, num_threads=1) as opt:
+    device = "cpu" if xp is np else "cuda"
+    with lowbit.Optimizer(algorithm, lr=peak_lr, weight_decay=wd, state=state, num_threads=1, device=device) as opt:
         for p, g in zip(model.params, model.grads):
             opt.add_param(p, g)  # updated in place from the registered grad buffer
         state_bytes = opt.state_bytes()
@@ -157,11 +162,13 @@ def train(label, algorithm, state, peak_lr, wd, init, data, steps, log_every):
         ema = None
         tty = sys.stdout.isatty()
         for step in range(steps):
-            idx = rng.integers(0, xtr.shape[0], size=BATCH)
+            idx = xp.asarray(rng.integers(0, xtr.shape[0], size=BATCH))
             loss, _ = model.loss(xtr[idx], ytr[idx], backward=True)
             opt.set_lr(lr_at(step, steps, peak_lr))
             s0 = time.perf_counter()
             opt.step()
+            if xp is not np:  # the CUDA step only enqueues: time it to completion
+                xp.cuda.get_current_stream().synchronize()
             step_times[step] = time.perf_counter() - s0
             curve[step] = loss
             ema = loss if ema is None else 0.95 * ema + 0.05 * loss
@@ -230,15 +237,28 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=1500, help="training steps per optimizer (default 1500)")
     ap.add_argument("--out", default=os.path.join("out", "lowbit_demo.png"), help="PNG path for the loss curves")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model and the optimizer run (cuda: CuPy arrays, lowbit's CUDA engine)")
     args = ap.parse_args(argv)
+    global xp
+    if args.device == "cuda":
+        try:
+            import cupy
+        except ImportError:
+            ap.error("--device cuda needs CuPy (pip install cupy-cuda12x or cupy-cuda13x)")
+        xp = cupy
+    else:
+        xp = np
 
     steps = args.steps
     x, y = make_spirals(10000, seed=7)
+    x, y = xp.asarray(x), xp.asarray(y)
     data = (x[:8000], y[:8000], x[8000:], y[8000:])
     init = MLP([2, HIDDEN, HIDDEN, HIDDEN, N_CLASSES], seed=42)
     print(f"lowbit {lowbit.version()} ({lowbit.library_path()})")
     print(f"model: MLP 2-{HIDDEN}-{HIDDEN}-{HIDDEN}-{N_CLASSES} ({init.num_params:,} params), "
-          f"data: 4-class spirals (8,000 train / 2,000 test), batch {BATCH}, {steps} steps per optimizer")
+          f"data: 4-class spirals (8,000 train / 2,000 test), batch {BATCH}, {steps} steps per optimizer, "
+          f"on {args.device}")
     print("tensors under 4,096 elements (biases, first and last layer) keep fp32 state with the quantized formats\n")
 
     results = []
