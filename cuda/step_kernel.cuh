@@ -11,8 +11,8 @@
 //     other bases and the partial last 8 elements of a parameter take a
 //     scalar path into the same register layout.
 // The quantization maps (values, midpoints, bucket tables of the code search)
-// are copied to shared memory per block; codes come from bucket_code() (8-bit)
-// and nearest_code() (4-bit) of core/quant.hpp, which give identical codes.
+// are copied to shared memory per block; block-normalised codes come from
+// bucket_code() of core/quant.hpp (identical to nearest_code(), the reference).
 // The per-element math is core/update_rules.hpp, the codec is core/codec.cpp
 // step for step (same operations in the same order, no FMA contraction: the
 // CUDA sources are built with --fmad=false), so results match the CPU engine
@@ -266,7 +266,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       for (int j = 0; j < 8; ++j) {
         // Past the end of the tensor the high nibble of the last byte is 0.
         float xn = normalize(x[j], absmax);
-        int code = nearest_code(sm, xn);
+        int code = bucket_code(sm, xn);
         uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, xn) : code) : 0u;
         r.w[0] |= c << (4 * j);
       }
@@ -509,17 +509,16 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     if (k >= Pg->num_moments || id == kNoMap) continue;
     const QMap& src = args.maps->map[id];
     const int n = __ldg(&src.n);
-    if (n == 256) {  // 8-bit: values, midpoints and the bucket tables
-      const uint32_t* from = reinterpret_cast<const uint32_t*>(&src);
-      uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k]);
-      for (int i = threadIdx.x; i < int(sizeof(QMap) / 4); i += kThreads) to[i] = __ldg(from + i);
-    } else {  // 4-bit: nearest_code() reads n and the n - 1 midpoints, decoding the n values
-      for (int i = threadIdx.x; i < n; i += kThreads) {
-        smap[k].values[i] = __ldg(&src.values[i]);
-        smap[k].midpoints[i] = __ldg(&src.midpoints[i]);
-      }
-      if (threadIdx.x == 0) smap[k].n = n;
+    // bucket_code() reads the bucket tables and the midpoints up to the
+    // first +Inf one (index n - 1); decoding reads the n values.
+    if (threadIdx.x == 0) smap[k].n = n;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      smap[k].values[i] = __ldg(&src.values[i]);
+      smap[k].midpoints[i] = __ldg(&src.midpoints[i]);
     }
+    const uint32_t* from = reinterpret_cast<const uint32_t*>(&src.below[0][0]);
+    uint32_t* to = reinterpret_cast<uint32_t*>(&smap[k].below[0][0]);
+    for (int i = threadIdx.x; i < int(sizeof(src.below) / 4); i += kThreads) to[i] = __ldg(from + i);
   }
   if (threadIdx.x == 0) {
     sscalars = args.scalars[dyn.scalar_idx];
