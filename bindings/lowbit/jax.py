@@ -44,6 +44,15 @@ workspace), the error-correction bytes of 16-bit params, an int32 step count,
 and the layout (formats, normalisations, rounding and shape of each param)
 that the step checks on every call.
 
+Bad input. On the CPU every check raises an XLA error naming what is wrong.
+On a GPU the dtypes, shapes and attributes are checked the same way, but JAX
+dispatches asynchronously, so the error surfaces when the result is awaited.
+What lives in device arrays (an lr from a schedule, ``state.count``, the
+layout recorded in the state) is checked by the engine on the device, where
+the host never waits for it: a mismatch makes the step change nothing, params,
+state and count included, instead of raising. A count that stops advancing
+shows it.
+
 Semantics of ``update``: optax wants updates, the fused step computes new
 params, so ``update`` returns ``new_params - params`` computed in the param
 dtype. ``optax.apply_updates`` then gives back ``new_params`` exactly whenever
