@@ -9,7 +9,11 @@
 #      world size 1), bench/gpu/compare_jax.py (optax);
 #   3. side by side: compute-sanitizer memcheck, racecheck, initcheck and
 #      synccheck over the C suites, the PyTorch CUDA tests, the JAX tests on
-#      the GPU and the demo on the GPU.
+#      the GPU and the demo on the GPU; where BUILD has the MPI suites and an
+#      mpirun is found (LOWBIT_MPIRUN, else PATH), the communicator with CUDA
+#      buffers at 1 and 2 ranks and the 1-bit optimizers with CUDA params at
+#      2 ranks (bench/NOTES.md says how to carry an MPI to a machine without
+#      one).
 # Each stage has a time limit; its log and a summary line go under OUTDIR
 # (summary.txt and all.log, the two files to read first).
 #
@@ -82,6 +86,17 @@ stage pytest_torch_cuda 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/test
   "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_arrays.py" "$ROOT/tests/python/test_main.py" -k "cuda or Cuda or CUDA or stream or captured" &
 stage pytest_jax_gpu 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/jax" &
 stage demo_cuda 150 python3 "$ROOT/examples/demo.py" --device cuda --steps 400 --no-plot &
+MPIRUN=${LOWBIT_MPIRUN:-$(command -v mpirun || true)}
+if [ -n "$MPIRUN" ] && [ -x "$B/tests/comm/test_comm_cuda" ] && [ -x "$T/test_onebit_cuda" ]; then
+  M="$MPIRUN --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x PATH"
+  (
+    stage comm_cuda_np1 100 $M -n 1 "$B/tests/comm/test_comm_cuda"
+    stage comm_cuda_np2 100 $M -n 2 "$B/tests/comm/test_comm_cuda"
+    stage onebit_cuda_np2 150 $M -n 2 "$T/test_onebit_cuda"
+  ) &
+else
+  echo "MPI suites skipped: ${MPIRUN:-no mpirun} (BUILD needs tests/comm/test_comm_cuda and tests/cuda/test_onebit_cuda)" | tee -a "$SUM"
+fi
 wait
 
 {

@@ -1,7 +1,8 @@
 /* The 1-bit optimizers with CUDA parameters (the CUDA engine and the
- * communicator's device path on the emulation, linked with lowbit_emulated)
- * against the CPU engine, bit for bit, under mpirun (1, 2 and 4 ranks): 1-bit
- * Adam, 0/1 Adam and 1-bit LAMB in turn.
+ * communicator's device path: on the emulation, linked with lowbit_emulated,
+ * or on a GPU, linked with liblowbit as test_onebit_cuda, every rank on
+ * device 0) against the CPU engine, bit for bit, under mpirun (1, 2 and 4
+ * ranks): 1-bit Adam, 0/1 Adam and 1-bit LAMB in turn.
  *
  * Every rank runs two optimizers side by side, each with its own MPI
  * communicator: one with host tensors (CPU engine, host communicator path),
@@ -241,7 +242,7 @@ static void run_algorithm(const uint8_t* mask) {
   same_status(&cpu, &resumed, STEPS);
 
   if (rank == 0)
-    printf("%s, %d ranks: CUDA engine (emulated) = CPU engine bit for bit over %d steps (freeze at %lld, four "
+    printf("%s, %d ranks: CUDA engine = CPU engine bit for bit over %d steps (freeze at %lld, four "
            "skipped steps), resume after step %d included\n",
            algo_name(), world, STEPS, (long long)freeze_step(), resume_after());
   destroy(&resumed);
@@ -255,6 +256,10 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (!ct_gpu_available()) {  /* the GPU build (test_onebit_cuda) without a GPU; the emulation always has one */
+    MPI_Finalize();
+    return CT_SKIP;
+  }
   uint8_t* mask = malloc((size_t)SIZES[0]);
   uint64_t mask_rng = 5;
   for (int64_t i = 0; i < SIZES[0]; ++i) mask[i] = (uint8_t)(ct_next(&mask_rng) % 5 != 0);
