@@ -86,7 +86,7 @@ void expect_no_host_work(const char* phase) {
 struct Case {
   int64_t n;
   int32_t world, rank;
-  bool unaligned;  // the tensor and the worker error one float off 16-byte alignment: scalar paths
+  bool unaligned;  // the tensor, the worker error and the server error one float off 16-byte alignment: scalar paths
   bool error;      // a non-zero worker error (else the host runs its no-error branch, the device adds zeros)
   bool nan_input;  // a NaN in the tensor: the worker scale is NaN on both
   bool bad_recv;   // a received scale is +Inf: the server scale is NaN on both
@@ -150,9 +150,9 @@ void run(const Case& k, Rng& rng) {
 
   DevBuf drecv(ua), dz(size_t(c) * 4 + 4), dwz(size_t(c) * 4 + 4), dg(size_t(L.msg));
   CUDA_OK(cudaMemcpy(drecv.as<uint8_t>(), recv.data(), ua, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dz.as<float>(), z.data(), size_t(c) * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dz.as<float>(off), z.data(), size_t(c) * 4, cudaMemcpyHostToDevice));
   lowbit_emu_reset_counters();
-  dev::server(drecv.as<uint8_t>(), dz.as<float>(), dwz.as<float>(), L, dg.as<uint8_t>(), partials.as<double>(),
+  dev::server(drecv.as<uint8_t>(), dz.as<float>(off), dwz.as<float>(off), L, dg.as<uint8_t>(), partials.as<double>(),
               scal.as<float>(), stream);
   expect_no_host_work("server");
   CUDA_OK(cudaStreamSynchronize(stream));
@@ -165,9 +165,9 @@ void run(const Case& k, Rng& rng) {
         bits(dscale2), hscale2, bits(hscale2));
   CHECK(!k.bad_recv || std::isnan(dscale2), "server scale %.9g with a non-finite received scale", dscale2);
   if (std::isfinite(hscale2)) {
-    const int64_t i = first_diff(dwz.as<float>(), y.data(), c);
+    const int64_t i = first_diff(dwz.as<float>(off), y.data(), c);
     CHECK(i < 0, "new server error element %" PRId64 ": %.9g on the device, %.9g on the host", i,
-          i < 0 ? 0.0 : double(dwz.as<float>()[i]), i < 0 ? 0.0 : double(y[size_t(i)]));
+          i < 0 ? 0.0 : double(dwz.as<float>(off)[i]), i < 0 ? 0.0 : double(y[size_t(i)]));
     CHECK(std::memcmp(dg.as<uint8_t>(), hg.data(), size_t(L.msg)) == 0, "gathered message differs");
   }
 
