@@ -248,7 +248,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         )
         self._devices: dict = {}
         self._where: dict = {}  # param -> (device key, param id)
-        self._registered_ids = None  # ids of the groups' params when all were registered
+        self._registered_ids = None  # the groups' param lists (copies) when all were registered
         self._empty_shards: dict = {}  # DTensor param with an empty shard here -> its step count
         self._meshes: list = []  # device meshes of the DTensor params
         self._skipped = False  # the last step was skipped by agreement over the meshes
@@ -285,11 +285,9 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._skipped = False
         # Register params at their first step with a grad. Once every param
-        # of the groups is registered, a list of ids (registered params are
-        # kept alive by self._where, so their ids stay theirs) says whether the
-        # groups changed since.
-        ids = [id(p) for group in self.param_groups for p in group["params"]]
-        if ids != self._registered_ids:
+        # of the groups is registered, a copy of the groups' param lists (the
+        # same tensors, compared by identity) says whether they changed since.
+        if not self._groups_unchanged():
             complete = True
             for gi, group in enumerate(self.param_groups):
                 for p in group["params"]:
@@ -307,7 +305,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                         continue
                     self._register(p, gi, group)
             self._meshes = self._device_meshes()
-            self._registered_ids = ids if complete else None
+            self._registered_ids = [list(group["params"]) for group in self.param_groups] if complete else None
         work = []
         for dev in self._devices.values():
             self._push_hparams(dev)
@@ -383,6 +381,19 @@ class LowbitOptimizer(torch.optim.Optimizer):
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
             bad = bool(flag.item() > 0)
         return bad
+
+    def _groups_unchanged(self) -> bool:
+        """Whether the groups hold the params they held when all were
+        registered: the same tensors (identity, at C speed) in the same order."""
+        known = self._registered_ids
+        groups = self.param_groups
+        if known is None or len(known) != len(groups):
+            return False
+        for group, params in zip(groups, known):
+            now = group["params"]
+            if len(now) != len(params) or not all(map(operator.is_, now, params)):
+                return False
+        return True
 
     @staticmethod
     def _step_device(dev, n: int) -> None:
