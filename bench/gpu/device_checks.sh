@@ -19,10 +19,11 @@
 #
 #   bash bench/gpu/device_checks.sh BUILD [FAST_BUILD|-] OUTDIR
 #
-# BUILD holds liblowbit, liblowbit_jax, lowbit_cdef.h, tests/cuda/* and
-# bench/*; configure it with -DCMAKE_CUDA_ARCHITECTURES=90 (bench/NOTES.md,
-# "CUDA kernels", says how it was built for the device machine). Python:
-# bindings/ on PYTHONPATH, LOWBIT_LIBRARY set here; cffi must be importable.
+# BUILD holds liblowbit, liblowbit_jax, lowbit_cdef.h, tests/cuda/*,
+# tests/comm/test_comm_cuda and bench/*. bench/gpu/prepare_carry.sh builds
+# it here for sm_90 and gathers what the device machine lacks (cmocka, cffi,
+# bitsandbytes, Open MPI) into one folder to carry; there,
+# `source DIR/env.sh` first. bindings/ and LOWBIT_LIBRARY are set here.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 B=$(cd "$1" && pwd)

