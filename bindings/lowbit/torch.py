@@ -248,7 +248,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
         )
         self._devices: dict = {}
         self._where: dict = {}  # param -> (device key, param id)
-        self._registered_ids = None  # the groups' param lists (copies) when all were registered
+        self._registered_params = None  # the groups' param lists (copies) when all were registered
         self._empty_shards: dict = {}  # DTensor param with an empty shard here -> its step count
         self._meshes: list = []  # device meshes of the DTensor params
         self._skipped = False  # the last step was skipped by agreement over the meshes
@@ -271,7 +271,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._devices, self._where, self._registered_ids = {}, {}, None
+        self._devices, self._where, self._registered_params = {}, {}, None
         self._empty_shards, self._meshes, self._skipped = {}, [], False
 
     def __getstate__(self):
@@ -305,7 +305,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
                         continue
                     self._register(p, gi, group)
             self._meshes = self._device_meshes()
-            self._registered_ids = [list(group["params"]) for group in self.param_groups] if complete else None
+            self._registered_params = [list(group["params"]) for group in self.param_groups] if complete else None
         work = []
         for dev in self._devices.values():
             self._push_hparams(dev)
@@ -385,7 +385,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
     def _groups_unchanged(self) -> bool:
         """Whether the groups hold the params they held when all were
         registered: the same tensors (identity, at C speed) in the same order."""
-        known = self._registered_ids
+        known = self._registered_params
         groups = self.param_groups
         if known is None or len(known) != len(groups):
             return False
@@ -632,7 +632,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
 
         # Build the new handles aside; swap them in only when all loaded.
         old = (self._devices, self._where, self.param_groups, self.state, self._empty_shards)
-        self._devices, self._where, self._registered_ids = {}, {}, None
+        self._devices, self._where, self._registered_params = {}, {}, None
         self.param_groups = new_groups
         self.state = defaultdict(dict)
         self._empty_shards = {}
@@ -655,7 +655,7 @@ class LowbitOptimizer(torch.optim.Optimizer):
             for dev in self._devices.values():
                 dev.handle.close()
             self._devices, self._where, self.param_groups, self.state, self._empty_shards = old
-            self._registered_ids = None
+            self._registered_params = None
             raise
         for dev in old[0].values():
             dev.handle.close()
