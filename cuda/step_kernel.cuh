@@ -543,7 +543,8 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   // (a chunk's partial last tile, shaped moments, mixed dtypes or formats,
   // unaligned bases) to the generic loop.
   int64_t t_generic = t_begin;
-  const int64_t t_whole = (ch.end - ch.begin) / kTile < t_end ? (ch.end - ch.begin) / kTile : t_end;
+  const int64_t whole_tiles = (ch.end - ch.begin) / kTile;
+  const int64_t t_whole = whole_tiles < t_end ? whole_tiles : t_end;
   if (t_whole > t_begin &&
       dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
     t_generic = t_whole;
