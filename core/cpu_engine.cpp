@@ -329,39 +329,68 @@ void atomic_umax(float* where, uint32_t bits) {
   }
 }
 
-// Loads elements [e, e + n) of param, grad and the rank-1 moments into t and
-// runs this step's moment update on them (pass 1 recomputes exactly what
-// pass 2 will).
+// The new moments of a tile (update_moments), the param read only where L2
+// decay feeds it into the grad.
+template <Algo A, bool kFirst, bool kSecond>
+LOWBIT_VECTOR_CLONES void moments_tile(const StepScalars& s, int n, const float* __restrict p,
+                                       const float* __restrict g, float* __restrict m, float* __restrict v) {
+  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
+  for (int i = 0; i < n; ++i) update_moments<A, kFirst, kSecond>(s, kReadsParam ? p[i] : 0.f, g[i], m[i], v[i]);
+}
+
+template <Algo A>
+LOWBIT_VECTOR_CLONES void factored_g2_tile(const StepScalars& s, int n, const float* __restrict p,
+                                           const float* __restrict g, float* __restrict g2) {
+  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
+  for (int i = 0; i < n; ++i) g2[i] = factored_g2<A>(s, kReadsParam ? p[i] : 0.f, g[i]);
+}
+
+// Loads elements [e, e + n) of the grad (and the param where L2 decay needs
+// it) and the rank-1 moments into t, and computes this step's new values of
+// the moments pass 1 gathers statistics of: the rank-1 moments in t.m / t.v,
+// or the factored moment's squared grads in t.v. Pass 2 recomputes exactly
+// these values in its full update (update_moments shares its expressions);
+// the param update itself is left to pass 2.
 template <Algo A>
 void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& s, int64_t e, int n, Tile& t) {
+  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
   load_tensor_tile(grad.data, grad.dtype, e, n, t.g);
-  if (A == Algo::Adam || A == Algo::Sgd)
-    load_param_tile(pv, e, n, t.p);
-  else
-    std::memset(t.p, 0, sizeof(float) * size_t(n));
-  for (int k = 0; k < 2; ++k) {
-    float* dst = k ? t.v : t.m;
-    if (k < pv.num_moments && pv.moment[k].norm == Norm::Rank1)
-      decode_shaped_tile(pv.moment[k], pv.shape, pv.numel, e, n, dst);
-    else
-      std::memset(dst, 0, sizeof(float) * size_t(n));
-  }
+  if (kReadsParam) load_param_tile(pv, e, n, t.p);
+  const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
+                      pv.num_moments > 1 && pv.moment[1].norm == Norm::Rank1};
+  for (int k = 0; k < 2; ++k)
+    if (r1[k]) decode_shaped_tile(pv.moment[k], pv.shape, pv.numel, e, n, k ? t.v : t.m);
   if (shaped_moment(pv, 1) && pv.moment[1].norm == Norm::Factored) {
-    for (int i = 0; i < n; ++i) t.v[i] = factored_g2<A>(s, t.p[i], t.g[i]);
-    if (pv.moment[0].norm == Norm::Rank1)
-      for (int i = 0; i < n; ++i) {
-        float p = t.p[i], v = 0.f;
-        update_element<A>(s, p, t.g[i], t.m[i], v);
-      }
-    return;
+    factored_g2_tile<A>(s, n, t.p, t.g, t.v);
+    if (r1[0]) moments_tile<A, true, false>(s, n, t.p, t.g, t.m, t.v);
+  } else if (r1[0] && r1[1]) {
+    moments_tile<A, true, true>(s, n, t.p, t.g, t.m, t.v);
+  } else if (r1[0]) {
+    moments_tile<A, true, false>(s, n, t.p, t.g, t.m, t.v);
+  } else if (r1[1]) {
+    moments_tile<A, false, true>(s, n, t.p, t.g, t.m, t.v);
   }
-  update_tile<A>(s, n, t.p, t.g, t.m, t.v);  // pass 2's loop: the same bits
 }
 
 // max of the |x| bits over x[0, n), from `init` (order-free: a max of bits).
 LOWBIT_VECTOR_CLONES uint32_t umax_abs(uint32_t init, const float* x, int n) {
   for (int i = 0; i < n; ++i) init = umax(init, float_bits(x[i]) & 0x7FFFFFFFu);
   return init;
+}
+
+// part[l] += x[i] for the i with i % 32 == l, in order: a row sum's 32 lanes
+// (core/shape.hpp) over a segment that starts on a multiple of 32.
+static_assert(kTile % 32 == 0, "a row's tiles start on lane 0");
+LOWBIT_VECTOR_CLONES void add_lanes32(double* __restrict part, const float* __restrict x, int n) {
+  int i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int l = 0; l < 32; ++l) part[l] += double(x[i + l]);
+  for (int l = 0; i + l < n; ++l) part[l] += double(x[i + l]);
+}
+
+// acc[i] += x[i] in double (a column sum's next row).
+LOWBIT_VECTOR_CLONES void add_doubles(double* __restrict acc, const float* __restrict x, int n) {
+  for (int i = 0; i < n; ++i) acc[i] += double(x[i]);
 }
 
 // mx[i] = max(mx[i], |x[i]| bits).
@@ -394,8 +423,7 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
             mx[k] = umax_abs(mx[k], k ? t.v : t.m, n);
             if (colmax) umax_abs_each(colmax + k * C + c0, k ? t.v : t.m, n);
           }
-        if (fac)
-          for (int i = 0; i < n; ++i) part[(c0 + i) % 32] += double(t.v[i]);
+        if (fac) add_lanes32(part, t.v, n);  // c0 is a multiple of 32
       }
       for (int k = 0; k < 2; ++k)
         if (r1[k]) {
@@ -428,8 +456,7 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
       if (r1[k]) {
         umax_abs_each(mx[k], k ? t.v : t.m, n);
       }
-    if (fac)
-      for (int i = 0; i < n; ++i) acc[i] += double(t.v[i]);
+    if (fac) add_doubles(acc, t.v, n);
   }
   for (int k = 0; k < 2; ++k)
     if (r1[k]) {

@@ -96,8 +96,8 @@ LOWBIT_HD float zeroone_sync_delta(const StepScalars& s, float m, float g, float
 LOWBIT_HD float zeroone_sync_param(float p_sync, float d, float v, float eps) { return p_sync - d / (sqrtf(v) + eps); }
 
 LOWBIT_HD void lamb_moments(const StepScalars& s, float g, float& m, float& v) {
-  m = s.beta1 * m + (1.f - s.beta1) * g;
-  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+  m = adam_first_moment(s, m, g);
+  v = adam_second_moment(s, v, g);
 }
 
 // LAMB compression stage, pass A for one element: m <- the exchanged

@@ -130,7 +130,7 @@ LOWBIT_HD const float* factored_col(const Shape& s, const float* f, int64_t nume
 // The squared gradient the factored statistics average (Adam: after L2 decay).
 template <Algo A>
 LOWBIT_HD float factored_g2(const StepScalars& s, float p, float g) {
-  if (A == Algo::Adam) g += s.weight_decay * p;
+  if (A == Algo::Adam) g = l2_decayed_grad(s, p, g);
   return g * g;
 }
 

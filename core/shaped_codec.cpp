@@ -18,6 +18,11 @@ void min_row(uint32_t row, const float* __restrict last, int n, float* __restric
   for (int i = 0; i < n; ++i) out[i] = bits_float(umin(row, float_bits(last[i])));
 }
 
+LOWBIT_VECTOR_CLONES
+void scale_row(float factor, const float* __restrict col, int n, float* __restrict out) {
+  for (int i = 0; i < n; ++i) out[i] = factor * col[i];
+}
+
 // Per-element rank-1 scales of elements [base, base + n) from vectors `vecs`.
 void rank1_scales(const Shape& s, const float* vecs, int64_t base, int n, float* out) {
   // Row by row: the leading dims give one value per row, min'ed with the
@@ -58,14 +63,10 @@ void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int
     const float* f = static_cast<const float*>(mv.data);
     ShapeCursor cur;
     cur.start(s, base);
-    float rf = factored_row_factor(s, f, numel, cur.q);
-    const float* col = factored_col(s, f, numel, cur.q);
-    for (int i = 0; i < n; ++i) {
-      out[i] = rf * col[cur.c];
-      if (cur.next() && i + 1 < n) {
-        rf = factored_row_factor(s, f, numel, cur.q);
-        col = factored_col(s, f, numel, cur.q);
-      }
+    for (int i = 0; i < n; cur.c = 0, ++cur.q) {  // row by row
+      const int len = int(cur.C - cur.c < int64_t(n - i) ? cur.C - cur.c : int64_t(n - i));
+      scale_row(factored_row_factor(s, f, numel, cur.q), factored_col(s, f, numel, cur.q) + cur.c, len, out + i);
+      i += len;
     }
     return;
   }

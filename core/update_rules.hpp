@@ -25,6 +25,18 @@ struct StepScalars {
 
 enum class Algo { AdamW, Adam, Lion, Sgd };
 
+// The moments' updates, each written once: the rules below, the 1-bit
+// rules and update_moments() (the shaped params' first pass) share them.
+LOWBIT_HD float adam_first_moment(const StepScalars& s, float m, float g) { return s.beta1 * m + (1.f - s.beta1) * g; }
+LOWBIT_HD float adam_second_moment(const StepScalars& s, float v, float g) {
+  return s.beta2 * v + (1.f - s.beta2) * g * g;
+}
+LOWBIT_HD float lion_momentum(const StepScalars& s, float m, float g) { return s.beta2 * m + (1.f - s.beta2) * g; }
+LOWBIT_HD float sgd_momentum(const StepScalars& s, float m, float g) {
+  return s.first_step ? g : s.momentum * m + (1.f - s.dampening) * g;
+}
+LOWBIT_HD float l2_decayed_grad(const StepScalars& s, float p, float g) { return g + s.weight_decay * p; }
+
 template <Algo A>
 LOWBIT_HD void update_element(const StepScalars& s, float& p, float g, float& m, float& v);
 
@@ -32,8 +44,8 @@ LOWBIT_HD void update_element(const StepScalars& s, float& p, float g, float& m,
 template <>
 LOWBIT_HD void update_element<Algo::AdamW>(const StepScalars& s, float& p, float g, float& m, float& v) {
   p *= s.decay_factor;
-  m = s.beta1 * m + (1.f - s.beta1) * g;
-  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+  m = adam_first_moment(s, m, g);
+  v = adam_second_moment(s, v, g);
   float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
   p -= s.step_size * m / denom;
 }
@@ -41,9 +53,9 @@ LOWBIT_HD void update_element<Algo::AdamW>(const StepScalars& s, float& p, float
 // Adam with L2 decay: the decay is added to the gradient.
 template <>
 LOWBIT_HD void update_element<Algo::Adam>(const StepScalars& s, float& p, float g, float& m, float& v) {
-  g += s.weight_decay * p;
-  m = s.beta1 * m + (1.f - s.beta1) * g;
-  v = s.beta2 * v + (1.f - s.beta2) * g * g;
+  g = l2_decayed_grad(s, p, g);
+  m = adam_first_moment(s, m, g);
+  v = adam_second_moment(s, v, g);
   float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
   p -= s.step_size * m / denom;
 }
@@ -54,18 +66,34 @@ LOWBIT_HD void update_element<Algo::Lion>(const StepScalars& s, float& p, float 
   float c = s.beta1 * m + (1.f - s.beta1) * g;
   float sign = c > 0.f ? 1.f : (c < 0.f ? -1.f : 0.f);
   p = p * s.decay_factor - s.lr * sign;
-  m = s.beta2 * m + (1.f - s.beta2) * g;
+  m = lion_momentum(s, m, g);
 }
 
 // SGD as torch.optim.SGD: L2 decay, momentum with dampening, Nesterov.
 template <>
 LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g, float& m, float&) {
-  g += s.weight_decay * p;
+  g = l2_decayed_grad(s, p, g);
   if (s.momentum != 0.f) {
-    m = s.first_step ? g : s.momentum * m + (1.f - s.dampening) * g;
+    m = sgd_momentum(s, m, g);
     g = s.nesterov ? g + s.momentum * m : m;
   }
   p -= s.lr * g;
+}
+
+// The new moments alone, as update_element<A> leaves them (the param is read,
+// not updated): what a shaped param's first pass needs for its statistics.
+// kFirst / kSecond: which moments to compute (the others are not touched).
+template <Algo A, bool kFirst, bool kSecond>
+LOWBIT_HD void update_moments(const StepScalars& s, float p, float g, float& m, float& v) {
+  if (A == Algo::Adam || A == Algo::Sgd) g = l2_decayed_grad(s, p, g);
+  if (A == Algo::AdamW || A == Algo::Adam) {
+    if (kFirst) m = adam_first_moment(s, m, g);
+    if (kSecond) v = adam_second_moment(s, v, g);
+  } else if (A == Algo::Lion) {
+    if (kFirst) m = lion_momentum(s, m, g);
+  } else if (A == Algo::Sgd) {
+    if (kFirst && s.momentum != 0.f) m = sgd_momentum(s, m, g);
+  }
 }
 
 // Adam / AdamW with a factored second moment (core/shape.hpp): v is the
@@ -74,10 +102,10 @@ LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g
 template <Algo A>
 LOWBIT_HD void update_element_factored(const StepScalars& s, float& p, float g, float& m, float vhat) {
   if (A == Algo::Adam)
-    g += s.weight_decay * p;
+    g = l2_decayed_grad(s, p, g);
   else
     p *= s.decay_factor;
-  m = s.beta1 * m + (1.f - s.beta1) * g;
+  m = adam_first_moment(s, m, g);
   float denom = sqrtf(vhat) * s.inv_sqrt_bc2 + s.eps;
   p -= s.step_size * m / denom;
 }
@@ -85,9 +113,7 @@ LOWBIT_HD void update_element_factored(const StepScalars& s, float& p, float g, 
 // 1-bit Adam, compressed stage (variance frozen): the local momentum that is
 // communicated, then the update from the averaged momentum. Decoupled decay
 // and the Adam denominator as in AdamW.
-LOWBIT_HD float onebit_local_momentum(const StepScalars& s, float m, float g) {
-  return s.beta1 * m + (1.f - s.beta1) * g;
-}
+LOWBIT_HD float onebit_local_momentum(const StepScalars& s, float m, float g) { return adam_first_moment(s, m, g); }
 LOWBIT_HD void onebit_apply(const StepScalars& s, float& p, float m, float v) {
   p *= s.decay_factor;
   p -= s.step_size * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
