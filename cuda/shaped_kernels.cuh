@@ -37,8 +37,8 @@ __device__ __forceinline__ float rank1_scale_at(const Shape& s, const float* vec
 }
 
 // One element of pass 1, as the CPU's stat_segment: g, p (Adam, SGD), the
-// rank-1 moments decoded with their current vectors, then this step's moment
-// update (factored: g^2 in v, and the update for m when m is rank-1).
+// rank-1 moments decoded with their current vectors, then this step's new
+// moments alone (update_moments; factored: g^2 in v, and m's update).
 template <Algo A>
 __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dyn, const StepScalars& s,
                                              const QMap* maps, int64_t e, const uint32_t row_bits[2], int64_t c,
@@ -57,11 +57,10 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
   v = x[1];
   if (P.num_moments > 1 && P.norm[1] == uint8_t(Norm::Factored)) {
     v = factored_g2<A>(s, p, g);
-    float vv = 0.f;
-    update_element<A>(s, p, g, m, vv);
+    update_moments<A, true, false>(s, p, g, m, v);
     return;
   }
-  update_element<A>(s, p, g, m, v);
+  update_moments<A, true, true>(s, p, g, m, v);
 }
 
 template <Algo A>
