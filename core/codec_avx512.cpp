@@ -149,6 +149,7 @@ struct Tables {
   Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
   BytePlanes e4m3;
   int zero_code[4];
+  const QMap* first_map;  // &qmap(SignedDynamic8): map_index() without a call per tile
 };
 
 void fill_planes(const float* table, BytePlanes& bp) {
@@ -194,13 +195,14 @@ const Tables& tables() {
     for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
     fill_planes(e4m3, x.e4m3);
     for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
+    x.first_map = &qmap(MapId::SignedDynamic8);
     return x;
   }();
   return t;
 }
 
 // Which of the four maps (the order of MapId).
-int map_index(const QMap* map) { return int(map - &qmap(MapId::SignedDynamic8)); }
+int map_index(const Tables& t, const QMap* map) { return int(map - t.first_map); }
 
 bool cpu_has_avx512_codec() {
   __builtin_cpu_init();
@@ -669,12 +671,12 @@ int avx512_decode_rank1(const MomentView& mv, int64_t base, int n, const float* 
   const Tables& t = tables();
   int i = 0;
   if (mv.format == LOWBIT_STATE_4BIT && (base & 1) == 0) {
-    const __m512 values = _mm512_load_ps(t.map4[map_index(mv.map) - 2].values);
+    const __m512 values = _mm512_load_ps(t.map4[map_index(t, mv.map) - 2].values);
     const uint8_t* packed = static_cast<const uint8_t*>(mv.data) + base / 2;
     for (; i + 16 <= n; i += 16)
       _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(nibbles(packed + i / 2), values), _mm512_loadu_ps(scale + i)));
   } else if (mv.format == LOWBIT_STATE_8BIT) {
-    const PlaneRegs r(t.values8[map_index(mv.map)]);
+    const PlaneRegs r(t.values8[map_index(t, mv.map)]);
     const uint8_t* codes = static_cast<const uint8_t*>(mv.data) + base;
     for (; i + 64 <= n; i += 64) {
       __m512 v[4];
@@ -688,7 +690,7 @@ int avx512_decode_rank1(const MomentView& mv, int64_t base, int n, const float* 
 
 int avx512_encode_rank1(const MomentView& mv, int64_t base, int n, const float* scale, const float* in) {
   const Tables& t = tables();
-  const int m = map_index(mv.map);
+  const int m = map_index(t, mv.map);
   int i = 0;
   if (mv.format == LOWBIT_STATE_4BIT && (base & 1) == 0) {
     uint8_t* packed = static_cast<uint8_t*>(mv.data) + base / 2;
@@ -709,13 +711,13 @@ bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out) {
   const Tables& t = tables();
   switch (mv.format) {
     case LOWBIT_STATE_8BIT:
-      decode_planes(t.values8[map_index(mv.map)], static_cast<const uint8_t*>(mv.data) + base, mv.scales[base / kBlock8], out);
+      decode_planes(t.values8[map_index(t, mv.map)], static_cast<const uint8_t*>(mv.data) + base, mv.scales[base / kBlock8], out);
       return true;
     case LOWBIT_STATE_FP8:
       decode_planes(t.e4m3, static_cast<const uint8_t*>(mv.data) + base, mv.scales[base / kBlock8], out);
       return true;
     case LOWBIT_STATE_4BIT:
-      decode4(t.map4[map_index(mv.map) - 2], static_cast<const uint8_t*>(mv.data) + base / 2, mv.scales + base / kBlock4, out);
+      decode4(t.map4[map_index(t, mv.map) - 2], static_cast<const uint8_t*>(mv.data) + base / 2, mv.scales + base / kBlock4, out);
       return true;
     default: return false;
   }
@@ -723,7 +725,7 @@ bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out) {
 
 bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in) {
   const Tables& t = tables();
-  const int m = mv.map ? map_index(mv.map) : -1;
+  const int m = mv.map ? map_index(t, mv.map) : -1;
   switch (mv.format) {
     case LOWBIT_STATE_8BIT:
       encode8(t.search8[m], t.direct8[m], t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
