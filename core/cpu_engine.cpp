@@ -334,15 +334,14 @@ void atomic_umax(float* where, uint32_t bits) {
 template <Algo A, bool kFirst, bool kSecond>
 LOWBIT_VECTOR_CLONES void moments_tile(const StepScalars& s, int n, const float* __restrict p,
                                        const float* __restrict g, float* __restrict m, float* __restrict v) {
-  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
-  for (int i = 0; i < n; ++i) update_moments<A, kFirst, kSecond>(s, kReadsParam ? p[i] : 0.f, g[i], m[i], v[i]);
+  for (int i = 0; i < n; ++i)
+    update_moments<A, kFirst, kSecond>(s, kMomentsReadParam<A> ? p[i] : 0.f, g[i], m[i], v[i]);
 }
 
 template <Algo A>
 LOWBIT_VECTOR_CLONES void factored_g2_tile(const StepScalars& s, int n, const float* __restrict p,
                                            const float* __restrict g, float* __restrict g2) {
-  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
-  for (int i = 0; i < n; ++i) g2[i] = factored_g2<A>(s, kReadsParam ? p[i] : 0.f, g[i]);
+  for (int i = 0; i < n; ++i) g2[i] = factored_g2<A>(s, kMomentsReadParam<A> ? p[i] : 0.f, g[i]);
 }
 
 // Loads elements [e, e + n) of the grad (and the param where L2 decay needs
@@ -353,9 +352,8 @@ LOWBIT_VECTOR_CLONES void factored_g2_tile(const StepScalars& s, int n, const fl
 // the param update itself is left to pass 2.
 template <Algo A>
 void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& s, int64_t e, int n, Tile& t) {
-  constexpr bool kReadsParam = A == Algo::Adam || A == Algo::Sgd;
   load_tensor_tile(grad.data, grad.dtype, e, n, t.g);
-  if (kReadsParam) load_param_tile(pv, e, n, t.p);
+  if (kMomentsReadParam<A>) load_param_tile(pv, e, n, t.p);
   const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
                       pv.num_moments > 1 && pv.moment[1].norm == Norm::Rank1};
   for (int k = 0; k < 2; ++k)

@@ -80,12 +80,16 @@ LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g
   p -= s.lr * g;
 }
 
+// Whether A's moments depend on the param (L2 decay adds it to the grad).
+template <Algo A>
+constexpr bool kMomentsReadParam = A == Algo::Adam || A == Algo::Sgd;
+
 // The new moments alone, as update_element<A> leaves them (the param is read,
 // not updated): what a shaped param's first pass needs for its statistics.
 // kFirst / kSecond: which moments to compute (the others are not touched).
 template <Algo A, bool kFirst, bool kSecond>
 LOWBIT_HD void update_moments(const StepScalars& s, float p, float g, float& m, float& v) {
-  if (A == Algo::Adam || A == Algo::Sgd) g = l2_decayed_grad(s, p, g);
+  if (kMomentsReadParam<A>) g = l2_decayed_grad(s, p, g);
   if (A == Algo::AdamW || A == Algo::Adam) {
     if (kFirst) m = adam_first_moment(s, m, g);
     if (kSecond) v = adam_second_moment(s, v, g);

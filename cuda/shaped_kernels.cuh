@@ -44,7 +44,7 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
                                              const QMap* maps, int64_t e, const uint32_t row_bits[2], int64_t c,
                                              float& m, float& v) {
   const float g = load_element(dyn.grad, lowbit_dtype_t(dyn.gdtype + 1), e);
-  float p = (A == Algo::Adam || A == Algo::Sgd)
+  float p = kMomentsReadParam<A>
                 ? load_param_element(P.param, lowbit_dtype_t(P.pdtype + 1), P.rounding, P.ecc, e)
                 : 0.f;
   float x[2] = {0.f, 0.f};
