@@ -23,19 +23,27 @@ void scale_row(float factor, const float* __restrict col, int n, float* __restri
   for (int i = 0; i < n; ++i) out[i] = factor * col[i];
 }
 
-// Per-element rank-1 scales of elements [base, base + n) from vectors `vecs`.
-void rank1_scales(const Shape& s, const float* vecs, int64_t base, int n, float* out) {
-  // Row by row: the leading dims give one value per row, min'ed with the
-  // last dim's vector element-wise.
+// Elements [base, base + n) row by row: row_fn(q, c, i, len) for the len
+// elements of row q from column c on, which are elements i.. of the range.
+template <class RowFn>
+void for_each_row_segment(const Shape& s, int64_t base, int n, const RowFn& row_fn) {
   const int64_t C = shape_cols(s);
   int64_t q = base / C, c = base - q * C;
-  const float* last = vecs + rank1_last_offset(s);
   for (int i = 0; i < n; c = 0, ++q) {
-    const uint32_t row = rank1_row_bits(s, vecs, q);
     const int len = int(C - c < int64_t(n - i) ? C - c : int64_t(n - i));
-    min_row(row, last + c, len, out + i);
+    row_fn(q, c, i, len);
     i += len;
   }
+}
+
+// Per-element rank-1 scales of elements [base, base + n) from vectors `vecs`:
+// the leading dims give one value per row, min'ed with the last dim's vector
+// element-wise.
+void rank1_scales(const Shape& s, const float* vecs, int64_t base, int n, float* out) {
+  const float* last = vecs + rank1_last_offset(s);
+  for_each_row_segment(s, base, n, [&](int64_t q, int64_t c, int i, int len) {
+    min_row(rank1_row_bits(s, vecs, q), last + c, len, out + i);
+  });
 }
 
 void set_code(void* data, bool four_bit, int64_t e, uint32_t code) {
@@ -61,13 +69,9 @@ float lane_mean(int64_t n, const Value& v) {
 void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int64_t base, int n, float* out) {
   if (mv.norm == Norm::Factored) {
     const float* f = static_cast<const float*>(mv.data);
-    ShapeCursor cur;
-    cur.start(s, base);
-    for (int i = 0; i < n; cur.c = 0, ++cur.q) {  // row by row
-      const int len = int(cur.C - cur.c < int64_t(n - i) ? cur.C - cur.c : int64_t(n - i));
-      scale_row(factored_row_factor(s, f, numel, cur.q), factored_col(s, f, numel, cur.q) + cur.c, len, out + i);
-      i += len;
-    }
+    for_each_row_segment(s, base, n, [&](int64_t q, int64_t c, int i, int len) {
+      scale_row(factored_row_factor(s, f, numel, q), factored_col(s, f, numel, q) + c, len, out + i);
+    });
     return;
   }
   float scale[kTile];
