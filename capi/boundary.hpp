@@ -2,8 +2,8 @@
 // message (thread-local, and on the handle when there is one). Every entry
 // point goes through guarded() or, for a handle, on_handle().
 #pragma once
-#include <new>
 #include <string>
+#include <utility>
 
 #include "core/error.hpp"
 #include "lowbit.h"
@@ -15,30 +15,14 @@ const char* thread_error();
 
 template <class Body>
 lowbit_status_t guarded(std::string* handle_error, Body&& body) noexcept {
-  lowbit_status_t status;
-  std::string message;
+  const Failure f = catch_failure(std::forward<Body>(body));
+  if (!f.failed()) return LOWBIT_SUCCESS;
   try {
-    body();
-    return LOWBIT_SUCCESS;
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  } catch (const std::bad_alloc&) {
-    status = LOWBIT_ERROR_OUT_OF_MEMORY;
-    message = "out of host memory";
-  } catch (const std::exception& e) {
-    status = LOWBIT_ERROR_INTERNAL;
-    message = std::string("internal error: ") + e.what();
-  } catch (...) {
-    status = LOWBIT_ERROR_INTERNAL;
-    message = "internal error: unknown exception";
-  }
-  try {
-    set_thread_error(message);
-    if (handle_error) *handle_error = message;
+    set_thread_error(f.message);
+    if (handle_error) *handle_error = f.message;
   } catch (...) {
   }
-  return status;
+  return f.status;
 }
 
 // Runs `body(*handle->impl)` on a non-NULL handle (a struct with `impl` and

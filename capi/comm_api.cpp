@@ -10,6 +10,7 @@
 #include "comm/transport.hpp"
 #include "comm_handle.hpp"
 #include "core/validation.hpp"
+#include "distributed/onebit_optimizer.hpp"
 #include "lowbit_comm.h"
 
 struct lowbit_comm {
@@ -157,14 +158,15 @@ LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
-    if (!c.compressed_allreduce(tensor, stream)) lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
+    if (!c.compressed_allreduce(tensor, stream, lowbit::distributed::direct_caller()))
+      lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
-    c.allreduce_mean(tensor, stream);
+    c.allreduce_mean(tensor, stream, lowbit::distributed::direct_caller());
   });
 }
 

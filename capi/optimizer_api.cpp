@@ -19,6 +19,7 @@
 #include "core/defaults.hpp"
 #include "core/optimizer.hpp"
 #include "core/validation.hpp"
+#include "distributed/onebit_optimizer.hpp"
 
 struct lowbit_optimizer {
   std::unique_ptr<lowbit::Optimizer> impl;
@@ -26,6 +27,7 @@ struct lowbit_optimizer {
 };
 
 using lowbit::guarded;
+using lowbit::distributed::onebit;
 
 namespace {
 
@@ -109,7 +111,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, cons
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
     const lowbit_optimizer_config_t full = lowbit::upgrade_config(config, "config");
     auto handle = std::make_unique<lowbit_optimizer>();
-    handle->impl = std::make_unique<lowbit::Optimizer>(full, *hparams);
+    handle->impl = lowbit::distributed::make_optimizer(full, *hparams);
     *out = handle.release();
   });
 }
@@ -175,14 +177,17 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t o
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm) {
-  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_comm(lowbit::communicator_from_handle(comm)); });
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    lowbit::Communicator& c = lowbit::communicator_from_handle(comm);
+    onebit(o, "set_comm: only a 1-bit Adam optimizer uses a communicator").set_comm(c);
+  });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE(average == 0 || average == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "average = ", average,
                    " (expected 0 or 1)");
-    o.set_onebit_warmup_average(average != 0);
+    onebit(o, "set_onebit_warmup_average: only a 1-bit Adam optimizer has a warm-up").set_warmup_average(average != 0);
   });
 }
 
@@ -197,20 +202,24 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_options(lowbit_optimizer_
                                                                const lowbit_onebit_options_t* options) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(options, "options");
-    o.set_onebit_options(*options);
+    onebit(o, "set_onebit_options: only 0/1 Adam and 1-bit LAMB take these options").set_options(*options);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
-    *out = o.onebit_status(nullptr);
+    *out = onebit(o, "onebit_status: only 1-bit Adam, 0/1 Adam and 1-bit LAMB have a 1-bit status").status(nullptr);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel) {
-  return on_handle(opt, [&](lowbit::Optimizer& o) { o.set_momentum_mask(param_id, mask, numel); });
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    o.param(param_id);  // a bad id first, as for every other call
+    onebit(o, "set_momentum_mask: only a 1-bit Adam optimizer takes a momentum mask")
+        .set_momentum_mask(param_id, mask, numel);
+  });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_last_step_skipped(lowbit_optimizer_t opt, int32_t* out) {

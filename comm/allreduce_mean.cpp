@@ -1,7 +1,6 @@
 // The uncompressed mean over ranks (host tensors, and device tensors
 // stream-ordered, device-direct or staged through pinned memory).
 #include <cstring>
-#include <new>
 #include <string>
 
 #include "communicator_impl.hpp"
@@ -22,12 +21,11 @@ void Communicator::allreduce_mean(float* data, int64_t n, lowbit_device_t device
 void Communicator::allreduce_mean(const lowbit_tensor_t* tensor, void* stream, const CollectiveCaller& who) {
   Impl& I = *impl_;
   Transport& T = *I.t;
-  lowbit_status_t st = LOWBIT_SUCCESS;
-  std::string msg;
   CommArg a;
   // Under a timeout, MPI works on buffers of ours only: a timed-out
   // operation may still complete later, and must not touch the tensor then.
   const bool own_buffers = T.timeout_ms() > 0;
+  Failure f;
   try {
     a = I.check_tensor(tensor);
     // Staging buffers are grown before the agreement: a rank that cannot
@@ -43,14 +41,10 @@ void Communicator::allreduce_mean(const lowbit_tensor_t* tensor, void* stream, c
       I.mean_stage = onebit::Mem(onebit::MemKind::Pinned, bytes);
     }
 #endif
-  } catch (const Error& e) {
-    st = e.status();
-    msg = e.what();
-  } catch (const std::bad_alloc&) {
-    st = LOWBIT_ERROR_OUT_OF_MEMORY;
-    msg = "out of host memory (the staging buffer of allreduce_mean)";
+  } catch (...) {
+    f = current_failure("out of host memory (the staging buffer of allreduce_mean)");
   }
-  I.agree(st, msg, kOpAllreduceMean, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, false);
+  I.agree(f.status, f.message, kOpAllreduceMean, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, false);
   const int32_t W = I.world();
   const float fw = float(W);
   if (a.device == LOWBIT_DEVICE_CPU) {

@@ -109,31 +109,17 @@ const char* op_name(int64_t op) {
   return "an unknown collective";
 }
 
-const char* caller_name(int64_t kind) {
-  switch (kind) {
-    case CollectiveCaller::kOneBitAdam: return "from a 1-bit Adam step";
-    case CollectiveCaller::kZeroOneAdam: return "from a 0/1 Adam step";
-    case CollectiveCaller::kOneBitLamb: return "from a 1-bit LAMB step";
-    default: return "directly";
-  }
-}
-
-const char* stage_name(int64_t stage) {
-  switch (stage) {
-    case CollectiveCaller::kWarmup: return "the warm-up stage (full-precision allreduce_mean)";
-    case CollectiveCaller::kCompressed: return "the compressed stage (compressed_allreduce)";
-    case CollectiveCaller::kLocal: return "a 0/1 Adam local step (non-finite agreement only)";
-    case CollectiveCaller::kSync: return "a 0/1 Adam synchronisation (compressed_allreduce)";
-    default: break;
-  }
-  return "no 1-bit Adam stage";
-}
+// The names of a caller that gave none.
+const char* generic_kind(int32_t kind) { return kind == 0 ? "directly" : "from a caller of another kind"; }
+const char* generic_subject(int32_t) { return "the caller"; }
+const char* generic_stage(int32_t) { return "another stage"; }
+const CallerNames kGenericNames{generic_kind, generic_subject, generic_stage, "stage boundary", "parts"};
 
 // The value of `other` in [lo, hi] that is not `mine` (the two ends of the
 // range over ranks; some rank holds each).
 int64_t other_end(int64_t mine, int64_t lo, int64_t hi) { return mine == lo ? hi : lo; }
 
-constexpr int kFields = 8;  // caller kind, freeze_step, stage, num_params, op, numel, dtype, step
+constexpr int kFields = 8;  // caller kind, boundary, stage, parts, op, numel, dtype, step
 constexpr int kAgreeWords = 2 + 2 * kFields;
 constexpr size_t kMessageBytes = 512;
 
@@ -145,20 +131,20 @@ constexpr size_t kMessageBytes = 512;
 //   v[1]  W - (this rank) if its input is not finite, else 0
 //   v[2 + 2i], v[3 + 2i]  field i and its negation (max of both: the range over
 //                         the ranks that did not fail; a failed rank sends INT64_MIN,
-//                         and so does a 1-bit Adam step on CUDA for its step count,
+//                         and so does a caller that does not know its step count,
 //                         which the host does not know without waiting)
 // The fields are everything that decides the sequence of exchanges (the
 // operation, the 1-bit stage and what fixes it, numel, which fixes the
-// padding and chunking, dtype) and the caller (1-bit Adam: also the number
-// of params and, on CPU, the step count). When some rank failed, its
+// padding and chunking, dtype) and the caller (its kind, stage, stage
+// boundary, number of parts and, where known, step count). When some rank failed, its
 // message (and status) follows in one 512-byte broadcast from the lowest
 // failed rank, so every rank can say why.
 int Communicator::Impl::agree(lowbit_status_t status, const std::string& message, CommOp op, int64_t n,
                               lowbit_dtype_t dtype, const CollectiveCaller& who, bool nonfinite) {
   const int32_t W = world(), R = rank();
   const bool failed = status != LOWBIT_SUCCESS;
-  const int64_t fields[kFields] = {who.kind, who.freeze_step, who.stage,     who.num_params,
-                                   op,       n,               int64_t(dtype), who.step};
+  const int64_t fields[kFields] = {who.kind, who.boundary, who.stage,     who.parts,
+                                   op,       n,            int64_t(dtype), who.step};
   int64_t v[kAgreeWords];
   v[0] = failed ? W - R : 0;
   v[1] = (!failed && nonfinite) ? W - R : 0;
@@ -193,28 +179,31 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
   auto hi = [&](int i) { return v[2 + 2 * i]; };
   auto differs = [&](int i) { return lo(i) != hi(i); };
   const char* nothing = ". Nothing was done on any rank";
+  const CallerNames& names = who.names ? *who.names : kGenericNames;
+  const char* subject = names.subject(who.kind);
   if (differs(0))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") calls ", op_name(op), " ", caller_name(who.kind),
-         ", but some rank calls it ", caller_name(other_end(who.kind, lo(0), hi(0))),
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") calls ", op_name(op), " ", names.kind(who.kind),
+         ", but some rank calls it ", names.kind(int32_t(other_end(who.kind, lo(0), hi(0)))),
          ": every rank must make the same collective calls in the same order", nothing);
   if (differs(1))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: freeze_step is ", who.freeze_step, " on this rank (", R,
-         "), but the ranks have freeze_step from ", lo(1), " to ", hi(1),
-         "; every rank must use the same freeze_step (or the ranks change stage at different steps)", nothing);
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, subject, ": ", names.boundary, " is ", who.boundary, " on this rank (", R,
+         "), but the ranks have ", names.boundary, " from ", lo(1), " to ", hi(1), "; every rank must use the same ",
+         names.boundary, " (or the ranks change stage at different steps)", nothing);
   if (differs(2))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is in ", stage_name(who.stage),
-         ", but some rank is in ", stage_name(other_end(who.stage, lo(2), hi(2))),
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, subject, ": this rank (", R, ") is in ", names.stage(who.stage),
+         ", but some rank is in ", names.stage(int32_t(other_end(who.stage, lo(2), hi(2)))),
          "; the ranks hold different step counts (restore the same checkpoint on every rank, or set the same "
          "step with lowbit_optimizer_set_step)", nothing);
   if (differs(7))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: this rank (", R, ") is at step ",
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, subject, ": this rank (", R, ") is at step ",
          who.step >= 0 ? std::to_string(who.step) : std::string("? (CUDA: not known to the host)"),
          ", but the ranks are at steps ", lo(7), " to ", hi(7),
          "; every rank must be at the same step (restore the same checkpoint on every rank, or set the same "
          "step with lowbit_optimizer_set_step)", nothing);
   if (differs(3))
-    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam: ", who.num_params, " params are registered on this rank (", R,
-         "), but the ranks have from ", lo(3), " to ", hi(3), "; every rank must register the same params", nothing);
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, subject, ": ", who.parts, " ", names.parts, " are registered on this rank (",
+         R, "), but the ranks have from ", lo(3), " to ", hi(3), "; every rank must register the same ", names.parts,
+         nothing);
   if (differs(4))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") calls ", op_name(op), ", but some rank calls ",
          op_name(other_end(op, lo(4), hi(4))), ": every rank must make the same collective calls in the same order",

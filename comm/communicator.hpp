@@ -1,6 +1,7 @@
-// The communicator behind a lowbit_comm_t, for the optimizer core (1-bit
-// Adam) and the C boundary (capi/comm_api.cpp). The algorithm, its padding,
-// sign and non-finite rules are specified in capi/lowbit_comm.h.
+// The communicator behind a lowbit_comm_t, for the layers above it (the
+// distributed optimizers of distributed/, the C boundary capi/comm_api.cpp).
+// The algorithm, its padding, sign and non-finite rules are specified in
+// capi/lowbit_comm.h.
 //
 // Every method either succeeds or throws lowbit::Error having changed nothing
 // (errors, output and binding as they were). Collective methods must be
@@ -17,22 +18,29 @@ namespace lowbit {
 
 class Transport;
 
+// How a caller above the communicator names its collective calls in the
+// messages of a failed argument agreement: its kinds, its stages and the
+// fields it adds (the communicator names none of its own).
+struct CallerNames {
+  const char* (*kind)(int32_t kind);     // how a call of `kind` is named ("directly" for 0)
+  const char* (*subject)(int32_t kind);  // what messages about its fields start with
+  const char* (*stage)(int32_t stage);
+  const char* boundary;                  // the name of CollectiveCaller::boundary
+  const char* parts;                     // what CollectiveCaller::parts counts
+};
+
 // Who runs a collective. It joins the argument agreement of the MPI
 // transport (with the operation, numel and dtype), so that ranks at
 // different places of a training loop fail on every rank instead of
-// deadlocking. Direct calls (the C API) leave it at its defaults.
+// deadlocking. Kind 0 is a direct call; the other fields belong to the
+// caller (`names` says what they mean).
 struct CollectiveCaller {
-  enum Kind : int32_t { kDirect = 0, kOneBitAdam = 1, kZeroOneAdam = 2, kOneBitLamb = 3 };
-  // kWarmup: an uncompressed average (1-bit Adam's and LAMB's warm-up, 0/1
-  // Adam's variance steps); kCompressed: the 1-bit exchange of the momentum
-  // (0/1 Adam: of the gradient in phase 1); kLocal: 0/1 Adam's local step
-  // (a one-float non-finite agreement); kSync: 0/1 Adam's synchronisation.
-  enum Stage : int32_t { kNoStage = 0, kWarmup = 1, kCompressed = 2, kLocal = 3, kSync = 4 };
-  int32_t kind = kDirect;
-  int32_t stage = kNoStage;  // 1-bit Adam: the stage this step runs
-  int64_t freeze_step = 0;   // 1-bit Adam: its freeze_step
-  int64_t num_params = 0;    // 1-bit Adam: the params sharing its bucket
-  int64_t step = -1;         // 1-bit Adam: the step count before this step, -1: not known exactly here
+  int32_t kind = 0;
+  int32_t stage = 0;         // the stage of the caller's schedule this call belongs to
+  int64_t boundary = 0;      // what fixes when the caller's stages change
+  int64_t parts = 0;         // how many tensors share the exchanged buffer
+  int64_t step = -1;         // the caller's step count before this call; -1: not known exactly here
+  const CallerNames* names = nullptr;  // nullptr: generic names
 };
 
 class Communicator {
@@ -70,14 +78,14 @@ class Communicator {
   int64_t timeout_ms() const;
 
   // For a caller whose own checks failed before it could start its
-  // collective (1-bit Adam: a missing grad, differing step counts): joins
+  // collective (a missing grad, differing step counts): joins
   // the argument agreement that the other ranks run at the start of theirs,
   // as a rank that rejected its arguments, so that every rank fails and none
   // waits. Always throws: Error(status, message) here; on the other ranks
   // their collective throws LOWBIT_ERROR_INVALID_ARGUMENT naming this rank
   // and quoting `message`. Over NCCL (no agreement) it only throws here.
-  // Collective: only the argument agreement of `who` (a 1-bit Adam warm-up
-  // step on gradients the caller averaged exchanges nothing else), so a
+  // Collective: only the argument agreement of `who` (a step on gradients
+  // the caller averaged exchanges nothing else), so a
   // mismatch or a failing rank is still reported on every rank.
   void agree_only(const CollectiveCaller& who);
 
@@ -86,8 +94,8 @@ class Communicator {
 
   // Device int32, 1 if the last CUDA compressed_allreduce found a non-finite
   // input (nothing changed), 0 if it was applied; written in stream order by
-  // that call, so kernels enqueued after it can read it (1-bit Adam's update
-  // on CUDA skips on it). nullptr until the communicator is bound to a CUDA
+  // that call, so kernels enqueued after it can read it (an update on CUDA
+  // skips on it). nullptr until the communicator is bound to a CUDA
   // buffer.
   const int32_t* device_nonfinite_flag() const;
 

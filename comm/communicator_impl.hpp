@@ -64,7 +64,7 @@ struct Communicator::Impl {
   // The argument agreement (MPI): every rank learns whether some rank failed
   // its local checks (then every rank throws: its own error, or one naming
   // the lowest failed rank and quoting its message) and whether the ranks
-  // run the same collective (op, caller, 1-bit stage and freeze_step, numel,
+  // run the same collective (op, caller, its stage and stage boundary, numel,
   // dtype; otherwise every rank throws). Returns the lowest rank whose input
   // was not finite, or -1. Over NCCL only a local failure is thrown.
   // (For kOpSetTimeout, n is the timeout.)

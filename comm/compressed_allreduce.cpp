@@ -61,11 +61,10 @@ bool Communicator::compressed_allreduce(float* data, int64_t n, lowbit_device_t 
 bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* stream, const CollectiveCaller& who) {
   Impl& I = *impl_;
   Transport& T = *I.t;
-  lowbit_status_t st = LOWBIT_SUCCESS;
-  std::string msg;
   CommArg a;
   double sumsq = 0.0;
   bool nonfinite = false;
+  Failure f;
   try {
     a = I.check_tensor(tensor);
     I.prepare(a, stream);
@@ -77,15 +76,11 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
       sumsq = I.host_worker_pass(a, I.buf.send.as<uint8_t>());
       nonfinite = !std::isfinite(sumsq);
     }
-  } catch (const Error& e) {
-    st = e.status();
-    msg = e.what();
-  } catch (const std::bad_alloc&) {
-    st = LOWBIT_ERROR_OUT_OF_MEMORY;
-    msg = "out of host memory (communicator error buffers / workspaces)";
+  } catch (...) {
+    f = current_failure("out of host memory (communicator error buffers / workspaces)");
   }
   const int bad_rank =
-      I.agree(st, msg, kOpCompressedAllreduce, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, nonfinite);
+      I.agree(f.status, f.message, kOpCompressedAllreduce, a.n, tensor ? tensor->dtype : LOWBIT_DTYPE_FLOAT32, who, nonfinite);
   if (bad_rank >= 0) {
     I.last_nonfinite = true;
     I.last_was_device = false;

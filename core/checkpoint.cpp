@@ -11,13 +11,10 @@
 //              u64 ecc_bytes  ecc
 //              u32 crc32 of this param record
 //   u32 crc32 of everything before it
-// Version 3 (written by 0/1 Adam and 1-bit LAMB only; the others still
-// write version 2) inserts before the final checksum the 1-bit extension:
-//   i64 var_interval var_counter local_interval local_counter  u32 lamb_scaled
-//   u32 num_groups  f64 lrs[num_groups]
-//   u64 aux_bytes  aux (fp32 per element of every param, in param order:
-//                       0/1 Adam p_sync, LAMB v_fresh)
-//   u64 scalar_bytes  per param f32 coeff_freeze last_factor scaling
+// Version 3 (written by optimizers whose extension has a checkpoint section:
+// 0/1 Adam and 1-bit LAMB; the others still write version 2) inserts the
+// extension's section before the final checksum
+// (distributed/checkpoint_section.cpp).
 // Version 1 (lowbit 0.2) is the same without ndim / dims and normalization
 // (1-D, blocks); it still loads. Materialised checkpoints hold every moment
 // as fp32 / bf16 values (a factored v as its reconstruction v^).
@@ -26,8 +23,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
+#include "checkpoint_io.hpp"
 #include "codec.hpp"
 #include "crc32.hpp"
 #include "defaults.hpp"
@@ -49,48 +48,10 @@ constexpr bool kVerifyChecksums = true;
 
 constexpr char kMagic[8] = {'L', 'O', 'W', 'B', 'I', 'T', 'C', 'K'};
 constexpr uint32_t kVersion = 2;
-constexpr uint32_t kVersionOneBitExt = 3;  // kVersion plus the 1-bit extension
+constexpr uint32_t kVersionWithSection = 3;  // kVersion plus the extension's section
 
-bool has_onebit_extension(lowbit_algorithm_t a) {
-  return a == LOWBIT_ALGORITHM_ZEROONE_ADAM || a == LOWBIT_ALGORITHM_ONEBIT_LAMB;
-}
-
-class Writer {
- public:
-  template <class T>
-  void put(T v) {
-    append(&v, sizeof(T));
-  }
-  void append(const void* p, size_t n) {
-    const uint8_t* b = static_cast<const uint8_t*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-  std::vector<uint8_t> out;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  template <class T>
-  T get(const char* field) {
-    T v;
-    std::memcpy(&v, take(sizeof(T), field), sizeof(T));
-    return v;
-  }
-  const uint8_t* take(uint64_t n, const char* field) {
-    if (n > n_ - pos_) fail(LOWBIT_ERROR_CORRUPT_DATA, "checkpoint is truncated or corrupt: ", field, " needs ", n,
-                            " bytes at offset ", pos_, " but only ", n_ - pos_, " remain");
-    const uint8_t* r = p_ + pos_;
-    pos_ += size_t(n);
-    return r;
-  }
-  size_t pos() const { return pos_; }
-
- private:
-  const uint8_t* p_;
-  size_t n_;
-  size_t pos_ = 0;
-};
+using Writer = CheckpointWriter;
+using Reader = CheckpointReader;
 
 struct LoadedMoment {
   std::vector<uint8_t> data, scales;
@@ -140,33 +101,6 @@ float fitted_block_scale(const float* x, int n, float vmax, float vmin, float ab
                             : std::max(fit_scale(pos, vmax), vmin < 0.f ? fit_scale(neg, -vmin) : neg);
   return std::isfinite(s) ? s : absmax / absmax_divisor;
 }
-
-void put_onebit_extension(Writer& w, const OneBitState& s, Engine& engine, size_t num_groups, size_t num_params,
-                          void* stream) {
-  for (int64_t v : {s.var_interval, s.var_counter, s.local_interval, s.local_counter}) w.put<int64_t>(v);
-  w.put<uint32_t>(s.lamb_scaled ? 1u : 0u);
-  w.put<uint32_t>(uint32_t(num_groups));
-  for (size_t g = 0; g < num_groups; ++g) w.put<double>(g < s.lrs.size() ? s.lrs[g] : 0.0);
-  std::vector<uint8_t> host(s.aux.bytes());
-  if (!host.empty()) engine.copy_to_host(host.data(), s.aux.data(), host.size(), stream);
-  w.put<uint64_t>(host.size());
-  w.append(host.data(), host.size());
-  std::vector<LambScalars> scalars(num_params);
-  if (!scalars.empty())
-    engine.copy_to_host(scalars.data(), s.lamb_scalars.data(), scalars.size() * sizeof(LambScalars), stream);
-  w.put<uint64_t>(scalars.size() * 12);
-  for (const LambScalars& x : scalars)
-    for (float f : {x.coeff_freeze, x.last_factor, x.scaling}) w.put<float>(f);
-}
-
-// The 1-bit extension as read (checked) before anything is replaced.
-struct OneBitExtension {
-  int64_t var_interval = 1, var_counter = 0, local_interval = 1, local_counter = 0;
-  bool lamb_scaled = false;
-  std::vector<double> lrs;
-  std::vector<uint8_t> aux;
-  std::vector<LambScalars> scalars;
-};
 
 }  // namespace
 
@@ -223,8 +157,8 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
                  LOWBIT_ERROR_INVALID_ARGUMENT, "mode = ", int(mode), " is not a lowbit_checkpoint_mode_t value");
   Writer w;
   w.append(kMagic, 8);
-  const bool ext = has_onebit_extension(config_.algorithm);
-  w.put<uint32_t>(ext ? kVersionOneBitExt : kVersion);
+  const bool ext = extension_ && extension_->has_checkpoint_section();
+  w.put<uint32_t>(ext ? kVersionWithSection : kVersion);
   w.put<uint32_t>(uint32_t(mode));
   w.put<uint32_t>(uint32_t(config_.algorithm));
   w.put<uint32_t>(uint32_t(groups_.size()));
@@ -287,7 +221,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
     w.append(data.data(), data.size());
     w.put<uint32_t>(crc32(w.out.data() + record_start, w.out.size() - record_start));
   }
-  if (ext) put_onebit_extension(w, *onebit_, *engine_, groups_.size(), params_.size(), stream);
+  if (ext) extension_->save_section(w, stream);
   uint64_t total = w.out.size() + 4;
   std::memcpy(w.out.data() + total_size_at, &total, 8);
   w.put<uint32_t>(crc32(w.out.data(), w.out.size()));
@@ -299,9 +233,9 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "not a lowbit checkpoint (bad magic)");
   uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionOneBitExt, LOWBIT_ERROR_VERSION_MISMATCH,
+  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
                  "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionOneBitExt, ")");
+                 kVersionWithSection, ")");
   r.get<uint32_t>("mode");
   r.get<uint32_t>("algorithm");
   const uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -326,11 +260,7 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
     const uint64_t widest = add(add(moment, mul(12, n)), add(mul(4, n / 128 + 1), mul(8, dim_sum)));
     largest = add(largest, mul(uint64_t(p.num_moments), widest));
   }
-  if (version == kVersionOneBitExt) {  // the 1-bit extension
-    uint64_t elements = 0;
-    for (const ParamState& p : params_) elements = add(elements, uint64_t(p.param.numel));
-    largest = add(largest, add(add(56, mul(8, num_groups)), add(mul(4, elements), mul(12, params_.size()))));
-  }
+  if (version == kVersionWithSection && extension_) largest = add(largest, extension_->max_section_bytes(num_groups));
   const uint64_t smallest = fixed + 4;
   LOWBIT_REQUIRE(total >= smallest && total <= largest, LOWBIT_ERROR_CORRUPT_DATA,
                  "checkpoint header announces ", total, " bytes; a checkpoint of this optimizer's ", params_.size(),
@@ -345,9 +275,9 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "not a lowbit checkpoint (bad magic)");
   uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionOneBitExt, LOWBIT_ERROR_VERSION_MISMATCH,
+  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
                  "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionOneBitExt, ")");
+                 kVersionWithSection, ")");
   uint32_t mode = r.get<uint32_t>("mode");
   uint32_t algorithm = r.get<uint32_t>("algorithm");
   uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -362,9 +292,10 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
                  LOWBIT_ERROR_CORRUPT_DATA, "checkpoint mode ", mode, " is unknown");
   LOWBIT_REQUIRE(algorithm == uint32_t(config_.algorithm), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint algorithm ",
                  algorithm, " differs from this optimizer's ", int(config_.algorithm));
-  LOWBIT_REQUIRE((version == kVersionOneBitExt) == has_onebit_extension(config_.algorithm), LOWBIT_ERROR_CORRUPT_DATA,
+  const bool has_section = extension_ && extension_->has_checkpoint_section();
+  LOWBIT_REQUIRE((version == kVersionWithSection) == has_section, LOWBIT_ERROR_CORRUPT_DATA,
                  "checkpoint format version ", version, " does not fit algorithm ", algorithm,
-                 " (0/1 Adam and 1-bit LAMB write version ", kVersionOneBitExt, ", the others 1 or ", kVersion, ")");
+                 " (0/1 Adam and 1-bit LAMB write version ", kVersionWithSection, ", the others 1 or ", kVersion, ")");
   uint64_t num_params = r.get<uint64_t>("num_params");
   LOWBIT_REQUIRE(num_params == params_.size(), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint has ", num_params,
                  " params, this optimizer has ", params_.size());
@@ -493,45 +424,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     LOWBIT_REQUIRE(r.get<uint32_t>("param checksum") == record_crc || !kVerifyChecksums, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
                    " checksum mismatch");
   }
-  OneBitExtension ext;
-  if (version == kVersionOneBitExt) {
-    ext.var_interval = r.get<int64_t>("var_interval");
-    ext.var_counter = r.get<int64_t>("var_counter");
-    ext.local_interval = r.get<int64_t>("local_interval");
-    ext.local_counter = r.get<int64_t>("local_counter");
-    const uint32_t scaled = r.get<uint32_t>("lamb_scaled");
-    const uint32_t lrs_groups = r.get<uint32_t>("lrs groups");
-    LOWBIT_REQUIRE(ext.var_interval >= 1 && ext.var_interval <= (int64_t(1) << 62) && ext.var_counter >= 0 &&
-                       ext.local_interval >= 1 && ext.local_interval <= (int64_t(1) << 40) && ext.local_counter >= 0 &&
-                       scaled <= 1 && lrs_groups == num_groups,
-                   LOWBIT_ERROR_CORRUPT_DATA, "checkpoint 1-bit schedule is impossible (var_interval ",
-                   ext.var_interval, ", var_counter ", ext.var_counter, ", local_interval ", ext.local_interval,
-                   ", local_counter ", ext.local_counter, ", lamb_scaled ", scaled, ", ", lrs_groups, " lr sums for ",
-                   num_groups, " groups)");
-    ext.lamb_scaled = scaled != 0;
-    ext.lrs.resize(lrs_groups);
-    for (double& x : ext.lrs) {
-      x = r.get<double>("lr sums");
-      LOWBIT_REQUIRE(std::isfinite(x) && x >= 0.0, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint lr sum ", x,
-                     " is impossible");
-    }
-    const uint64_t aux_bytes = r.get<uint64_t>("aux_bytes");
-    LOWBIT_REQUIRE(aux_bytes == uint64_t(onebit_->numel) * 4, LOWBIT_ERROR_STATE_MISMATCH, "checkpoint holds ",
-                   aux_bytes, " bytes of 1-bit per-element state, this optimizer's params need ",
-                   uint64_t(onebit_->numel) * 4);
-    const uint8_t* aux = r.take(aux_bytes, "1-bit per-element state");
-    ext.aux.assign(aux, aux + aux_bytes);
-    const uint64_t scalar_bytes = r.get<uint64_t>("scalar_bytes");
-    LOWBIT_REQUIRE(scalar_bytes == uint64_t(params_.size()) * 12, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint holds ",
-                   scalar_bytes, " bytes of LAMB scalars for ", params_.size(), " params");
-    ext.scalars.resize(params_.size());
-    for (LambScalars& x : ext.scalars) {
-      x.coeff_freeze = r.get<float>("coeff_freeze");
-      x.last_factor = r.get<float>("last_factor");
-      x.scaling = r.get<float>("scaling");
-      x.trust = 0.f;
-    }
-  }
+  std::function<void(void*)> commit_section;
+  if (version == kVersionWithSection) commit_section = extension_->load_section(r, num_groups);
   r.get<uint32_t>("checksum");
   LOWBIT_REQUIRE(r.pos() == size_t(size), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes");
   // SGD: whether a param has a momentum buffer was decided when it was
@@ -568,20 +462,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   bind(0);
   config_.freeze_step = freeze_step;
   config_.seed = seed;  // stochastic rounding continues with the same bits
-  if (version == kVersionOneBitExt) {
-    OneBitState& s = *onebit_;
-    s.var_interval = ext.var_interval;
-    s.var_counter = ext.var_counter;
-    s.local_interval = ext.local_interval;
-    s.local_counter = ext.local_counter;
-    s.lamb_scaled = ext.lamb_scaled;
-    s.lrs = std::move(ext.lrs);
-    if (!ext.aux.empty()) engine_->copy_from_host(s.aux.data(), ext.aux.data(), ext.aux.size(), stream);
-    if (!ext.scalars.empty())
-      engine_->copy_from_host(s.lamb_scalars.data(), ext.scalars.data(), ext.scalars.size() * sizeof(LambScalars),
-                              stream);
-  }
-  if (onebit_) refresh_onebit_steps(stream);
+  if (commit_section) commit_section(stream);
+  if (extension_) extension_->steps_changed(stream);
 }
 
 }  // namespace lowbit

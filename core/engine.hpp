@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "layout_record.hpp"
-#include "onebit_rules.hpp"
+#include "pass.hpp"
 #include "state.hpp"
 
 namespace lowbit {
@@ -36,6 +36,13 @@ struct GradView {
   lowbit_dtype_t dtype = LOWBIT_DTYPE_FLOAT32;
 };
 
+// Whether a grad's memory is apart from its param's (a grad may share it).
+inline bool grad_apart(const ParamView& pv, const GradView& grad) {
+  const char* gp = static_cast<const char*>(grad.data);
+  const char* pp = static_cast<const char*>(pv.param);
+  return gp + dtype_bytes(grad.dtype) * pv.numel <= pp || pp + dtype_bytes(pv.param_dtype) * pv.numel <= gp;
+}
+
 // How one step takes its scalars. Pointers are engine memory (host memory for
 // the CPU engine, device memory for CUDA) and are read in stream order.
 struct StepControl {
@@ -51,46 +58,6 @@ struct StepControl {
   // (core/layout_record.hpp); a parameter whose entry differs from how it is bound
   // makes the step change nothing.
   const int32_t* layout = nullptr;
-};
-
-// 1-bit Adam's compressed stage, after the momentum exchange.
-struct OneBitApply {
-  const float* bucket = nullptr;  // the averaged momentum, flat (bind_onebit offsets)
-  int64_t freeze_step = 0;        // the variance is frozen since this step (its bias correction too)
-  uint64_t seed = 0;
-  bool skip = false;                        // CPU: the exchange found a non-finite value
-  const int32_t* device_skip = nullptr;     // CUDA: the same, written in stream order by the exchange
-  // Engine memory, read in stream order: > 0 skips the step like `skip`
-  // (0/1 Adam's local steps: the mean over the ranks of nonfinite_flag).
-  const float* skip_if_positive = nullptr;
-  // false: m <- bucket (1-bit Adam, 0/1 Adam's local steps); true:
-  // m <- beta1 m + (1 - beta1) bucket (0/1 Adam's 1-bit gradient steps:
-  // the bucket holds the exchanged gradient).
-  bool blend = false;
-};
-
-// 0/1 Adam's synchronisation, after the exchange of zeroone_sync_pack's bucket.
-struct ZeroOneSync {
-  const float* bucket = nullptr;          // the averaged (p_sync - p') * D
-  float* sync_params = nullptr;           // flat fp32 (bind_onebit offsets): the params at the last sync
-  const float* group_inv_lrs = nullptr;   // engine memory, one per group: 1 / (sum of lr since the last sync)
-  uint64_t seed = 0;
-  bool skip = false;
-  const int32_t* device_skip = nullptr;
-};
-
-// One 1-bit LAMB step after its exchange (or a warm-up step).
-struct LambStep {
-  const float* bucket = nullptr;   // compression stage: the exchanged scaled momentum
-  LambScalars* scalars = nullptr;  // engine memory, one per param
-  LambPartial* partials = nullptr; // engine memory, one per bound chunk (scratch)
-  float* fresh_v = nullptr;        // flat fp32 (bind_onebit offsets): v_fresh
-  LambOptions options;
-  bool seed_fresh_v = false;       // the last warm-up step (t == freeze_step): v_fresh <- the new v
-  bool check_nonfinite = false;    // warm-up: a non-finite gradient skips the step
-  uint64_t seed = 0;
-  bool skip = false;                     // compression stage: the exchange found a non-finite value (CPU)
-  const int32_t* device_skip = nullptr;  // CUDA: the same
 };
 
 class Engine {
@@ -131,69 +98,22 @@ class Engine {
   // One step of `algo` over every bound parameter whose grads[i].data is
   // set (num_params == the bound count). Only enqueues.
   virtual void step(Algo algo, const GradView* grads, int64_t num_params, const StepControl& ctl, void* stream) = 0;
-  // Whether the last step (or 1-bit apply) was skipped. CUDA: valid once the
+  // Whether the last step (or the last step of passes) was skipped. CUDA: valid once the
   // stream has passed it; never waits.
   virtual bool last_step_skipped() const = 0;
   // The engine's per-parameter step counts (blocking, after `stream`).
   virtual void read_steps(int64_t* out, int64_t num_params, void* stream) = 0;
   virtual void write_steps(const int64_t* in, int64_t num_params, void* stream) = 0;
 
-  // ---- 1-bit Adam (core/onebit_adam.cpp): every parameter has fp32
-  // moments and a place in one flat fp32 bucket.
-  // offsets[i]: where parameter i starts in the bucket; masks[i]: engine
-  // memory, numel bytes (0: momentum kept at zero), or nullptr. After bind().
-  virtual void bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) = 0;
-  // Warm-up: bucket <- the gradients as fp32.
-  virtual void onebit_gather(const GradView* grads, float* bucket, void* stream) = 0;
-  // After a warm-up step: masked momentum elements back to zero, unless the
-  // step was skipped.
-  virtual void onebit_mask(void* stream) = 0;
-  // Compressed stage: bucket <- beta1 m + (1 - beta1) g (0 where masked).
-  virtual void onebit_momentum(const GradView* grads, float* bucket, void* stream) = 0;
-  // Compressed stage, after the exchange of the bucket from onebit_momentum
-  // of the same step: m <- bucket (0 where masked), the frozen-variance
-  // update, step counts + 1; nothing changes when the exchange was not finite.
-  virtual void onebit_apply(const OneBitApply& a, void* stream) = 0;
-  // flag (engine memory, one float) <- 1 if data[0..n) holds a non-finite
-  // value, else 0.
-  virtual void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) = 0;
-
-  // ---- 0/1 Adam (core/zeroone_adam.cpp), after bind_onebit; fp32 m and v.
-  // sync_params <- the params as fp32 (as a step loads them).
-  virtual void zeroone_snapshot(float* sync_params, void* stream) = 0;
-  // A synchronising step's local part, written to the bucket only: with
-  // m' = beta1 m + (1 - beta1) g and p' = the param after onebit_apply's
-  // update with m' (AdamW, frozen v, no bias correction), in fp32 before
-  // rounding to the param's dtype: bucket <- (sync_params - p') * (sqrt(v) +
-  // eps), 0 where masked.
-  virtual void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) = 0;
-  // After the exchange, unless skipped: m <- bucket * group_inv_lrs[group]
-  // (0 where masked); p <- sync_params - bucket / (sqrt(v) + eps), stored as
-  // a step stores it (rounding key of the new step count); sync_params <- p
-  // as loaded back; step counts + 1.
-  virtual void zeroone_sync_apply(const ZeroOneSync& a, void* stream) = 0;
-
-  // ---- 1-bit LAMB (core/onebit_lamb.cpp), after bind_onebit; fp32 m, v.
-  // Warm-up step on `grads` (averaged over the ranks): pass A reduces per
-  // chunk ||p||^2 and ||u||^2 with u = lamb_update(m', v', p), m' and v' the
-  // new moments, and finds non-finite gradients; per param, unless the step
-  // is skipped: trust = lamb_warmup_trust (EMA into coeff_freeze); pass B:
-  // m <- m' (0 where masked), v <- v', fresh_v <- v' if seed_fresh_v,
-  // p <- p - lr * trust * u; step counts + 1.
-  virtual void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) = 0;
-  // First compression step, before lamb_momentum: per param rms_p =
-  // sqrt(||m||^2 / numel) (the fixed reduction order), S = their mean (in
-  // param order, double), scalars[i].scaling <- lamb_scaling(rms_p, S).
-  virtual void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) = 0;
-  // bucket <- (beta1 m + (1 - beta1) g) * scaling (0 where masked).
-  virtual void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) = 0;
-  // Compression step after the exchange, unless skipped: pass A: mk =
-  // bucket / scaling (0 where masked), g_rec = (mk - beta1 m) / (1 - beta1),
-  // fresh_v <- beta2 fresh_v + (1 - beta2) g_rec^2, m <- mk, reducing
-  // ||m/D||^2, ||u||^2 (u = lamb_update with the frozen v) and the max of
-  // D / (sqrt(fresh_v) + eps); per param trust = lamb_compressed_trust;
-  // pass B: p <- p - lr * trust * u; step counts + 1.
-  virtual void lamb_compressed(const LambStep& a, void* stream) = 0;
+  // ---- passes (core/pass.hpp): the operations of the algorithms above the
+  // fused step (distributed/).
+  // Where each parameter sits in the flat fp32 buffers of passes (offsets[i])
+  // and its element mask (masks[i]: engine memory, numel bytes, 0: masked;
+  // or nullptr). After bind(); may wait for the device.
+  virtual void bind_flat(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) = 0;
+  // Runs one pass over every bound parameter (its step's skip decision,
+  // scalars and step counts as PassStep says). Only enqueues.
+  virtual void run_pass(const Pass& pass, void* stream) = 0;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(int num_threads);

@@ -25,14 +25,6 @@ Optimizer::Optimizer(const lowbit_optimizer_config_t& config, const lowbit_hpara
     : config_(config), algo_(engine_algo(config.algorithm)) {
   check_config(config);
   check_hparams(hparams, config.algorithm);
-  if (is_onebit_algorithm(config.algorithm)) {
-    auto fp32 = [](lowbit_state_format_t f) { return f == LOWBIT_STATE_DEFAULT || f == LOWBIT_STATE_FP32; };
-    LOWBIT_REQUIRE(fp32(config.state_format) && fp32(config.second_state_format), LOWBIT_ERROR_UNSUPPORTED,
-                   "state_format: ", onebit_algorithm_name(config.algorithm),
-                   " keeps fp32 state (its momentum is what is communicated)");
-    onebit_ = std::make_unique<OneBitState>();
-    onebit_->options = default_onebit_options();
-  }
   engine_ = config.device == LOWBIT_DEVICE_CUDA ? make_cuda_engine(config.device_index)
                                                 : make_cpu_engine(config.num_threads);
   groups_.push_back(hparams);
@@ -120,7 +112,7 @@ int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
   grads_.push_back(GradView{});
   try {
     bind(id);
-    if (onebit_) layout_onebit();
+    if (extension_) extension_->params_changed();
   } catch (...) {
     params_.pop_back();
     chunks_.resize(old_chunks);
@@ -129,7 +121,7 @@ int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
     grads_.pop_back();
     try {
       bind(id);
-      if (onebit_) layout_onebit();
+      if (extension_) extension_->params_changed();
     } catch (...) {
     }
     throw;
@@ -181,7 +173,7 @@ ParamView Optimizer::param_view(const ParamState& p) const {
   return v;
 }
 
-void Optimizer::prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads) {
+GradView* Optimizer::prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads) {
   LOWBIT_REQUIRE(grads || !explicit_grads, LOWBIT_ERROR_NULL_POINTER, "grads is NULL");
   LOWBIT_REQUIRE(!params_.empty(), LOWBIT_ERROR_INVALID_STATE, "step: no parameters are registered");
   if (grads) {
@@ -194,16 +186,12 @@ void Optimizer::prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, b
     const lowbit_tensor_t& g = grads ? grads[i] : params_[i].grad;
     grads_[i] = GradView{g.data, g.dtype};
   }
+  return grads_.data();
 }
 
 void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream, bool explicit_grads) {
-  if (onebit_) {
-    // Its checks are agreed on with the other ranks (onebit_adam.cpp).
-    switch (config_.algorithm) {
-      case LOWBIT_ALGORITHM_ZEROONE_ADAM: step_zeroone(grads, num_grads, explicit_grads, stream); break;
-      case LOWBIT_ALGORITHM_ONEBIT_LAMB: step_lamb(grads, num_grads, explicit_grads, stream); break;
-      default: step_onebit(grads, num_grads, explicit_grads, stream); break;
-    }
+  if (extension_) {
+    extension_->step(grads, num_grads, explicit_grads, stream);
     return;
   }
   prepare_grads(grads, num_grads, explicit_grads);
@@ -240,7 +228,7 @@ lowbit_param_info_t Optimizer::info(int64_t id) const {
 
 int64_t Optimizer::state_bytes(int64_t id) const {
   if (id == -1) {
-    int64_t total = onebit_ ? int64_t(onebit_->bucket.bytes()) : 0;
+    int64_t total = extension_ ? extension_->state_bytes() : 0;
     for (int64_t i = 0; i < num_params(); ++i) total += state_bytes(i);
     return total;
   }
@@ -306,7 +294,7 @@ void Optimizer::set_step(int64_t id, int64_t step, void* stream) {
   else
     s[size_t(id)] = step;
   engine_->write_steps(s.data(), int64_t(s.size()), stream);
-  if (onebit_) refresh_onebit_steps(stream);
+  if (extension_) extension_->steps_changed(stream);
 }
 
 }  // namespace lowbit

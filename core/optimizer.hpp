@@ -1,7 +1,8 @@
 // The optimizer behind a lowbit_optimizer_t: parameter groups, registered
-// parameters and their state, and the step driver over an Engine. Every
-// public method either succeeds or throws lowbit::Error having changed
-// nothing.
+// parameters and their state, and the step driver over an Engine. A layer
+// above (distributed/) may attach an OptimizerExtension that takes over the
+// step. Every public method either succeeds or throws lowbit::Error having
+// changed nothing.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,13 +12,11 @@
 
 #include "engine.hpp"
 #include "lowbit.h"
+#include "optimizer_extension.hpp"
 #include "state.hpp"
 #include "state_plan.hpp"
 
 namespace lowbit {
-
-class Communicator;
-struct CollectiveCaller;
 
 // Engine-owned memory, released with its owner.
 class StateBuffer {
@@ -65,40 +64,6 @@ struct ParamState {
   Shape shape{};  // ndim 0: none
 };
 
-// 1-bit Adam (onebit_adam.cpp): all parameters share one flat fp32 bucket
-// (warm-up: the averaged gradients; compressed stage: the exchanged
-// momentum); masked momentum elements stay zero. The stage follows from the
-// step count, which the host tracks without waiting for the device: `known`
-// is exact as of the last check, and `issued` steps went to the engine since
-// (CUDA only; each may have been skipped).
-struct OneBitState {
-  Communicator* comm = nullptr;
-  StateBuffer bucket;
-  int64_t numel = 0;
-  std::vector<int64_t> offsets;
-  std::vector<StateBuffer> masks;  // engine memory, numel bytes; empty buffer: no mask
-  int64_t known_steps = 0;
-  int64_t issued = 0;
-  bool steps_differ = false;  // registration or set_step left params at different counts
-  // Warm-up steps average the gradients over the communicator; false: the
-  // caller gives gradients it averaged (DDP), and warm-up exchanges nothing.
-  bool average_warmup = true;
-
-  // ---- 0/1 Adam (zeroone_adam.cpp) and 1-bit LAMB (onebit_lamb.cpp): the
-  // host knows every step's outcome (it waits for it), so the schedules
-  // below are exact. Checkpointed except the options.
-  lowbit_onebit_options_t options{};
-  StateBuffer aux;           // flat fp32 like the bucket: 0/1 Adam p_sync, LAMB v_fresh
-  StateBuffer flag;          // one float: 0/1 Adam's local non-finite flag
-  StateBuffer lamb_scalars;  // LambScalars per param
-  StateBuffer partials;      // LambPartial per chunk (scratch)
-  StateBuffer inv_lrs;       // one float per group (0/1 Adam sync)
-  int64_t var_interval = 1, var_counter = 0;
-  int64_t local_interval = 1, local_counter = 0;
-  std::vector<double> lrs;   // per group: the sum of lr since the last sync
-  bool lamb_scaled = false;  // the LAMB scalings were computed
-};
-
 class Optimizer {
  public:
   Optimizer(const lowbit_optimizer_config_t& config, const lowbit_hparams_t& hparams);
@@ -123,12 +88,6 @@ class Optimizer {
   void write_moment(int64_t id, int moment, const float* values, int64_t numel, void* stream);
   void set_step(int64_t id, int64_t step, void* stream);
 
-  void set_comm(Communicator& comm);
-  void set_onebit_warmup_average(bool average);
-  void set_momentum_mask(int64_t id, const uint8_t* mask, int64_t numel);
-  void set_onebit_options(const lowbit_onebit_options_t& options);
-  lowbit_onebit_status_t onebit_status(void* stream);
-
   // Checkpoints (checkpoint.cpp).
   std::vector<uint8_t> save(lowbit_checkpoint_mode_t mode, void* stream) const;
   void load(const uint8_t* data, int64_t size, void* stream);
@@ -141,40 +100,27 @@ class Optimizer {
 
   const lowbit_optimizer_config_t& config() const { return config_; }
 
- private:
+  // ---- for an extension (the layer above), which builds on these
+  void set_extension(std::unique_ptr<OptimizerExtension> extension) { extension_ = std::move(extension); }
+  OptimizerExtension* extension() const { return extension_.get(); }
+  Engine& engine() const { return *engine_; }
+  const std::vector<lowbit_hparams_t>& groups() const { return groups_; }
+  // The registered param `id` (INVALID_ARGUMENT naming a bad id).
   const ParamState& param(int64_t id) const;
+  // The checks of a step's gradients; returns this step's table, one entry
+  // per param (scratch until the next step).
+  GradView* prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads);
+  // The engine's step counts (blocking, after `stream`).
+  std::vector<int64_t> steps(void* stream) const;
+
+ private:
   const MomentState& moment_state(int64_t id, int moment) const;
   MomentView moment_view(const ParamState& p, int m) const;
   ParamView param_view(const ParamState& p) const;
   void check_grad(const lowbit_tensor_t& grad, const ParamState& p, const char* what) const;
-  // The checks of a step's gradients; fills grads_ (scratch, nothing else).
-  void prepare_grads(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads);
   // Hands the parameters from `first_changed` on to the engine and waits.
   void bind(int64_t first_changed);
-  std::vector<int64_t> steps(void* stream) const;
   void push_hparams();
-  // 1-bit Adam (onebit_adam.cpp).
-  void layout_onebit();
-  void bind_onebit();
-  void refresh_onebit_steps(void* stream);
-  bool onebit_compressed_stage(void* stream);
-  void step_onebit(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
-  // The local checks of a 1-bit step (grads, equal step counts, more), run
-  // before any collective; a failure joins `who`'s agreement on every rank.
-  void onebit_checks(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream,
-                     const CollectiveCaller& who, const std::function<void()>& more);
-  // Warm-up-style exchange of the gradients: averaged into the bucket
-  // (grads_ then point into it), or only agreed on when the caller averaged.
-  void onebit_average_grads(const CollectiveCaller& who, void* stream);
-  // The warm-up step: the gradients averaged, the algorithm's full-precision
-  // step on the average (skipped alike on every rank), then the 1-bit mask.
-  void onebit_averaged_step(const CollectiveCaller& who, void* stream);
-  // 0/1 Adam and LAMB: after a step, waits for its outcome.
-  bool onebit_applied(void* stream);
-  bool onebit_next_full_average() const;
-  void step_zeroone(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
-  void step_lamb(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream);
-  void layout_onebit_ext();
 
   lowbit_optimizer_config_t config_;
   Algo algo_;
@@ -185,7 +131,7 @@ class Optimizer {
   std::vector<ParamView> views_;
   std::vector<int32_t> param_groups_;
   std::vector<GradView> grads_;  // this step's, sized at registration
-  std::unique_ptr<OneBitState> onebit_;
+  std::unique_ptr<OptimizerExtension> extension_;
 };
 
 }  // namespace lowbit

@@ -61,9 +61,10 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bi
   return s;
 }
 
-// 1-bit Adam's compressed stage: the variance froze at step `freeze_step`,
-// and with it its bias correction.
-LOWBIT_HD StepScalars make_onebit_scalars(const lowbit_hparams_t& h, int64_t step, int64_t freeze_step) {
+// The scalars of a pass's step (core/pass.hpp) with the variance frozen at
+// step `freeze_step` (1-bit Adam's compressed stage), and with it its bias
+// correction; freeze_step 0: none frozen.
+LOWBIT_HD StepScalars make_frozen_scalars(const lowbit_hparams_t& h, int64_t step, int64_t freeze_step) {
   StepScalars s = make_step_scalars(h, true, step);
   if (h.bias_correction && freeze_step > 0) s.inv_sqrt_bc2 = inv_sqrt_bias_correction(h.beta2, freeze_step);
   return s;

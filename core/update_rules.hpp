@@ -114,15 +114,6 @@ LOWBIT_HD void update_element_factored(const StepScalars& s, float& p, float g, 
   p -= s.step_size * m / denom;
 }
 
-// 1-bit Adam, compressed stage (variance frozen): the local momentum that is
-// communicated, then the update from the averaged momentum. Decoupled decay
-// and the Adam denominator as in AdamW.
-LOWBIT_HD float onebit_local_momentum(const StepScalars& s, float m, float g) { return adam_first_moment(s, m, g); }
-LOWBIT_HD void onebit_apply(const StepScalars& s, float& p, float m, float v) {
-  p *= s.decay_factor;
-  p -= s.step_size * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
-}
-
 // Which moments an algorithm keeps (0, 1 or 2).
 inline int moment_count(lowbit_algorithm_t algo, float momentum) {
   switch (algo) {

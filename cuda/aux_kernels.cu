@@ -1,7 +1,5 @@
-// Launchers of the small kernels of aux_kernels.cuh and of 1-bit Adam's
-// element-wise passes (onebit_kernels.cuh).
+// Launchers of the small kernels of aux_kernels.cuh.
 #include "cuda/aux_kernels.cuh"
-#include "cuda/onebit_kernels.cuh"
 #define LOWBIT_SHAPED_AUX_KERNELS 1
 #include "cuda/shaped_kernels.cuh"
 
@@ -36,9 +34,8 @@ void launch_finalize(const FinalizeArgs& args, void* stream) {
                     static_cast<cudaStream_t>(stream)>>>(args);
 }
 
-void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {
-  if (num_chunks <= 0) return;
-  onebit_kernel<<<dim3(unsigned(num_chunks * kSplit)), dim3(kThreads), 0, static_cast<cudaStream_t>(stream)>>>(args);
+void launch_skip_if_positive(const float* value, int32_t* flag, void* stream) {
+  skip_if_positive_kernel<<<dim3(1), dim3(1), 0, static_cast<cudaStream_t>(stream)>>>(value, flag);
 }
 
 void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream) {

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   const int64_t step = a.shared_count ? int64_t(*a.shared_count) : a.steps[i];
   // Values the host could not check (JAX buffers): a bad one skips the step.
   if (!(h.lr >= 0.f && h.lr <= 3.40282347e38f) || step < 0) *a.flag = 1;
-  a.scalars[i] = a.frozen_step >= 0 ? make_onebit_scalars(h, step, a.frozen_step)
+  a.scalars[i] = a.frozen_step >= 0 ? make_frozen_scalars(h, step, a.frozen_step)
                                     : make_step_scalars(h, a.bias_correction_allowed != 0, step);
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
   a.dyn[i].scalar_idx = int32_t(i);
@@ -96,6 +96,12 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
                         int32_t(P.rounding), P.shape))
       *a.flag = 1;
   }
+}
+
+// A pass's PassSkip::if_positive (0/1 Adam's local steps: the agreed mean
+// of the ranks' non-finite flags).
+__global__ void skip_if_positive_kernel(const float* value, int32_t* flag) {
+  if (*value > 0.f) *flag = 1;
 }
 
 __global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a) {

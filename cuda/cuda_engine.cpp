@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/pass.hpp"
 #include "core/qmaps.hpp"
 #include "core/state.hpp"
 #include "cuda/runtime.hpp"
@@ -202,8 +203,9 @@ CudaEngine::~CudaEngine() {
   cudaDeviceSynchronize();
   for (void* p : {static_cast<void*>(maps_), static_cast<void*>(flag_), static_cast<void*>(params_),
                   static_cast<void*>(dyn_), static_cast<void*>(scalars_), static_cast<void*>(steps_),
-                  static_cast<void*>(onebit_), static_cast<void*>(chunks_), static_cast<void*>(hparams_),
-                  static_cast<void*>(items_), static_cast<void*>(shaped_), static_cast<void*>(partials_)})
+                  static_cast<void*>(flat_), static_cast<void*>(chunks_), static_cast<void*>(hparams_),
+                  static_cast<void*>(items_), static_cast<void*>(shaped_), static_cast<void*>(partials_),
+                  static_cast<void*>(pass_partials_)})
     device_free(p);
   if (host_flag_) cudaFreeHost(host_flag_);
   if (restore) cudaSetDevice(prev);
@@ -278,23 +280,23 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
     DevDyn* d = nullptr;
     StepScalars* s = nullptr;
     int64_t* t = nullptr;
-    DevOneBit* o = nullptr;
+    DevFlat* o = nullptr;
     try {
       device_alloc(&p, size_t(cap), "allocating the parameter table");
       device_alloc(&d, size_t(cap), "allocating the per-step table");
       device_alloc(&s, size_t(cap), "allocating the scalar table");
       device_alloc(&t, size_t(cap), "allocating the step counts");
-      device_alloc(&o, size_t(cap), "allocating the 1-bit table");
+      device_alloc(&o, size_t(cap), "allocating the flat-buffer table");
       check(cudaMemset(t, 0, size_t(cap) * sizeof(int64_t)), "cudaMemset");
-      check(cudaMemset(o, 0, size_t(cap) * sizeof(DevOneBit)), "cudaMemset");
+      check(cudaMemset(o, 0, size_t(cap) * sizeof(DevFlat)), "cudaMemset");
       if (param_cap_ > 0) {
         // Tables of the bound parameters carry over (the static ones are re-uploaded by bind()).
         check(cudaMemcpy(t, steps_, size_t(param_cap_) * sizeof(int64_t), cudaMemcpyDeviceToDevice),
               "copying the step counts");
         check(cudaMemcpy(p, params_, size_t(param_cap_) * sizeof(DevParam), cudaMemcpyDeviceToDevice),
               "copying the parameter table");
-        check(cudaMemcpy(o, onebit_, size_t(param_cap_) * sizeof(DevOneBit), cudaMemcpyDeviceToDevice),
-              "copying the 1-bit table");
+        check(cudaMemcpy(o, flat_, size_t(param_cap_) * sizeof(DevFlat), cudaMemcpyDeviceToDevice),
+              "copying the flat-buffer table");
       }
     } catch (...) {
       for (void* q : {static_cast<void*>(p), static_cast<void*>(d), static_cast<void*>(s), static_cast<void*>(t),
@@ -303,28 +305,34 @@ void CudaEngine::grow(int64_t num_params, int64_t num_chunks) {
       throw;
     }
     for (void* q : {static_cast<void*>(params_), static_cast<void*>(dyn_), static_cast<void*>(scalars_),
-                    static_cast<void*>(steps_), static_cast<void*>(onebit_)})
+                    static_cast<void*>(steps_), static_cast<void*>(flat_)})
       device_free(q);
     params_ = p;
     dyn_ = d;
     scalars_ = s;
     steps_ = t;
-    onebit_ = o;
+    flat_ = o;
     param_cap_ = cap;
   }
   if (num_chunks > chunk_cap_) {
     const int64_t cap = std::max<int64_t>(num_chunks, chunk_cap_ * 2);
     DevChunk* c = nullptr;
-    device_alloc(&c, size_t(cap), "allocating the chunk table");
-    if (chunk_cap_ > 0) {
-      cudaError_t e = cudaMemcpy(c, chunks_, size_t(chunk_cap_) * sizeof(DevChunk), cudaMemcpyDeviceToDevice);
-      if (e != cudaSuccess) {
-        device_free(c);
-        throw_cuda_error(e, "copying the chunk table");
-      }
+    PassPartial* partials = nullptr;
+    try {
+      device_alloc(&c, size_t(cap), "allocating the chunk table");
+      device_alloc(&partials, size_t(cap), "allocating the pass partials");
+      if (chunk_cap_ > 0)
+        check(cudaMemcpy(c, chunks_, size_t(chunk_cap_) * sizeof(DevChunk), cudaMemcpyDeviceToDevice),
+              "copying the chunk table");
+    } catch (...) {
+      device_free(c);
+      device_free(partials);
+      throw;
     }
     device_free(chunks_);
+    device_free(pass_partials_);
     chunks_ = c;
+    pass_partials_ = partials;
     chunk_cap_ = cap;
   }
   check(cudaDeviceSynchronize(), "growing the parameter tables");
@@ -389,7 +397,7 @@ void CudaEngine::bind(const ParamView* params, int64_t num_params, const Chunk* 
   if (num_params > old_params) {
     check(cudaMemsetAsync(steps_ + old_params, 0, size_t(num_params - old_params) * sizeof(int64_t), s),
           "cudaMemsetAsync");
-    check(cudaMemsetAsync(onebit_ + old_params, 0, size_t(num_params - old_params) * sizeof(DevOneBit), s),
+    check(cudaMemsetAsync(flat_ + old_params, 0, size_t(num_params - old_params) * sizeof(DevFlat), s),
           "cudaMemsetAsync");
   }
   Uploader up(*batch_, *small_batch_, stream);
@@ -603,206 +611,51 @@ void CudaEngine::write_steps(const int64_t* in, int64_t num_params, void* stream
   check(cudaStreamSynchronize(s), "waiting for the step counts");
 }
 
-// ---- 1-bit Adam
+// ---- passes
 
-void CudaEngine::bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) {
-  check_count(num_params, "bind_onebit");
+void CudaEngine::bind_flat(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) {
+  check_count(num_params, "bind_flat");
   if (!num_params) return;
   DeviceGuard guard(device_);
-  std::vector<DevOneBit> t(static_cast<size_t>(num_params));
-  for (int64_t i = 0; i < num_params; ++i) t[size_t(i)] = DevOneBit{offsets[i], masks[i]};
+  std::vector<DevFlat> t(static_cast<size_t>(num_params));
+  for (int64_t i = 0; i < num_params; ++i) t[size_t(i)] = DevFlat{offsets[i], masks[i]};
   Uploader up(*batch_, *small_batch_, nullptr);
-  up.add(onebit_, t.data(), t.size() * sizeof(DevOneBit));
+  up.add(flat_, t.data(), t.size() * sizeof(DevFlat));
   up.flush();
-  check(cudaStreamSynchronize(cudaStreamLegacy), "uploading the 1-bit table");
+  check(cudaStreamSynchronize(cudaStreamLegacy), "uploading the flat-buffer table");
 }
 
-void CudaEngine::launch_onebit_op(int32_t op, float* bucket, void* stream, bool blend) {
-  OneBitArgs a;
-  std::memset(&a, 0, sizeof a);
-  a.params = params_;
-  a.dyn = dyn_;
-  a.scalars = scalars_;
-  a.chunks = chunks_;
-  a.onebit = onebit_;
-  a.hparams = hparams_;
-  a.bucket = bucket;
-  a.skip_flag = flag_;
-  a.op = op;
-  a.blend = blend ? 1 : 0;
-  launch_onebit(a, int64_t(bound_chunks_.size()), stream);
-  check(cudaGetLastError(), "launching a 1-bit Adam pass");
-}
-
-void CudaEngine::onebit_gather(const GradView* grads, float* bucket, void* stream) {
-  DeviceGuard guard(device_);
-  upload_step_tables(grads, stream);
-  launch_onebit_op(kOneBitGather, bucket, stream);
-}
-
-void CudaEngine::onebit_mask(void* stream) {
-  DeviceGuard guard(device_);
-  launch_onebit_op(kOneBitMask, nullptr, stream);
-}
-
-void CudaEngine::onebit_momentum(const GradView* grads, float* bucket, void* stream) {
-  DeviceGuard guard(device_);
-  upload_step_tables(grads, stream);
-  launch_onebit_op(kOneBitMomentum, bucket, stream);
-}
-
-void CudaEngine::set_skip_flag(const int32_t* device_skip, bool skip, void* stream) {
+// The step flag in stream order from a pass's PassSkip (zero when none is set).
+void CudaEngine::set_skip_flag(const PassSkip& skip, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (device_skip)
-    check(cudaMemcpyAsync(flag_, device_skip, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  if (skip.device)
+    check(cudaMemcpyAsync(flag_, skip.device, sizeof(int32_t), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
   else
-    check(cudaMemsetAsync(flag_, skip ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
-}
-
-StepControl CudaEngine::prepare_onebit(uint64_t seed, int64_t frozen_step, void* stream) {
-  StepControl ctl;
-  ctl.seed = seed;
-  prepare(Algo::AdamW, ctl, frozen_step, stream);
-  return ctl;
-}
-
-void CudaEngine::onebit_apply(const OneBitApply& a, void* stream) {
-  DeviceGuard guard(device_);
-  set_skip_flag(a.device_skip, a.skip, stream);
-  if (a.skip_if_positive) {
-    launch_skip_if_positive(a.skip_if_positive, flag_, stream);
+    check(cudaMemsetAsync(flag_, skip.host ? 1 : 0, sizeof(int32_t), s), "cudaMemsetAsync");
+  if (skip.if_positive) {
+    launch_skip_if_positive(skip.if_positive, flag_, stream);
     check(cudaGetLastError(), "launching the skip decision");
   }
-  const StepControl ctl = prepare_onebit(a.seed, a.freeze_step, stream);
-  launch_onebit_op(kOneBitApply, const_cast<float*>(a.bucket), stream, a.blend);
-  finalize(ctl, stream);
 }
 
-void CudaEngine::nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) {
+void CudaEngine::run_pass(const Pass& pass, void* stream) {
   DeviceGuard guard(device_);
-  check(cudaMemsetAsync(flag, 0, sizeof(float), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-  launch_nonfinite(data, n, flag, stream);
-  check(cudaGetLastError(), "launching the non-finite check");
-}
-
-// ---- 0/1 Adam and 1-bit LAMB
-
-OneBitExtArgs CudaEngine::ext_args(int32_t op) const {
-  OneBitExtArgs a;
-  std::memset(static_cast<void*>(&a), 0, sizeof a);  // padding too
-  a.params = params_;
-  a.dyn = dyn_;
-  a.scalars = scalars_;
-  a.chunks = chunks_;
-  a.onebit = onebit_;
-  a.hparams = hparams_;
-  a.skip_flag = flag_;
-  a.num_params = int64_t(bound_params_.size());
-  a.num_chunks = int64_t(bound_chunks_.size());
-  a.options = LambOptions{};
-  a.op = op;
-  return a;
-}
-
-void CudaEngine::launch_ext(const OneBitExtArgs& a, void* stream) {
-  launch_onebit_ext(a, stream);
-  check(cudaGetLastError(), "launching a 0/1 Adam or 1-bit LAMB pass");
-}
-
-void CudaEngine::launch_lamb_passes(OneBitExtArgs a, const LambStep& l, OneBitExtOp trust_op, OneBitExtOp b_op,
-                                    void* stream) {
-  a.lamb = l.scalars;
-  a.partials = l.partials;
-  a.fresh_v = l.fresh_v;
-  a.options = l.options;
-  launch_ext(a, stream);
-  a.op = trust_op;
-  launch_ext(a, stream);
-  a.op = b_op;
-  launch_ext(a, stream);
-}
-
-void CudaEngine::require_all_grads(const char* what) const {
-  for (size_t i = 0; i < dyn_host_.size(); ++i)
-    LOWBIT_REQUIRE(dyn_host_[i].grad != nullptr, LOWBIT_ERROR_INTERNAL, what, ": param ", i,
-                   " has no gradient this step");
-}
-
-void CudaEngine::zeroone_snapshot(float* sync_params, void* stream) {
-  DeviceGuard guard(device_);
-  OneBitExtArgs a = ext_args(kZeroOneSnapshot);
-  a.sync = sync_params;
-  launch_ext(a, stream);
-}
-
-void CudaEngine::zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) {
-  DeviceGuard guard(device_);
-  upload_step_tables(grads, stream);
-  require_all_grads("zeroone_sync_pack");
-  prepare(Algo::AdamW, StepControl(), 0, stream);  // the scalars only (lr, beta1, eps, decay)
-  OneBitExtArgs a = ext_args(kZeroOneSyncPack);
-  a.sync = const_cast<float*>(sync_params);
-  a.out = bucket;
-  launch_ext(a, stream);
-}
-
-// After zeroone_sync_pack of the same step (its gradient table: every param).
-void CudaEngine::zeroone_sync_apply(const ZeroOneSync& z, void* stream) {
-  DeviceGuard guard(device_);
-  require_all_grads("zeroone_sync_apply");
-  set_skip_flag(z.device_skip, z.skip, stream);
-  const StepControl ctl = prepare_onebit(z.seed, 0, stream);
-  OneBitExtArgs a = ext_args(kZeroOneSyncApply);
-  a.bucket = z.bucket;
-  a.sync = z.sync_params;
-  a.group_inv_lrs = z.group_inv_lrs;
-  launch_ext(a, stream);
-  finalize(ctl, stream);
-}
-
-void CudaEngine::lamb_warmup(const GradView* grads, const LambStep& l, void* stream) {
-  DeviceGuard guard(device_);
-  upload_step_tables(grads, stream);
-  require_all_grads("lamb_warmup");
-  check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-  const StepControl ctl = prepare_onebit(l.seed, 0, stream);
-  OneBitExtArgs a = ext_args(kLambWarmupA);
-  a.check_nonfinite = l.check_nonfinite ? 1 : 0;
-  a.seed_fresh_v = l.seed_fresh_v ? 1 : 0;
-  launch_lamb_passes(a, l, kLambWarmupTrust, kLambWarmupB, stream);
-  finalize(ctl, stream);
-}
-
-void CudaEngine::lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) {
-  DeviceGuard guard(device_);
-  OneBitExtArgs a = ext_args(kLambScalingA);
-  a.lamb = scalars;
-  a.partials = partials;
-  launch_ext(a, stream);
-  a.op = kLambScalingFinish;
-  launch_ext(a, stream);
-}
-
-void CudaEngine::lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) {
-  DeviceGuard guard(device_);
-  upload_step_tables(grads, stream);
-  require_all_grads("lamb_momentum");
-  OneBitExtArgs a = ext_args(kLambMomentum);
-  a.lamb = const_cast<LambScalars*>(scalars);
-  a.out = bucket;
-  launch_ext(a, stream);
-}
-
-// After lamb_momentum of the same step (its gradient table: every param).
-void CudaEngine::lamb_compressed(const LambStep& l, void* stream) {
-  DeviceGuard guard(device_);
-  require_all_grads("lamb_compressed");
-  set_skip_flag(l.device_skip, l.skip, stream);
-  const StepControl ctl = prepare_onebit(l.seed, 0, stream);
-  OneBitExtArgs a = ext_args(kLambCompressedA);
-  a.bucket = l.bucket;
-  launch_lamb_passes(a, l, kLambCompressedTrust, kLambCompressedB, stream);
-  finalize(ctl, stream);
+  const PassStep& st = pass.step;
+  if (st.grads) upload_step_tables(st.grads, stream);
+  StepControl ctl;
+  ctl.seed = st.seed;
+  if (st.begin) {
+    for (size_t i = 0; i < dyn_host_.size(); ++i)
+      LOWBIT_REQUIRE(dyn_host_[i].grad != nullptr, LOWBIT_ERROR_INTERNAL, "run_pass: param ", i,
+                     " has no gradient in the step this pass opens");
+    set_skip_flag(st.skip, stream);
+    prepare(Algo::AdamW, ctl, st.frozen_step, stream);
+  }
+  const PassTables t{params_, dyn_, scalars_, chunks_, flat_, hparams_, pass_partials_, flag_,
+                     int64_t(bound_params_.size()), int64_t(bound_chunks_.size())};
+  pass.run_cuda(t, stream);
+  check(cudaGetLastError(), "launching a pass");
+  if (st.end) finalize(ctl, stream);
 }
 
 }  // namespace cuda

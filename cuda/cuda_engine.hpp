@@ -51,25 +51,10 @@ class CudaEngine final : public Engine {
   void read_steps(int64_t* out, int64_t num_params, void* stream) override;
   void write_steps(const int64_t* in, int64_t num_params, void* stream) override;
 
-  void bind_onebit(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) override;
-  void onebit_gather(const GradView* grads, float* bucket, void* stream) override;
-  void onebit_mask(void* stream) override;
-  void onebit_momentum(const GradView* grads, float* bucket, void* stream) override;
-  void onebit_apply(const OneBitApply& a, void* stream) override;
-  void nonfinite_flag(const float* data, int64_t n, float* flag, void* stream) override;
-
-  // 0/1 Adam and 1-bit LAMB (cuda/onebit_ext_kernels.cuh): enqueue only, like
-  // a step; the skip decisions are made on the device (the engine's step
-  // flag). zeroone_sync_apply and lamb_compressed use the gradient table of
-  // the zeroone_sync_pack / lamb_momentum before them (the same step).
-  void zeroone_snapshot(float* sync_params, void* stream) override;
-  void zeroone_sync_pack(const GradView* grads, const float* sync_params, float* bucket, void* stream) override;
-  void zeroone_sync_apply(const ZeroOneSync& a, void* stream) override;
-
-  void lamb_warmup(const GradView* grads, const LambStep& a, void* stream) override;
-  void lamb_scaling(LambScalars* scalars, LambPartial* partials, void* stream) override;
-  void lamb_momentum(const GradView* grads, const LambScalars* scalars, float* bucket, void* stream) override;
-  void lamb_compressed(const LambStep& a, void* stream) override;
+  void bind_flat(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) override;
+  // Enqueues only, like a step: the skip decisions are made on the device
+  // (the engine's step flag).
+  void run_pass(const Pass& pass, void* stream) override;
 
   int device_index() const { return device_; }
 
@@ -79,25 +64,8 @@ class CudaEngine final : public Engine {
   // Enqueues the upload of this step's gradients (and of changed hparams).
   void upload_step_tables(const GradView* grads, void* stream);
   void prepare(Algo algo, const StepControl& ctl, int64_t frozen_step, void* stream);
-  // prepare() for the 1-bit passes: AdamW's scalars as make_onebit_scalars
-  // gives them (the variance's bias correction frozen at frozen_step; 0/1
-  // Adam and LAMB pass 0 and run without bias correction), this rounding
-  // seed; returns the control finalize() takes.
-  StepControl prepare_onebit(uint64_t seed, int64_t frozen_step, void* stream);
   void finalize(const StepControl& ctl, void* stream);
-  void launch_onebit_op(int32_t op, float* bucket, void* stream, bool blend = false);
-  // The step flag in stream order: *device_skip when set, else `skip`.
-  void set_skip_flag(const int32_t* device_skip, bool skip, void* stream);
-  // 0/1 Adam and 1-bit LAMB passes (cuda/onebit_ext_kernels.cuh): the
-  // engine's tables filled in, the rest from the caller.
-  OneBitExtArgs ext_args(int32_t op) const;
-  void launch_ext(const OneBitExtArgs& a, void* stream);
-  // A LAMB step's three passes: `a` (pass A, l's scalars, partials, v_fresh
-  // and options filled in here), then trust_op and b_op with the same args.
-  void launch_lamb_passes(OneBitExtArgs a, const LambStep& l, OneBitExtOp trust_op, OneBitExtOp b_op, void* stream);
-  // The passes that follow an upload of this step's gradients need every
-  // parameter's (1-bit algorithms communicate every parameter).
-  void require_all_grads(const char* what) const;
+  void set_skip_flag(const PassSkip& skip, void* stream);
 
   // Shaped parameters (rank-1 / factored moments): pass-1 work items, the
   // parameters themselves, the factored column partials; rebuilt by bind()
@@ -119,9 +87,10 @@ class CudaEngine final : public Engine {
   DevDyn* dyn_ = nullptr;
   StepScalars* scalars_ = nullptr;
   int64_t* steps_ = nullptr;
-  DevOneBit* onebit_ = nullptr;
+  DevFlat* flat_ = nullptr;
   int64_t param_cap_ = 0;
-  DevChunk* chunks_ = nullptr;  // capacity chunk_cap_
+  DevChunk* chunks_ = nullptr;  // capacity chunk_cap_, as pass_partials_
+  PassPartial* pass_partials_ = nullptr;
   int64_t chunk_cap_ = 0;
   lowbit_hparams_t* hparams_ = nullptr;  // capacity group_cap_
   int32_t group_cap_ = 0;

@@ -6,7 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/onebit_rules.hpp"
+#include "core/pass.hpp"
 #include "core/quant.hpp"
 #include "core/shape.hpp"
 #include "core/update_rules.hpp"
@@ -178,75 +178,25 @@ struct FinalizeArgs {
   int64_t num_params;
 };
 
-// 1-bit Adam: where a parameter sits in the flat bucket, and its momentum
-// mask (nullptr: none).
-struct DevOneBit {
+// Passes (core/pass.hpp): where a parameter sits in the flat buffers, and
+// its element mask (nullptr: none).
+struct DevFlat {
   int64_t offset;
   const uint8_t* mask;
 };
-static_assert(sizeof(DevOneBit) == 16, "DevOneBit layout");
+static_assert(sizeof(DevFlat) == 16, "DevFlat layout");
 
-enum OneBitOp : int32_t { kOneBitGather = 0, kOneBitMask = 1, kOneBitMomentum = 2, kOneBitApply = 3 };
-
-// The element-wise passes of 1-bit Adam (cuda/onebit_kernels.cuh).
-struct OneBitArgs {
+// What a pass's kernels read (cuda/pass_launch.cuh): the engine's tables.
+struct PassTables {
   const DevParam* params;
   const DevDyn* dyn;
-  const StepScalars* scalars;
+  const StepScalars* scalars;  // the scalars of the step the pass belongs to
   const DevChunk* chunks;
-  const DevOneBit* onebit;
+  const DevFlat* flat;
   const lowbit_hparams_t* hparams;
-  float* bucket;
-  const int32_t* skip_flag;  // kOneBitMask, kOneBitApply: nothing happens when *skip_flag != 0
-  int32_t op;                // OneBitOp
-  int32_t blend;             // kOneBitApply: m <- beta1 m + (1 - beta1) bucket instead of m <- bucket
-};
-
-// 0/1 Adam and 1-bit LAMB (cuda/onebit_ext_kernels.cuh). Three kinds of
-// launch, chosen by the op: element-wise passes (kSplit blocks per chunk, as
-// onebit_kernel), LAMB's reduction passes A (one block of kLambLanes threads
-// per chunk, the fixed order of core/onebit_rules.hpp, into partials[chunk])
-// and the per-parameter passes (one block; thread l takes the params l,
-// l + kThreads, ... and sums each one's chunk partials in chunk order).
-enum OneBitExtOp : int32_t {
-  // element-wise
-  kZeroOneSnapshot = 0,  // sync <- the params as fp32
-  kZeroOneSyncPack = 1,  // out <- (sync - p') * D, p' the param after a local step (not stored)
-  kZeroOneSyncApply = 2, // m <- bucket * group_inv_lrs, p <- sync - bucket / D, sync <- p as stored
-  kLambMomentum = 3,     // out <- the local momentum * scaling
-  kLambWarmupB = 4,      // m, v, fresh_v, p <- p - lr trust u
-  kLambCompressedB = 5,  // p <- p - lr trust u
-  // reductions (passes A)
-  kLambWarmupA = 6,      // ||p||^2, ||u||^2, non-finite gradients
-  kLambCompressedA = 7,  // m, fresh_v <- from the bucket; ||m / D||^2, ||u||^2, max D / D_fresh
-  kLambScalingA = 8,     // ||m||^2
-  // per parameter
-  kLambWarmupTrust = 9,      // skip decision, trust and coeff_freeze
-  kLambCompressedTrust = 10, // trust and last_factor
-  kLambScalingFinish = 11,   // scaling from the rms of every parameter
-};
-
-struct OneBitExtArgs {
-  const DevParam* params;
-  const DevDyn* dyn;
-  const StepScalars* scalars;  // prepare_kernel's (lr, betas, eps, weight decay; no bias correction)
-  const DevChunk* chunks;
-  const DevOneBit* onebit;
-  const lowbit_hparams_t* hparams;
-  const float* bucket;         // the exchanged bucket (kZeroOneSyncApply, kLambCompressedA)
-  float* out;                  // the bucket written (kZeroOneSyncPack, kLambMomentum)
-  float* sync;                 // 0/1 Adam: the params at the last synchronisation (flat)
-  const float* group_inv_lrs;  // 0/1 Adam: per group, 1 / (sum of lr since the last synchronisation)
-  float* fresh_v;              // LAMB: v_fresh (flat)
-  LambScalars* lamb;           // LAMB: per param
-  LambPartial* partials;       // LAMB: per chunk
-  int32_t* skip_flag;          // the engine's step flag: passes that change state do nothing when set
+  PassPartial* partials;  // one per chunk
+  int32_t* skip_flag;     // the engine's step flag
   int64_t num_params, num_chunks;
-  LambOptions options;
-  int32_t op;                  // OneBitExtOp
-  int32_t check_nonfinite;     // kLambWarmupTrust: a non-finite gradient skips the step
-  int32_t seed_fresh_v;        // kLambWarmupB: fresh_v <- the new v
-  int32_t pad_;
 };
 
 // Launchers (step_*.cu, aux_kernels.cu). They only enqueue; errors are read
@@ -265,13 +215,8 @@ void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stre
 void launch_check(const CheckArgs& args, int64_t num_chunks, void* stream);
 void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);
-void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream);
-// onebit_ext_kernels.cu: *flag (zeroed by the caller) <- 1.f if data[0, n)
-// holds a non-finite value; *flag <- 1 if *value > 0; one pass of 0/1 Adam or
-// 1-bit LAMB (the launch geometry follows args.op).
-void launch_nonfinite(const float* data, int64_t n, float* flag, void* stream);
+// *flag <- 1 if *value > 0 (a pass's PassSkip::if_positive).
 void launch_skip_if_positive(const float* value, int32_t* flag, void* stream);
-void launch_onebit_ext(const OneBitExtArgs& args, void* stream);
 
 }  // namespace cuda
 }  // namespace lowbit

@@ -7,6 +7,7 @@
 # before the change). Exits non-zero on any difference.
 set -euo pipefail
 old=$1 new=$2 out=${3:-$(mktemp -d)}
+mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 bin=$new/bench/bench_same_bits
 status=0

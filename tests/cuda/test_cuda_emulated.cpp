@@ -41,6 +41,8 @@
 #include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/state.hpp"
 #include "cuda/cuda_engine.hpp"
+#include "distributed/passes.hpp"
+#include "distributed/run_pass.hpp"
 #include "../common/test_seed.h"
 
 extern "C" {
@@ -605,7 +607,7 @@ void test_onebit_passes(void**) {
         for (int64_t j = 0; j < specs[i].numel; ++j) masks[k][i][j] = uint8_t(next(r) % 4 != 0);
       }
       const uint8_t* mk[3] = {masks[k][0], masks[k][1], masks[k][2]};
-      e->bind_onebit(offsets.data(), mk, np);
+      e->bind_flat(offsets.data(), mk, np);
     }
     const int64_t freeze = 2;
     for (int s = 1; s <= 5; ++s) {
@@ -620,31 +622,45 @@ void test_onebit_passes(void**) {
         Engine* e = sides[k]->eng;
         if (s <= freeze) {
           // Warm-up: gather, a plain AdamW step on the bucket, masks.
-          e->onebit_gather(g[k].data(), bucket[k], nullptr);
+          distributed::GatherGrads gather;
+          gather.x = bucket[k];
+          PassStep with_grads;
+          with_grads.grads = g[k].data();
+          distributed::run_pass(*e, gather, with_grads, nullptr);
           std::vector<GradView> avg(specs.size());
           for (size_t i = 0; i < specs.size(); ++i) avg[i] = GradView{bucket[k] + offsets[i], LOWBIT_DTYPE_FLOAT32};
           StepControl ctl;
           ctl.check_nonfinite = true;
           ctl.seed = seed;
           e->step(Algo::AdamW, avg.data(), np, ctl, nullptr);
-          e->onebit_mask(nullptr);
+          PassStep mask;
+          mask.honor_skip = true;
+          distributed::run_pass(*e, distributed::ZeroMasked{}, mask, nullptr);
         } else {
-          e->onebit_momentum(g[k].data(), bucket[k], nullptr);
+          distributed::LocalMomentum<false> momentum;
+          momentum.x = bucket[k];
+          PassStep with_grads;
+          with_grads.grads = g[k].data();
+          distributed::run_pass(*e, momentum, with_grads, nullptr);
           // Stand-in for the exchange: a deterministic change of the bucket.
           for (int64_t j = 0; j < total; ++j) bucket[k][j] = bucket[k][j] * 0.5f + (j % 3 == 0 ? 1e-4f : -1e-4f);
-          OneBitApply ap;
-          ap.bucket = bucket[k];
-          ap.freeze_step = freeze;
+          PassStep ap;
+          ap.begin = true;
+          ap.frozen_step = freeze;
           ap.seed = seed;
+          ap.honor_skip = true;
+          ap.end = true;
           int32_t* flag = nullptr;
           if (k == 1) {
             assert_int_equal(cudaMalloc(reinterpret_cast<void**>(&flag), 4), cudaSuccess);
             *flag = s == 4;
-            ap.device_skip = flag;
+            ap.skip.device = flag;
           } else {
-            ap.skip = s == 4;
+            ap.skip.host = s == 4;
           }
-          e->onebit_apply(ap, nullptr);
+          distributed::OneBitUpdate<false> update;
+          update.x = bucket[k];
+          distributed::run_pass(*e, update, ap, nullptr);
           if (flag) cudaFree(flag);
         }
       }

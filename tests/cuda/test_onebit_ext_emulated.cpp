@@ -1,29 +1,30 @@
-// 0/1 Adam's and 1-bit LAMB's engine operations (core/engine.hpp) on the CUDA
-// engine under the host emulation (tests/cuda/emu: the kernel source of
-// cuda/onebit_ext_kernels.cuh and cuda/onebit_kernels.cuh) against the CPU
-// engine, bit for bit, on fresh random inputs (tests/common/test_seed.h).
+// 0/1 Adam's and 1-bit LAMB's passes (distributed/passes.hpp through
+// Engine::run_pass) on the CUDA engine under the host emulation
+// (tests/cuda/emu: the kernel source of cuda/pass_launch.cuh) against the
+// CPU engine (core/cpu_pass.hpp), bit for bit, on fresh random inputs
+// (tests/common/test_seed.h).
 //
-// Both engines run the same sequence of operations as the optimizers drive
+// Both engines run the same sequence of passes as the optimizers drive
 // them, with a deterministic stand-in for the exchanges (a world of one rank
 // whose collective changes the bucket the same way on both sides):
 //  - 0/1 Adam: phase-1 variance steps (a plain AdamW step, masks), phase-1
-//    1-bit gradient steps (gather, onebit_apply with blend), then phase 2:
-//    the snapshot, local steps (local momentum, nonfinite_flag, onebit_apply
-//    with skip_if_positive) and synchronisations (zeroone_sync_pack /
-//    zeroone_sync_apply); skips: a NaN gradient in a variance step and in a
-//    local step, an exchange that reports a non-finite value in a 1-bit step
-//    and in a synchronisation.
+//    1-bit gradient steps (gather, the blended update), then phase 2: the
+//    snapshot, local steps (local momentum with the non-finite flag, the
+//    update skipped if it is positive) and synchronisations (pack, apply);
+//    skips: a NaN gradient in a variance step and in a local step, an
+//    exchange that reports a non-finite value in a 1-bit step and in a
+//    synchronisation.
 //  - 1-bit LAMB: warm-up steps (one skipped by a NaN gradient, the last one
 //    seeding v_fresh), the scaling at the first compression step, compression
-//    steps (lamb_momentum, lamb_compressed; one skipped by the exchange).
+//    steps (momentum, norms and update; one skipped by the exchange).
 // Parameters: fp32, bf16 (stochastic rounding) and fp16 (error correction,
 // bf16 gradients) params; sizes 70001 and 131073 (two and three chunks, the
 // last one of a single element), 129 and 1; two groups; momentum masks on
 // two params. After every step: params, error-correction bytes, m, v, the
-// bucket, sync params / v_fresh, the LAMB scalars and per-chunk partials,
-// the non-finite flag, the step counts and the skip flags must be identical,
-// and the CUDA engine's operations must neither wait for the device nor
-// allocate (the emulation's counters).
+// bucket, sync params / v_fresh, the LAMB scalars (trust ratios included)
+// and rms, the non-finite flag, the step counts and the skip flags must be
+// identical, and the CUDA engine's passes must neither wait for the device
+// nor allocate (the emulation's counters).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,11 +38,14 @@
 #include "core/engine.hpp"
 #include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/state.hpp"
+#include "distributed/passes.hpp"
+#include "distributed/run_pass.hpp"
 #define CT_ENGINE_ONLY 1
 #include "cuda_test_util.h"
 #include "emu_counters.h"
 
 using namespace lowbit;
+using namespace lowbit::distributed;
 
 namespace {
 
@@ -78,11 +82,11 @@ struct Side {
   std::vector<void*> state, buffers;
   float* bucket = nullptr;
   float* extra = nullptr;  // 0/1 Adam: sync params; LAMB: v_fresh
-  float* flag = nullptr;   // nonfinite_flag
+  float* flag = nullptr;   // the local steps' non-finite flag
   float* inv_lrs = nullptr;
   int32_t* device_skip = nullptr;
   LambScalars* scalars = nullptr;
-  LambPartial* partials = nullptr;
+  double* rms = nullptr;
   int64_t total = 0, num_chunks = 0;
 
   void* alloc_state(size_t bytes) {
@@ -145,14 +149,14 @@ void setup(Side& s, bool gpu, const DtypeCase& d, const std::vector<std::vector<
   s.num_chunks = int64_t(chunks.size());
   s.eng->bind(s.views.data(), kNumParams, chunks.data(), s.num_chunks, groups.data(), 0, nullptr);
   s.eng->set_hparams(hp, 2);
-  s.eng->bind_onebit(offsets.data(), mask_ptrs.data(), kNumParams);
+  s.eng->bind_flat(offsets.data(), mask_ptrs.data(), kNumParams);
   s.bucket = static_cast<float*>(s.alloc_state(size_t(s.total) * 4));
   s.extra = static_cast<float*>(s.alloc_state(size_t(s.total) * 4));
   s.flag = static_cast<float*>(s.alloc_state(4));
   s.inv_lrs = static_cast<float*>(s.alloc_state(2 * 4));
   s.device_skip = static_cast<int32_t*>(s.alloc_state(4));
   s.scalars = static_cast<LambScalars*>(s.alloc_state(kNumParams * sizeof(LambScalars)));
-  s.partials = static_cast<LambPartial*>(s.alloc_state(size_t(s.num_chunks) * sizeof(LambPartial)));
+  s.rms = static_cast<double*>(s.alloc_state(kNumParams * sizeof(double)));
   for (int i = 0; i < kNumParams; ++i) s.scalars[i] = LambScalars{0.f, 1.f, 0.f, 0.f};
 }
 
@@ -165,7 +169,7 @@ void expect_same(const std::string& label, const char* what, const void* a, cons
   fail_msg("%s: %s differs first at byte %zu of %zu (CPU %02x, CUDA %02x)", label.c_str(), what, k, bytes, x[k], y[k]);
 }
 
-void compare(const std::string& label, const Side& c, const Side& g, bool partials) {
+void compare(const std::string& label, const Side& c, const Side& g) {
   for (int i = 0; i < kNumParams; ++i) {
     const ParamView& a = c.views[size_t(i)];
     const ParamView& b = g.views[size_t(i)];
@@ -178,7 +182,7 @@ void compare(const std::string& label, const Side& c, const Side& g, bool partia
   expect_same(label, "bucket", c.bucket, g.bucket, size_t(c.total) * 4);
   expect_same(label, "sync params / v_fresh", c.extra, g.extra, size_t(c.total) * 4);
   expect_same(label, "LAMB scalars", c.scalars, g.scalars, kNumParams * sizeof(LambScalars));
-  if (partials) expect_same(label, "LAMB partials", c.partials, g.partials, size_t(c.num_chunks) * sizeof(LambPartial));
+  expect_same(label, "LAMB rms", c.rms, g.rms, kNumParams * sizeof(double));
   std::vector<int64_t> tc(kNumParams), tg(kNumParams);
   c.eng->read_steps(tc.data(), kNumParams, nullptr);
   g.eng->read_steps(tg.data(), kNumParams, nullptr);
@@ -250,6 +254,29 @@ void expect_skipped(const std::string& label, const Side& c, const Side& g, bool
     fail_msg("%s: skipped CPU %d CUDA %d, expected %d", label.c_str(), int(sc), int(sg), int(expect));
 }
 
+// The pass that applies an exchange: opens the step with its skip decision
+// (the CPU engine takes it from the host, CUDA from device memory), closes it.
+PassStep applying(Side& s, bool exchange_skip, uint64_t seed) {
+  PassStep st;
+  st.begin = true;
+  st.seed = seed;
+  st.honor_skip = true;
+  st.end = true;
+  if (s.gpu) {
+    *s.device_skip = exchange_skip ? 1 : 0;
+    st.skip.device = s.device_skip;
+  } else {
+    st.skip.host = exchange_skip;
+  }
+  return st;
+}
+
+PassStep with_grads(const std::vector<GradView>& g) {
+  PassStep st;
+  st.grads = g.data();
+  return st;
+}
+
 // What the CUDA engine's operations of one step did to the host: nothing.
 void expect_no_host_work(const std::string& label) {
   if (lowbit_emu_host_syncs() || lowbit_emu_allocations() || lowbit_emu_pageable_copies())
@@ -312,7 +339,9 @@ void test_zeroone(void**) {
         lowbit_emu_reset_counters();
         switch (st.kind) {
           case kVariance: {
-            e.onebit_gather(gv[k].data(), s.bucket, nullptr);
+            GatherGrads gather;
+            gather.x = s.bucket;
+            run_pass(e, gather, with_grads(gv[k]), nullptr);
             exchange(s);
             std::vector<GradView> avg(kNumParams);
             int64_t off = 0;
@@ -324,53 +353,53 @@ void test_zeroone(void**) {
             ctl.check_nonfinite = true;
             ctl.seed = seed;
             e.step(Algo::AdamW, avg.data(), kNumParams, ctl, nullptr);
-            e.onebit_mask(nullptr);
+            PassStep mask;
+            mask.honor_skip = true;
+            run_pass(e, ZeroMasked{}, mask, nullptr);
             break;
           }
           case kOneBit: {
-            e.onebit_gather(gv[k].data(), s.bucket, nullptr);
+            GatherGrads gather;
+            gather.x = s.bucket;
+            run_pass(e, gather, with_grads(gv[k]), nullptr);
             exchange(s);
-            OneBitApply a;
-            a.bucket = s.bucket;
-            a.freeze_step = 0;
-            a.seed = seed;
-            a.blend = true;
-            if (s.gpu) {
-              *s.device_skip = st.exchange_skip ? 1 : 0;
-              a.device_skip = s.device_skip;
-            } else {
-              a.skip = st.exchange_skip;
-            }
-            e.onebit_apply(a, nullptr);
+            OneBitUpdate<true> update;
+            update.x = s.bucket;
+            run_pass(e, update, applying(s, st.exchange_skip, seed), nullptr);
             break;
           }
           case kLocal: {
-            if (st.snapshot) e.zeroone_snapshot(s.extra, nullptr);
-            e.onebit_momentum(gv[k].data(), s.bucket, nullptr);
-            *s.flag = -1.f;  // nonfinite_flag writes 0 or 1
-            e.nonfinite_flag(s.bucket, s.total, s.flag, nullptr);
-            OneBitApply a;
-            a.bucket = s.bucket;
-            a.seed = seed;
-            a.skip_if_positive = s.flag;  // the mean over one rank
-            e.onebit_apply(a, nullptr);
+            if (st.snapshot) {
+              Snapshot snapshot;
+              snapshot.x = s.extra;
+              run_pass(e, snapshot, PassStep(), nullptr);
+            }
+            LocalMomentum<true> momentum;
+            momentum.x = s.bucket;
+            momentum.flag = s.flag;
+            *s.flag = -1.f;  // the pass writes 0 or 1
+            run_pass(e, momentum, with_grads(gv[k]), nullptr);
+            OneBitUpdate<false> update;
+            update.x = s.bucket;
+            PassStep apply = applying(s, false, seed);
+            apply.skip = PassSkip();
+            apply.skip.if_positive = s.flag;  // the mean over one rank
+            run_pass(e, update, apply, nullptr);
             break;
           }
           case kSync: {
-            e.zeroone_sync_pack(gv[k].data(), s.extra, s.bucket, nullptr);
+            SyncPack pack;
+            pack.x = s.bucket;
+            pack.y = s.extra;
+            PassStep local = with_grads(gv[k]);
+            local.begin = true;
+            run_pass(e, pack, local, nullptr);
             exchange(s);
-            ZeroOneSync z;
-            z.bucket = s.bucket;
-            z.sync_params = s.extra;
-            z.group_inv_lrs = s.inv_lrs;
-            z.seed = seed;
-            if (s.gpu) {
-              *s.device_skip = st.exchange_skip ? 1 : 0;
-              z.device_skip = s.device_skip;
-            } else {
-              z.skip = st.exchange_skip;
-            }
-            e.zeroone_sync_apply(z, nullptr);
+            SyncApply sync;
+            sync.x = s.bucket;
+            sync.y = s.extra;
+            sync.group_inv_lrs = s.inv_lrs;
+            run_pass(e, sync, applying(s, st.exchange_skip, seed), nullptr);
             break;
           }
         }
@@ -384,7 +413,7 @@ void test_zeroone(void**) {
                    int(st.nan));
       }
       expect_skipped(label, c, g, skip);
-      compare(label, c, g, false);
+      compare(label, c, g);
     }
     std::vector<int64_t> t(kNumParams);
     g.eng->read_steps(t.data(), kNumParams, nullptr);
@@ -413,36 +442,61 @@ void test_lamb(void**) {
         Side& s = k ? g : c;
         Engine& e = *s.eng;
         lowbit_emu_reset_counters();
-        LambStep l;
-        l.scalars = s.scalars;
-        l.partials = s.partials;
-        l.fresh_v = s.extra;
-        l.options = opt;
-        l.seed = seed;
+        PassStep norms;
+        norms.begin = true;
+        norms.seed = seed;
+        norms.honor_skip = true;
+        PassStep update;
+        update.honor_skip = true;
+        update.end = true;
         if (n <= kFreezeAt) {
-          l.seed_fresh_v = n == kFreezeAt;
-          l.check_nonfinite = true;
-          e.lamb_warmup(gv[k].data(), l, nullptr);
+          norms.grads = gv[k].data();
+          norms.skip_on_bad = true;
+          LambWarmupNorms a;
+          a.lamb = s.scalars;
+          a.options = opt;
+          run_pass(e, a, norms, nullptr);
+          if (n == kFreezeAt) {
+            LambWarmupUpdate<true> b;
+            b.x = s.extra;
+            b.lamb = s.scalars;
+            run_pass(e, b, update, nullptr);
+          } else {
+            LambWarmupUpdate<false> b;
+            b.lamb = s.scalars;
+            run_pass(e, b, update, nullptr);
+          }
           if (s.gpu) expect_no_host_work(label);
           continue;
         }
-        if (n == kFreezeAt + 1) e.lamb_scaling(s.scalars, s.partials, nullptr);
-        e.lamb_momentum(gv[k].data(), s.scalars, s.bucket, nullptr);
-        exchange(s);
-        l.bucket = s.bucket;
-        if (s.gpu) {
-          *s.device_skip = exchange_skip ? 1 : 0;
-          l.device_skip = s.device_skip;
-        } else {
-          l.skip = exchange_skip;
+        if (n == kFreezeAt + 1) {
+          LambScaling scaling;
+          scaling.lamb = s.scalars;
+          scaling.rms = s.rms;
+          run_pass(e, scaling, PassStep(), nullptr);
         }
-        e.lamb_compressed(l, nullptr);
+        LocalMomentum<false> momentum;
+        momentum.x = s.bucket;
+        momentum.lamb = s.scalars;
+        run_pass(e, momentum, with_grads(gv[k]), nullptr);
+        exchange(s);
+        const PassStep opened = applying(s, exchange_skip, seed);
+        norms.skip = opened.skip;
+        LambCompressedNorms a;
+        a.x = s.bucket;
+        a.y = s.extra;
+        a.lamb = s.scalars;
+        a.options = opt;
+        run_pass(e, a, norms, nullptr);
+        LambCompressedUpdate b;
+        b.lamb = s.scalars;
+        run_pass(e, b, update, nullptr);
         if (s.gpu) expect_no_host_work(label);
       }
       c.eng->wait(nullptr);
       g.eng->wait(nullptr);
       expect_skipped(label, c, g, nan || exchange_skip);
-      compare(label, c, g, !nan && !exchange_skip);
+      compare(label, c, g);
     }
     std::vector<int64_t> t(kNumParams);
     g.eng->read_steps(t.data(), kNumParams, nullptr);
@@ -455,27 +509,49 @@ void test_lamb(void**) {
   }
 }
 
-// nonfinite_flag alone: sizes around the launch geometry, a value at the end.
+// The local momentum's non-finite flag alone: a NaN or an Inf gradient at
+// the first element, the last, or in the middle of a param of each size
+// (one element, chunk boundaries), on both engines.
 void test_nonfinite_flag(void**) {
-  std::unique_ptr<Engine> cpu = make_cpu_engine(1), gpu = make_cuda_engine(0);
-  for (int64_t n : {int64_t(1), int64_t(2047), int64_t(2048), int64_t(2049), int64_t(300001)}) {
+  for (int64_t n : {int64_t(1), int64_t(2047), int64_t(65536), int64_t(65537), int64_t(300001)}) {
     for (int where = -1; where < 3; ++where) {
-      float* data[2];
-      float* flag[2];
       for (int k = 0; k < 2; ++k) {
-        Engine& e = k ? *gpu : *cpu;
-        data[k] = static_cast<float*>(e.allocate_zeroed(size_t(n) * 4));
-        flag[k] = static_cast<float*>(e.allocate_zeroed(4));
-        for (int64_t j = 0; j < n; ++j) data[k][j] = float(j % 7) - 3.f;
+        std::unique_ptr<Engine> e = k ? make_cuda_engine(0) : make_cpu_engine(1);
+        float* p = static_cast<float*>(e->allocate_zeroed(size_t(n) * 4));
+        float* g = static_cast<float*>(e->allocate_zeroed(size_t(n) * 4));
+        float* m = static_cast<float*>(e->allocate_zeroed(size_t(n) * 4));
+        float* bucket = static_cast<float*>(e->allocate_zeroed(size_t(n) * 4));
+        float* flag = static_cast<float*>(e->allocate_zeroed(4));
+        for (int64_t j = 0; j < n; ++j) g[j] = float(j % 7) - 3.f;
         const float bad[3] = {NAN, INFINITY, -INFINITY};
-        if (where >= 0) data[k][where == 0 ? 0 : n - 1 - (where == 2 ? n / 2 : 0)] = bad[where];
-        *flag[k] = 0.5f;
-        e.nonfinite_flag(data[k], n, flag[k], nullptr);
-        e.wait(nullptr);
-        if (*flag[k] != (where >= 0 ? 1.f : 0.f))
-          fail_msg("nonfinite_flag (%s) n %lld case %d: %g", k ? "CUDA" : "CPU", (long long)n, where, double(*flag[k]));
-        e.release(data[k]);
-        e.release(flag[k]);
+        if (where >= 0) g[where == 0 ? 0 : n - 1 - (where == 2 ? n / 2 : 0)] = bad[where];
+        ParamView v;
+        v.param = p;
+        v.numel = n;
+        v.num_moments = 1;
+        v.moment[0] = moment_view(LOWBIT_STATE_FP32, 0, m, nullptr);
+        std::vector<Chunk> chunks;
+        append_chunks(chunks, 0, n);
+        const int32_t group = 0;
+        lowbit_hparams_t hp[2];
+        hparams(hp);
+        e->bind(&v, 1, chunks.data(), int64_t(chunks.size()), &group, 0, nullptr);
+        e->set_hparams(hp, 1);
+        const int64_t offset = 0;
+        const uint8_t* no_mask = nullptr;
+        e->bind_flat(&offset, &no_mask, 1);
+        const GradView gv{g, LOWBIT_DTYPE_FLOAT32};
+        PassStep st;
+        st.grads = &gv;
+        LocalMomentum<true> momentum;
+        momentum.x = bucket;
+        momentum.flag = flag;
+        *flag = 0.5f;
+        run_pass(*e, momentum, st, nullptr);
+        e->wait(nullptr);
+        if (*flag != (where >= 0 ? 1.f : 0.f))
+          fail_msg("non-finite flag (%s) n %lld case %d: %g", k ? "CUDA" : "CPU", (long long)n, where, double(*flag));
+        for (float* q : {p, g, m, bucket, flag}) e->release(q);
       }
     }
   }

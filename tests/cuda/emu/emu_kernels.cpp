@@ -2,7 +2,6 @@
 #include "emu.hpp"
 
 #include "cuda/aux_kernels.cuh"
-#include "cuda/onebit_kernels.cuh"
 #define LOWBIT_SHAPED_AUX_KERNELS 1
 #include "cuda/shaped_kernels.cuh"
 #include "cuda/step_kernel.cuh"
@@ -64,9 +63,8 @@ void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stre
   emu::launch(unsigned(num_shaped), kThreads, [args] { shaped_finish_kernel(args); }, stream);
 }
 
-void launch_onebit(const OneBitArgs& args, int64_t num_chunks, void* stream) {
-  if (num_chunks <= 0) return;
-  emu::launch(unsigned(num_chunks * kSplit), kThreads, [args] { onebit_kernel(args); }, stream);
+void launch_skip_if_positive(const float* value, int32_t* flag, void* stream) {
+  emu::launch(1, 1, [=] { skip_if_positive_kernel(value, flag); }, stream);
 }
 
 }  // namespace cuda

@@ -1,25 +1,28 @@
-// The math of 0/1 Adam (core/zeroone_adam.cpp) and 1-bit LAMB
-// (core/onebit_lamb.cpp) that the CPU engine and the CUDA kernels share:
-// per element, and per parameter from the reductions of a pass. Neither
-// algorithm has a bias correction (as DeepSpeed's ZeroOneAdam and
-// OnebitLamb); D = sqrt(v) + eps throughout.
-//
-// Reductions (sums of squares) follow one fixed order on every engine, so
-// CPU and CUDA agree bit for bit and every rank gets the same trust ratio:
-// per chunk (core/engine.hpp), lane l in [0, kLambLanes) sums in double, in
-// index order, the elements begin + l, begin + l + kLambLanes, ...; the lane
-// sums combine by a pairwise tree (lane l += lane l + h for h = 128, 64, ...,
-// 1); a parameter's chunk sums add up in chunk order. Maxima are
-// order-free.
+// The math of 1-bit Adam, 0/1 Adam and 1-bit LAMB that their passes
+// (passes.hpp) run on every engine: per element, and per parameter from the
+// reductions of a pass (whose fixed order, core/pass.hpp, gives every rank
+// the same trust ratio). 0/1 Adam and 1-bit LAMB have no bias correction (as
+// DeepSpeed's ZeroOneAdam and OnebitLamb); D = sqrt(v) + eps throughout.
 #pragma once
 #include <cmath>
 
-#include "hd.hpp"
-#include "update_rules.hpp"
+#include "core/hd.hpp"
+#include "core/update_rules.hpp"
 
 namespace lowbit {
 
-constexpr int kLambLanes = 256;
+// 1-bit Adam, compressed stage (variance frozen): the local momentum that is
+// communicated, then the update from the averaged momentum. Decoupled decay
+// and the Adam denominator as in AdamW.
+LOWBIT_HD float onebit_local_momentum(const StepScalars& s, float m, float g) { return adam_first_moment(s, m, g); }
+LOWBIT_HD void onebit_apply(const StepScalars& s, float& p, float m, float v) {
+  p *= s.decay_factor;
+  p -= s.step_size * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+}
+
+// Whether x is finite (x - x is 0 exactly for finite x, NaN otherwise; a
+// form every engine and compiler keeps as it is, and vectorises).
+LOWBIT_HD bool finite(float x) { return x - x == 0.f; }
 
 // 1-bit LAMB's options (lowbit_onebit_options_t, DeepSpeed's names).
 struct LambOptions {
@@ -33,14 +36,6 @@ struct LambScalars {
   float last_factor;   // the last compression-stage factor (starts at 1)
   float scaling;       // momentum scaling of the compression stage (0: not yet computed)
   float trust;         // this step's coefficient (scratch)
-};
-
-// Per-chunk partials of a LAMB pass A.
-struct LambPartial {
-  double sum_a;   // warm-up: ||p||^2;             compression: ||m / D||^2
-  double sum_b;   // warm-up: ||m/D + wd p||^2;    compression: ||m/D + wd p||^2
-  float max_ratio;  // compression: max (sqrt(v) + eps) / (sqrt(v_fresh) + eps)
-  int32_t nonfinite;  // warm-up: a gradient element was not finite
 };
 
 LOWBIT_HD float lamb_update(float m, float v, float p, float eps, float wd) {
@@ -82,7 +77,7 @@ LOWBIT_HD float lamb_scaling(double rms_p, double mean_rms) {
   return rms_p > 0.0 ? float(mean_rms / rms_p) : 1.f;
 }
 
-// ---- per element (StepScalars of make_onebit_scalars: step_size = lr)
+// ---- per element (StepScalars of make_frozen_scalars: step_size = lr)
 
 // 0/1 Adam, a synchronising step's local part: (p_sync - p') D with p' the
 // param after the local update (onebit_apply with m' = beta1 m + (1 - beta1) g).
@@ -114,21 +109,5 @@ LOWBIT_HD float lamb_compressed_element(const StepScalars& s, bool masked, float
   u = pre + s.weight_decay * p;
   return d / (sqrtf(fresh_v) + s.eps);
 }
-
-// The fixed-order reduction of one chunk on the host (the CUDA kernels
-// follow the same order with one thread per lane).
-struct LambReducer {
-  double a[kLambLanes] = {}, b[kLambLanes] = {};
-  void add(int64_t index_in_chunk, double x, double y) {
-    const int64_t l = index_in_chunk % kLambLanes;
-    a[l] += x;
-    b[l] += y;
-  }
-  LambPartial result(float max_ratio, int32_t nonfinite) {
-    for (int h = kLambLanes / 2; h >= 1; h /= 2)
-      for (int l = 0; l < h; ++l) a[l] += a[l + h], b[l] += b[l + h];
-    return LambPartial{a[0], b[0], max_ratio, nonfinite};
-  }
-};
 
 }  // namespace lowbit
