@@ -1,12 +1,25 @@
 /*
  * lowbit: memory-efficient and communication-efficient optimizers behind a C ABI.
  *
+ * The algorithms behind these contracts are specified in docs/ALGORITHMS.md
+ * (state formats, shaped parameters, the 1-bit optimizers) and
+ * docs/COMMUNICATOR.md (lowbit_comm.h); the struct versions in docs/ABI.md.
+ *
  * ABI rules
- *   - Every configuration struct starts with `size_t struct_size`, set by the
- *     caller to sizeof(the struct it was compiled against). Structs only grow
- *     at the end; the library accepts every size it has ever shipped and
- *     rejects sizes it does not know with LOWBIT_ERROR_INVALID_ARGUMENT.
- *     Use the lowbit_*_init() helpers: they fill struct_size and defaults.
+ *   - Every struct (but the lowbit_tensor_t descriptor, whose layout is
+ *     frozen) starts with `size_t struct_size`, set by the caller to
+ *     sizeof(the struct it was compiled against), and only grows at the end.
+ *     The library knows every size each struct has shipped with: a struct
+ *     passed in of an older, smaller size gets the defaults of the fields
+ *     added since; a struct the library fills gets exactly struct_size
+ *     bytes; any other size (not a released one) is
+ *     LOWBIT_ERROR_INVALID_ARGUMENT naming the argument, the struct and the
+ *     size, and nothing is written.
+ *   - Every struct has a sized init, lowbit_X_init_sized(p, sizeof *p, ...),
+ *     which the macro lowbit_X_init(p, ...) calls. The plain name is also an
+ *     exported function, for binaries of earlier releases and callers that
+ *     cannot use macros: it fills the struct of the release that introduced
+ *     it (each says which). Define LOWBIT_NO_INIT_MACROS to call those.
  *   - Enum values and status codes are explicit and never reused. Every enum
  *     has *_FORCE_INT32 and *_FORCE_INT32_MIN members so that it is 32 bits
  *     wide and any int32 value (e.g. a bad one from a caller) is
@@ -141,7 +154,16 @@ typedef struct lowbit_build_info {
   const char* build_type;         /* CMAKE_BUILD_TYPE */
 } lowbit_build_info_t;
 
-/* Fills *out (out->struct_size must be set). */
+/* Zeroes the struct and sets struct_size; writes struct_size bytes (a
+ * released size). lowbit_build_info_init is the exported entry point for
+ * callers that cannot use the macro (it fills the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_build_info_init_sized(lowbit_build_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_build_info_init(lowbit_build_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_build_info_init(info) lowbit_build_info_init_sized((info), sizeof(*(info)))
+#endif
+
+/* Fills *out: writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_build_info(lowbit_build_info_t* out);
 
 /* ---------------------------------------------------------------- tensors */
@@ -295,8 +317,17 @@ typedef struct lowbit_hparams {
 
 /* Fills struct_size and the usual defaults for `algorithm`
  * (AdamW: lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 0.01; Adam: wd 0;
- *  Lion: lr 1e-4, betas 0.9/0.99, wd 0; SGD: lr 1e-2, momentum 0). */
+ *  Lion: lr 1e-4, betas 0.9/0.99, wd 0; SGD: lr 1e-2, momentum 0; the 1-bit
+ *  optimizers: AdamW's without bias correction); writes struct_size bytes
+ * (a released size). lowbit_hparams_init is the 0.2 entry point (the 0.2
+ * struct), called through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_hparams_init_sized(lowbit_hparams_t* hparams, size_t struct_size,
+                                                     lowbit_algorithm_t algorithm);
 LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_hparams_init(hparams, algorithm) \
+  lowbit_hparams_init_sized((hparams), sizeof(*(hparams)), (algorithm))
+#endif
 
 typedef struct lowbit_optimizer_config {
   size_t struct_size;
@@ -351,8 +382,18 @@ typedef enum lowbit_preset {
   LOWBIT_PRESET_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_preset_t;
 
-/* lowbit_optimizer_config_init(config, AdamW) plus the preset. */
+/* lowbit_optimizer_config_init(config, AdamW) plus the preset; writes
+ * struct_size bytes (a released size: a 0.2 struct has no normalisations,
+ * so it gets the formats only). lowbit_optimizer_config_preset is the 0.3
+ * entry point (it fills the 0.3 struct), called through the macro by code
+ * compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset_sized(lowbit_optimizer_config_t* config, size_t struct_size,
+                                                                lowbit_preset_t preset);
 LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* config, lowbit_preset_t preset);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_optimizer_config_preset(config, preset) \
+  lowbit_optimizer_config_preset_sized((config), sizeof(*(config)), (preset))
+#endif
 
 /* Creates an optimizer; `hparams` become parameter group 0. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out,
@@ -368,6 +409,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, co
                                                       int32_t* out_group);
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_hparams(lowbit_optimizer_t opt, int32_t group,
                                                         const lowbit_hparams_t* hparams);
+/* Writes out->struct_size bytes. (Before 0.4 this call did not read
+ * struct_size: a value that is not a released size is taken as the 0.2
+ * struct, the one it always wrote, and set to that size.) */
 LOWBIT_API lowbit_status_t lowbit_optimizer_get_hparams(lowbit_optimizer_t opt, int32_t group,
                                                         lowbit_hparams_t* out);
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_lr(lowbit_optimizer_t opt, int32_t group, float lr);
@@ -502,15 +546,22 @@ typedef struct lowbit_onebit_options {
   int64_t var_update_scaler;  /* 0/1 Adam: variance steps per interval before it doubles (16), >= 1 */
   int64_t local_step_scaler;  /* 0/1 Adam: phase-2 steps per local interval before it doubles (32678), >= 1 */
   int64_t local_step_clipper; /* 0/1 Adam: the largest local interval (16), >= 1 */
-  float max_coeff;            /* LAMB: upper clip of the warm-up trust ratio (10), > min_coeff */
-  float min_coeff;            /* LAMB: lower clip (0.01), > 0 */
+  float max_coeff;            /* LAMB: upper clip of the warm-up trust ratio (10), finite, >= min_coeff */
+  float min_coeff;            /* LAMB: lower clip (0.01), finite, > 0 */
   float coeff_beta;           /* LAMB: EMA factor of the trust ratio (0.9), in [0, 1) */
-  float factor_max;           /* LAMB: upper clip of the factor (4), >= factor_min */
-  float factor_min;           /* LAMB: lower clip (0.5), > 0 */
+  float factor_max;           /* LAMB: upper clip of the factor (4), finite, >= factor_min */
+  float factor_min;           /* LAMB: lower clip (0.5), finite, > 0 */
   float factor_threshold;     /* LAMB: largest relative change of the factor per step (0.1), in [0, 1) */
 } lowbit_onebit_options_t;
 
+/* Fills struct_size and the defaults above; writes struct_size bytes (a
+ * released size). lowbit_onebit_options_init is the 0.3 entry point (the 0.3
+ * struct), called through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_onebit_options_init_sized(lowbit_onebit_options_t* options, size_t struct_size);
 LOWBIT_API lowbit_status_t lowbit_onebit_options_init(lowbit_onebit_options_t* options);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_onebit_options_init(options) lowbit_onebit_options_init_sized((options), sizeof(*(options)))
+#endif
 
 /* Sets the options of a 0/1 Adam or 1-bit LAMB optimizer (any time between
  * steps; every rank must use the same; not saved in checkpoints). */
@@ -530,10 +581,22 @@ typedef struct lowbit_onebit_status {
   int32_t reserved_;
 } lowbit_onebit_status_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_onebit_status_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_onebit_status_init_sized(lowbit_onebit_status_t* status, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_onebit_status_init(lowbit_onebit_status_t* status);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_onebit_status_init(status) lowbit_onebit_status_init_sized((status), sizeof(*(status)))
+#endif
+
+/* Writes out->struct_size bytes. (Before 0.4 this call did not read
+ * struct_size: a value that is not a released size is taken as the 0.3
+ * struct, the one it always wrote, and set to that size.) */
 LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out);
 
-/* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
- * 0 keep a momentum of exactly zero. NULL removes the mask. Blocking, like
+/* 1-bit Adam, 0/1 Adam, 1-bit LAMB: elements where mask (uint8, numel of the
+ * param, host memory) is 0 keep a momentum of exactly zero, and the exchanged
+ * values do not reach them (what each algorithm does with them:
+ * docs/ALGORITHMS.md, section 3.4). NULL removes the mask. Blocking, like
  * registration (the mask is copied into engine memory). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel);
@@ -563,6 +626,14 @@ typedef struct lowbit_param_info {
   int32_t ndim;                                /* as registered (0: no shape) */
 } lowbit_param_info_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_param_info_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_param_info_init_sized(lowbit_param_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_param_info_init(lowbit_param_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_param_info_init(info) lowbit_param_info_init_sized((info), sizeof(*(info)))
+#endif
+
+/* Writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, int64_t param_id,
                                                        lowbit_param_info_t* out);
 
@@ -628,11 +699,18 @@ typedef struct lowbit_state_plan {
   lowbit_normalization_t normalization[2]; /* resolved; DEFAULT for a moment the algorithm does not keep */
 } lowbit_state_plan_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_state_plan_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_state_plan_init_sized(lowbit_state_plan_t* plan, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_state_plan_init(lowbit_state_plan_t* plan);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_state_plan_init(plan) lowbit_state_plan_init_sized((plan), sizeof(*(plan)))
+#endif
+
 /* Plans the state of a param of param->param.numel (>= 0) elements and dtype
  * param->param.dtype (data and device are not used) with the per-param
  * overrides of `param`, in an optimizer made with `config` whose group
  * param->group has `hparams`. Exactly what lowbit_optimizer_add_param would
- * allocate. */
+ * allocate; writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config_t* config,
                                                    const lowbit_hparams_t* hparams,
                                                    const lowbit_param_config_t* param, lowbit_state_plan_t* out);

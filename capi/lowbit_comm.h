@@ -178,13 +178,25 @@ typedef enum lowbit_comm_cuda_aware {
 typedef struct lowbit_comm_config {
   size_t struct_size;
   int32_t cuda_aware_mpi; /* a lowbit_comm_cuda_aware_t; default AUTO */
+  /* Since 0.4 (struct_size of 0.2 callers still accepted: 0). */
+  int64_t timeout_ms; /* MPI: the most each exchange waits for the other ranks, 1 .. 2147483647 ms;
+                         0 (default): forever. The environment variable LOWBIT_COMM_TIMEOUT_MS, where
+                         set and not empty, overrides it. NCCL and callback transports: must be 0
+                         (LOWBIT_ERROR_UNSUPPORTED otherwise). See "Failures" above. */
 } lowbit_comm_config_t;
 
-/* Fills struct_size and the defaults. */
+/* Fills the defaults (AUTO, no timeout); writes struct_size bytes (a
+ * released size). lowbit_comm_config_init is the 0.2 entry point (it fills
+ * the 0.2 struct), called through the macro by code compiled against this
+ * header. */
+LOWBIT_API lowbit_status_t lowbit_comm_config_init_sized(lowbit_comm_config_t* config, size_t struct_size);
 LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_comm_config_init(config) lowbit_comm_config_init_sized((config), sizeof(*(config)))
+#endif
 
 /* Creates a communicator over an MPI communicator (collective over it; the
- * ranks also agree on LOWBIT_COMM_TIMEOUT_MS, see "Failures").
+ * ranks also agree on its timeout, see "Failures").
  * `mpi_comm` points to the caller's MPI_Comm (e.g. &comm, or mpi4py's
  * MPI._addressof(comm)); the library duplicates it (MPI_Comm_dup), so the
  * caller's own traffic never mixes with ours. MPI must be initialised.
@@ -233,12 +245,23 @@ typedef struct lowbit_comm_info {
   lowbit_device_t bound_device; /* valid when bound_numel > 0 */
   int64_t padded_numel;    /* N (0 when unbound) */
   int64_t chunk_numel;     /* C = N / world_size (0 when unbound) */
+  /* Since 0.4 (struct_size of 0.2 callers still accepted: the fields above). */
+  int64_t timeout_ms;      /* the timeout in effect (config.timeout_ms or LOWBIT_COMM_TIMEOUT_MS); 0: none */
 } lowbit_comm_info_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_comm_info_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_comm_info_init_sized(lowbit_comm_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_comm_info_init(lowbit_comm_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_comm_info_init(info) lowbit_comm_info_init_sized((info), sizeof(*(info)))
+#endif
+
+/* Writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_info_t* out);
 
 /* In place, on every rank: tensor (fp32, contiguous, host or CUDA) <- the
- * 1-bit compressed average over ranks, with error feedback (see above). */
+ * 1-bit compressed average over ranks, with error feedback
+ * (docs/COMMUNICATOR.md, section 2). */
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream);
 
@@ -308,9 +331,16 @@ typedef struct lowbit_comm_stats {
   int64_t mean_bytes_sent; /* nominal: 2 * (W-1)/W * 4 * numel (ring allreduce) */
 } lowbit_comm_stats_t;
 
-/* Counters since creation or the last reset. The 128-byte argument
- * agreement of the MPI transport (and the 512-byte message that follows it
- * when a rank failed) is not counted. */
+/* Zeroes the struct and sets struct_size (lowbit_comm_stats_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_comm_stats_init_sized(lowbit_comm_stats_t* stats, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_comm_stats_init(lowbit_comm_stats_t* stats);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_comm_stats_init(stats) lowbit_comm_stats_init_sized((stats), sizeof(*(stats)))
+#endif
+
+/* Counters since creation or the last reset; writes out->struct_size bytes.
+ * The argument agreement (and the 512-byte message that follows it when a
+ * rank failed) is not counted. */
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out);
 LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
 
@@ -390,11 +420,20 @@ typedef struct lowbit_comm_transport {
   int32_t (*allreduce_max_i64)(void* user_data, int64_t* values, int32_t count);
 } lowbit_comm_transport_t;
 
+/* Fills the defaults: user_data NULL, rank 0, world_size 1, host buffers,
+ * no device buffers, not stream-ordered, device_index -1, every function
+ * NULL; writes struct_size bytes (lowbit_comm_transport_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_comm_transport_init_sized(lowbit_comm_transport_t* transport, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_comm_transport_init(lowbit_comm_transport_t* transport);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_comm_transport_init(transport) lowbit_comm_transport_init_sized((transport), sizeof(*(transport)))
+#endif
+
 /* Creates a communicator over the caller's transport (copied; not
  * collective: no function of `transport` is called). config may be NULL
- * (its cuda_aware_mpi is ignored). Errors: struct_size, rank, world_size, a
- * NULL function other than allreduce_max_i64, neither host nor device
- * buffers. */
+ * (its cuda_aware_mpi is ignored; its timeout_ms must be 0). Errors:
+ * struct_size, rank, world_size, a NULL function other than
+ * allreduce_max_i64, neither host nor device buffers. */
 LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
                                                         const lowbit_comm_config_t* config);
 

@@ -222,7 +222,8 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
   if (differs(5) && op == kOpSetTimeout)
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "the communicator timeout is ", n, " ms on this rank (", R,
          "), but the ranks asked for ", lo(5), " to ", hi(5),
-         " ms; every rank must use the same (LOWBIT_COMM_TIMEOUT_MS; they must all wait the same way)");
+         " ms; every rank must use the same (config.timeout_ms, or the environment variable "
+         "LOWBIT_COMM_TIMEOUT_MS, which overrides it; they must all wait the same way)");
   if (differs(5))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", lo(5),
          " to ", hi(5), "; every rank must pass the same numel", nothing);
@@ -246,19 +247,22 @@ void Communicator::set_timeout(int64_t ms) {
     impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
 }
 
-void Communicator::set_timeout_from_env() {
+void Communicator::set_timeout_from(int64_t config_ms) {
   const char* env = std::getenv("LOWBIT_COMM_TIMEOUT_MS");
-  int64_t ms = 0;
-  bool ok = true;
-  if (env && *env) {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(env, &end, 10);
-    ok = errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX;
-    ms = ok ? int64_t(v) : 0;
+  if (!env || !*env) {
+    if (config_ms < 0 || config_ms > INT32_MAX)
+      impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                         concat("config.timeout_ms is ", config_ms, " (expected 0 = wait forever, or 1 to ", INT32_MAX,
+                                " ms)"));
+    else
+      impl_->set_timeout(config_ms, LOWBIT_SUCCESS, std::string());
+    return;
   }
-  if (ok)
-    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX)
+    impl_->set_timeout(int64_t(v), LOWBIT_SUCCESS, std::string());
   else
     impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
                        concat("the environment variable LOWBIT_COMM_TIMEOUT_MS is \"", env,

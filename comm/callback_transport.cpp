@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/validation.hpp"
 #include "transport.hpp"
 
 namespace lowbit {
@@ -73,7 +72,6 @@ class CallbackTransport final : public Transport {
 
 std::unique_ptr<Transport> make_callback_transport(const lowbit_comm_transport_t* t) {
   LOWBIT_REQUIRE(t != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport is NULL");
-  check_struct_size(t->struct_size, sizeof(lowbit_comm_transport_t), "transport");
   LOWBIT_REQUIRE(t->world_size >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.world_size is ", t->world_size,
                  " (must be >= 1)");
   LOWBIT_REQUIRE(t->rank >= 0 && t->rank < t->world_size, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.rank is ",

@@ -63,11 +63,15 @@ class Communicator {
   // like a call's arguments: a bad or differing value fails on every rank,
   // the timeout unchanged.
   void set_timeout(int64_t ms);
-  // The same with the value of the environment variable
-  // LOWBIT_COMM_TIMEOUT_MS (unset or empty: 0); lowbit_comm_create_mpi*
-  // calls it.
-  void set_timeout_from_env();
+  // The same with the timeout of lowbit_comm_create_mpi*: the environment
+  // variable LOWBIT_COMM_TIMEOUT_MS where it is set and not empty (it
+  // overrides the config), else config_ms (lowbit_comm_config_t.timeout_ms).
+  void set_timeout_from(int64_t config_ms);
   int64_t timeout_ms() const;
+  // True while one of a callback transport's functions runs: a call on this
+  // communicator is in progress further up the stack, so it must not be
+  // destroyed (lowbit_comm_destroy refuses).
+  bool in_transport_callback() const;
 
   // For a caller whose own checks failed before it could start its
   // collective (1-bit Adam: a missing grad, differing step counts): joins
