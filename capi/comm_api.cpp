@@ -135,6 +135,16 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm) {
+  if (!comm) return LOWBIT_SUCCESS;
+  // From inside one of its own transport functions, a call on this
+  // communicator is still running further up the stack: freeing it would
+  // pull the communicator from under that call.
+  const lowbit_status_t st = lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE(!c.in_transport_callback(), LOWBIT_ERROR_INVALID_STATE,
+                   "comm: lowbit_comm_destroy was called from inside one of this communicator's own transport "
+                   "functions, while a call on it is still running; destroy it after that call has returned");
+  });
+  if (st != LOWBIT_SUCCESS) return st;
   return guarded(nullptr, [&] { delete comm; });
 }
 

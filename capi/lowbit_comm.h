@@ -224,7 +224,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_nccl(lowbit_comm_t* out, const voi
 LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void* nccl_comm,
                                                         const lowbit_comm_config_t* config);
 
-/* Collective over MPI (MPI_Comm_free): call before MPI_Finalize. NULL: no-op. */
+/* Collective over MPI (MPI_Comm_free): call before MPI_Finalize. NULL: no-op.
+ * From inside one of this communicator's own transport functions (a call on
+ * it is still running): LOWBIT_ERROR_INVALID_STATE, nothing freed. */
 LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm);
 
 /* Message of the last failed call on this handle ("" if none); for NULL, the
@@ -394,12 +396,15 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm);
  * have completed the call or may still wait in it: treat the group as
  * broken, as with a failed MPI or NCCL collective.
  * The functions are called on the thread that called lowbit, one at a time,
- * in the same order on every rank. */
+ * in the same order on every rank; nothing but they bound how long a call
+ * waits (no timeout applies). A function must not destroy the communicator
+ * whose call runs it (lowbit_comm_destroy refuses:
+ * LOWBIT_ERROR_INVALID_STATE). */
 typedef struct lowbit_comm_transport {
   size_t struct_size;
   void* user_data;        /* passed back to every function; must outlive the communicator */
   int32_t rank;           /* 0 .. world_size-1 */
-  int32_t world_size;     /* >= 1 */
+  int32_t world_size;     /* >= 1; the same on every rank (the argument agreement compares it) */
   int32_t host_buffers;   /* 1: the functions take host memory (LOWBIT_DEVICE_CPU tensors) */
   int32_t device_buffers; /* 1: the functions take CUDA device memory directly; when 0, CUDA
                              tensors are staged through pinned host memory (needs host_buffers) */
@@ -437,8 +442,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_transport_init(lowbit_comm_transport_t* t
 LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
                                                         const lowbit_comm_config_t* config);
 
-/* Bytes of one message of the compressed allreduce of `numel` elements on
- * this communicator (4 + C/8); not collective, allocates nothing. */
+/* Bytes of one message of the compressed allreduce of `numel` (1 .. 2^55)
+ * elements on this communicator (4 + C/8); not collective, allocates
+ * nothing. */
 LOWBIT_API lowbit_status_t lowbit_comm_stage_message_bytes(lowbit_comm_t comm, int64_t numel,
                                                            int64_t* out_message_bytes);
 

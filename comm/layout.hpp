@@ -10,6 +10,10 @@
 namespace lowbit {
 namespace onebit {
 
+// The most elements a compressed allreduce takes: 2^55 (its bytes, the
+// padding and the error blob stay far from INT64_MAX).
+constexpr int64_t kMaxNumel = int64_t(1) << 55;
+
 struct Layout {
   int64_t n = 0;       // real elements
   int64_t padded = 0;  // N

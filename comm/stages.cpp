@@ -38,8 +38,8 @@ void check_buffer(const void* p, int64_t bytes, int64_t need, const char* name, 
 }  // namespace
 
 int64_t Communicator::stage_message_bytes(int64_t n) const {
-  LOWBIT_REQUIRE(n > 0 && n <= (INT64_MAX >> 8), LOWBIT_ERROR_INVALID_ARGUMENT, "numel is ", n,
-                 " (must be > 0 and at most 2^55)");
+  LOWBIT_REQUIRE(n > 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel is ", n,
+                 " (must be > 0 and at most 2^55 = ", onebit::kMaxNumel, ")");
   return Layout::make(n, world(), rank()).msg;
 }
 

@@ -6,8 +6,11 @@
  * the size, writing nothing; a struct passed in at an older size gets the
  * defaults of the newer fields; a struct the library fills gets exactly its
  * struct_size bytes.
- * And the one rule of 1-bit LAMB's trust-ratio clip: 0 < min_coeff <=
- * max_coeff. */
+ * Issue 32, the communicator's defects on a one-rank callback transport:
+ * destroying a communicator from inside its own transport function is
+ * refused (9); stage_message_bytes takes 2^55 as its message says, and a
+ * callback transport's errors name it, not NCCL (10). And the one rule of
+ * 1-bit LAMB's trust-ratio clip: 0 < min_coeff <= max_coeff. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -505,6 +508,69 @@ static void test_callback_transport_refuses_a_timeout(void** state) {
   OK(lowbit_comm_destroy(comm));
 }
 
+/* ------------------------------------------------------------ issue 32 */
+
+/* Defect 9: the alltoall of a compressed allreduce destroys its own
+ * communicator. Refused: the call completes, the communicator lives on. */
+static void test_destroy_inside_own_transport_function_is_refused(void** state) {
+  (void)state;
+  one_rank_t s;
+  lowbit_comm_t comm = make_comm(&s, NULL);
+  float x[100], y[100];
+  for (int i = 0; i < 100; ++i) x[i] = y[i] = (float)(i - 50) * 0.25f;
+  lowbit_tensor_t tx = host_tensor(x, 100);
+  s.destroy_inside = 1;
+  OK(lowbit_comm_compressed_allreduce(comm, &tx, NULL));
+  expect_error(s.destroyed, LOWBIT_ERROR_INVALID_STATE, s.message, "lowbit_comm_destroy", "inside", "destroy inside");
+  s.destroy_inside = 0;
+  /* Still whole: a second communicator that saw no destroy gives the same bits. */
+  one_rank_t s2;
+  lowbit_comm_t twin = make_comm(&s2, NULL);
+  lowbit_tensor_t ty = host_tensor(y, 100);
+  OK(lowbit_comm_compressed_allreduce(twin, &ty, NULL));
+  assert_memory_equal(x, y, sizeof x);
+  OK(lowbit_comm_compressed_allreduce(comm, &tx, NULL));
+  OK(lowbit_comm_compressed_allreduce(twin, &ty, NULL));
+  assert_memory_equal(x, y, sizeof x);
+  OK(lowbit_comm_destroy(comm));
+  OK(lowbit_comm_destroy(twin));
+}
+
+/* Defect 10: "at most 2^55" means 2^55 is taken. */
+static void test_stage_message_bytes_takes_2_to_the_55(void** state) {
+  (void)state;
+  one_rank_t s;
+  lowbit_comm_t comm = make_comm(&s, NULL);
+  const int64_t max = (int64_t)1 << 55;
+  int64_t m = 0;
+  OK(lowbit_comm_stage_message_bytes(comm, max, &m));
+  assert_true(m == 4 + max / 8);
+  expect_error(lowbit_comm_stage_message_bytes(comm, max + 1, &m), LOWBIT_ERROR_INVALID_ARGUMENT,
+               lowbit_comm_last_error(comm), "at most 2^55", "36028797018963969", "2^55 + 1");
+  OK(lowbit_comm_destroy(comm));
+}
+
+/* Defect 10: a callback transport's errors name it, not NCCL. */
+static void test_callback_transport_errors_name_it(void** state) {
+  (void)state;
+  one_rank_t s;
+  memset(&s, 0, sizeof s);
+  lowbit_comm_transport_t t = one_rank_transport(&s);
+  t.host_buffers = 0;
+  t.device_buffers = 1;
+  lowbit_comm_t comm = NULL;
+  OK(lowbit_comm_create_transport(&comm, &t, NULL));
+  float x[16] = {0};
+  lowbit_tensor_t tx = host_tensor(x, 16);
+  expect_error(lowbit_comm_compressed_allreduce(comm, &tx, NULL), LOWBIT_ERROR_UNSUPPORTED,
+               lowbit_comm_last_error(comm), "callback transport", "host_buffers = 0", "host tensor, device transport");
+  assert_null(strstr(lowbit_comm_last_error(comm), "NCCL"));
+  expect_error(lowbit_comm_allreduce_mean(comm, &tx, NULL), LOWBIT_ERROR_UNSUPPORTED, lowbit_comm_last_error(comm),
+               "callback transport", NULL, "mean of a host tensor");
+  assert_null(strstr(lowbit_comm_last_error(comm), "NCCL"));
+  OK(lowbit_comm_destroy(comm));
+}
+
 /* 1-bit LAMB: 0 < min_coeff <= max_coeff (equal pins the trust ratio), as
  * lowbit.h and docs/ALGORITHMS.md say. */
 static void test_lamb_coefficient_rule(void** state) {
@@ -534,6 +600,9 @@ int main(void) {
       cmocka_unit_test(test_onebit_status_writes),
       cmocka_unit_test(test_comm_writes),
       cmocka_unit_test(test_callback_transport_refuses_a_timeout),
+      cmocka_unit_test(test_destroy_inside_own_transport_function_is_refused),
+      cmocka_unit_test(test_stage_message_bytes_takes_2_to_the_55),
+      cmocka_unit_test(test_callback_transport_errors_name_it),
       cmocka_unit_test(test_lamb_coefficient_rule),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
