@@ -203,36 +203,18 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_ADAM = 2,  /* Adam with L2 weight decay (added to the gradient) */
   LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
   LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
-  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,
-  LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: see "0/1 Adam and 1-bit LAMB" below */
-  LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: see "0/1 Adam and 1-bit LAMB" below */
+  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,  /* 1-bit Adam: docs/ALGORITHMS.md, section 3.1 */
+  LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: docs/ALGORITHMS.md, section 3.2 */
+  LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: docs/ALGORITHMS.md, section 3.3 */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
 
-/* How one optimizer moment is stored. Block layouts (all row-major over the
- * flattened tensor; the last block may be partial):
- *   8BIT: one uint8 code per element, blocks of 256 with one fp32 absmax each;
- *         first moment on the signed dynamic map, second on the unsigned one.
- *   4BIT: two codes per byte (element 2i in the low nibble, 2i+1 in the high
- *         nibble), blocks of 128 with one fp32 absmax each; first moment on the
- *         signed dynamic 4-bit map, second on the linear map {k/16, k=1..16}.
- *   FP8:  one e4m3 (finite, max 448) byte per element, blocks of 256 with one
- *         fp32 scale (absmax / 448) each.
- * Codes are the nearest map value to x / absmax; exact ties go to the lower
- * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0.
- * One exception: a positive second moment never stores as 0 (8BIT: it takes
- * the smallest positive code; FP8: the smallest subnormal), so the Adam
- * denominator cannot collapse to eps while the first moment is non-zero.
- * Steps use absmax = the block's largest |x|. Values given as fp32 (loading a
- * checkpoint of another format or mode, lowbit_optimizer_write_moment) use
- * the same codes but, for a block whose largest magnitude is a negative x,
- * the smallest absmax with which the map's most negative value (8BIT:
- * -0.99297, 4BIT: -0.8875) decodes to x or beyond (FP8: for every block, the
- * smallest scale s with 448 s >= the largest |x|, in float): the signed maps
- * have no -1, and with absmax = |x| each materialise / load cycle would
- * shrink such a block. So a state materialised (fp32 or bf16) and loaded
- * again keeps its codes and scales from the first load on. */
+/* How one optimizer moment is stored: fp32, bf16, or quantized in blocks
+ * with one fp32 scale each (8BIT: 256 uint8 codes on the dynamic maps; 4BIT:
+ * 128 codes, two per byte, the second moment on {k/16, k = 1..16}; FP8: 256
+ * e4m3 bytes). Codes, ties, scales and the re-encoding of fp32 values (a
+ * materialise / load cycle is a fixed point): docs/ALGORITHMS.md, section 1. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -244,43 +226,19 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
 
-/* Shaped parameters. A parameter may carry a shape (lowbit_param_config_t
+/* Shaped parameters: a parameter may carry a shape (lowbit_param_config_t
  * ndim / shape: up to LOWBIT_MAX_DIMS dims, row-major, product = numel, no
- * zero dim); without one it is 1-D. The shape matters only to the two
- * normalisations below, which follow the 4-bit optimizers of Li et al.
- * ("Memory Efficient Optimizers with 4-bit States", lpmm):
- *
- *   BLOCK:    the blocks of lowbit_state_format_t (today's layout).
- *   RANK1:    8BIT and 4BIT moments of a parameter with d >= 2 dims: for
- *             each dim k, a vector r_k of shape[k] fp32 values, r_k[i] = the
- *             max of |x| over the elements whose index in dim k is i (the
- *             max over all other dims). The scale of an element at index
- *             (i_0, ..., i_{d-1}) is min_k r_k[i_k] (>= |x| by construction);
- *             its code is the nearest map value to x / scale, as for blocks
- *             (same maps, ties to the lower code, a positive second moment
- *             never codes to 0). The maxima are those of the NEW moment, so a
- *             step makes two passes (see lowbit_optimizer_step). 1-D
- *             parameters fall back to BLOCK; formats other than 8BIT / 4BIT
- *             keep their own layout (FP8 with RANK1 is refused).
- *   FACTORED: the second moment of AdamW / Adam (Adafactor's factorisation,
- *             as lpmm's "4-bit Factor"): for d >= 2 the shape is read as
- *             (B, R, C) with B the product of the leading dims; fp32
- *             accumulators row[B, R] and col[B, C] replace v:
- *               row <- beta2 row + (1 - beta2) mean_c(g^2)
- *               col <- beta2 col + (1 - beta2) mean_r(g^2)
- *               v^[b, r, c] = (row[b, r] / mean_r row[b, r]) * col[b, c]
- *                             (0 where mean_r row[b, r] = 0)
- *             and the step is Adam's with v^ for v: p -= lr / (1 - beta1^t)
- *             * m / (sqrt(v^) / sqrt(1 - beta2^t) + eps) (eps outside the
- *             square root, bias corrections as Adam's, g the gradient after
- *             L2 decay for Adam). The means are taken in double from the fp32
- *             g^2 values in a fixed order (lane-strided partial sums of 32,
- *             combined pairwise; columns sequentially), identical on CPU and
- *             CUDA. Parameters with d < 2 keep the quantized v of
- *             second_state_format; a per-parameter FACTORED on such a
- *             parameter is an error. The plan and param_info report format
- *             FP32 for a factored moment (its accumulators).
- */
+ * zero dim); without one it is 1-D. The shape matters only to the RANK1 and
+ * FACTORED normalisations (lpmm's 4-bit optimizers): docs/ALGORITHMS.md,
+ * section 2.
+ *   BLOCK:    the blocks of lowbit_state_format_t.
+ *   RANK1:    8BIT / 4BIT moments of a parameter with >= 2 dims: one scale
+ *             vector per dim, an element's scale the min over its dims
+ *             (1-D parameters fall back to BLOCK; FP8 is refused).
+ *   FACTORED: the second moment of AdamW / Adam as fp32 row and column
+ *             accumulators (Adafactor's factorisation); parameters with < 2
+ *             dims keep a quantized v. The plan and param_info report
+ *             format FP32 for a factored moment. */
 #define LOWBIT_MAX_DIMS 8
 
 typedef enum lowbit_normalization {
@@ -463,16 +421,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int
  * Hyper-parameters changed on the host since the last uncaptured step are
  * written into the graph with their values at capture time. Capture again
  * after registering parameters, loading a checkpoint, changing a gradient
- * pointer or a momentum mask.
- *
- * Parameters with a RANK1 or FACTORED moment take two passes: pass 1 reads
- * the gradient (and the RANK1 moments' codes, and the param where the new
- * moments depend on it: Adam's L2 decay, SGD) and reduces per parameter the
- * new moments' maxima per dim (RANK1) or the row and column means of g^2
- * (FACTORED, whose accumulators it updates); pass 2 is the ordinary fused
- * update, decoding with the old scales and encoding with the new ones. Small
- * passes over the per-dim vectors and row means (not over the elements) sit
- * between and after them. Other parameters take one pass, as before. */
+ * pointer or a momentum mask. Parameters with a RANK1 or FACTORED moment take
+ * two passes over their elements (docs/ALGORITHMS.md, section 2). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
 
 /* One step with gradients given for this step only: grads[i] belongs to param
@@ -495,52 +445,21 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, low
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average);
 
 /* 0/1 Adam and 1-bit LAMB (DeepSpeed's ZeroOneAdam and OnebitLamb; their
- * hyper-parameter names). Both keep fp32 state, need a communicator
- * (lowbit_optimizer_set_comm) like 1-bit Adam, share one flat fp32 bucket
- * over all parameters (one collective per step), have no bias correction
- * (hparams.bias_correction must be 0: the lowbit_hparams_init default) and
- * take the L2 weight decay inside the update (AdamW's decoupled form for
- * 0/1 Adam, u = m / D + wd p scaled by the trust ratio for LAMB), with
- * D = sqrt(v) + eps. Step t is the step count after the step (1, 2, ...);
- * DeepSpeed counts one more (its construction-time dummy step). A skipped
- * step (non-finite input on any rank) changes nothing on any rank and does
- * not advance the schedules.
- *
- * 0/1 Adam (Lu et al. 2022), config.freeze_step = var_freeze_step:
- *   steps t <= var_freeze_step (phase 1): when t % var_interval == 0 (a
- *     variance step) the gradients are averaged uncompressed and m, v take
- *     an ordinary step (then var_counter += 1, and after var_update_scaler
- *     such steps var_interval doubles); otherwise the gradient goes through
- *     the 1-bit compressed allreduce and m <- beta1 m + (1 - beta1) avg(g),
- *     v unchanged; both: p <- p (1 - lr wd) - lr m / D.
- *   steps t > var_freeze_step (phase 2, v frozen): local steps m <- beta1 m
- *     + (1 - beta1) g, p <- p (1 - lr wd) - lr m / D with this rank's g and
- *     no exchange but a one-float agreement on non-finite gradients; when
- *     t % local_step_interval == 0 a synchronisation: with p_sync the params
- *     at the last synchronisation and L the sum of lr since then, d =
- *     avg_1bit((p_sync - p) D), m <- d / L, p <- p_sync - d / D, so every
- *     rank holds the same params (DeepSpeed restores p - u + d / D, which
- *     drifts by rounding). local_step_interval starts at 1 and doubles every
- *     local_step_scaler phase-2 steps, capped at local_step_clipper. The
- *     communicator's error buffers are zeroed at the first phase-2 step.
- * 1-bit LAMB (Li et al. 2021), config.freeze_step = freeze_step:
- *   steps t <= freeze_step (warm-up; freeze_step >= 1): LAMB on averaged gradients: m, v as
- *     Adam's, u = m / D + wd p, trust c = clip(||p|| / ||u||, min_coeff,
- *     max_coeff) per parameter (1 if either norm is 0), p <- p - lr c u;
- *     coeff_freeze <- coeff_beta coeff_freeze + (1 - coeff_beta) c when
- *     c != 1; the step t == freeze_step seeds v_fresh <- v.
- *   steps t > freeze_step (compression, v and coeff_freeze frozen): each
- *     rank's m' = beta1 m + (1 - beta1) g, scaled per parameter by s_p = S /
- *     rms(m_p) (computed once, at the first compression step, S the mean of
- *     the parameters' rms), goes through ONE 1-bit allreduce of all
- *     parameters; m <- avg / s_p; the reconstructed gradient g~ = (m -
- *     beta1 m_old) / (1 - beta1) feeds v_fresh <- beta2 v_fresh + (1 - beta2)
- *     g~^2; factor f = max_i D_i / (sqrt(v_fresh_i) + eps), blended by rho =
- *     min(1, ||m / D|| / ||u||) when wd > 0 (f <- f rho + 1 - rho), clipped to
- *     [factor_min, factor_max] and to last_factor (1 -+ factor_threshold);
- *     p <- p - lr coeff_freeze f u.
- * Checkpoints save the schedules, p_sync / v_fresh and the LAMB scalars;
- * the communicator's error buffers are per rank (lowbit_comm_save_errors). */
+ * hyper-parameter names), specified in docs/ALGORITHMS.md, section 3. Like
+ * 1-bit Adam they keep fp32 state, need a communicator
+ * (lowbit_optimizer_set_comm) and share one flat fp32 bucket over all
+ * parameters (one collective per step); they have no bias correction
+ * (hparams.bias_correction must be 0: the lowbit_hparams_init default).
+ * config.freeze_step is 0/1 Adam's var_freeze_step (then v is frozen and
+ * local steps with doubling synchronisation intervals begin) and 1-bit
+ * LAMB's warm-up length (>= 1). A skipped step (non-finite input on any rank)
+ * changes nothing on any rank and does not advance the schedules.
+ * Checkpoints save the schedules, 0/1 Adam's p_sync, LAMB's v_fresh and
+ * scalars; the communicator's error buffers are per rank
+ * (lowbit_comm_save_errors).
+ * 0/1 Adam diverges where variance entries stay exactly 0 (e.g. parameters
+ * whose gradient is always 0): they move by about lr / eps per step; mask
+ * them (lowbit_optimizer_set_momentum_mask), as in DeepSpeed. */
 typedef struct lowbit_onebit_options {
   size_t struct_size;
   int64_t var_update_scaler;  /* 0/1 Adam: variance steps per interval before it doubles (16), >= 1 */
@@ -689,13 +608,7 @@ typedef struct lowbit_state_plan {
   int64_t ecc_bytes;            /* error-correction bytes (numel, or 0) */
   int64_t state_bytes;          /* everything above, as lowbit_optimizer_state_bytes reports */
   /* Since 0.3 (struct_size of 0.2 callers still accepted: the fields above).
-   * Layout of a moment by normalisation:
-   *   BLOCK:    data_bytes of codes/values, scale_count = blocks.
-   *   RANK1:    data_bytes of codes (as BLOCK), scale_count = 2 * (sum of the
-   *             dims): the vectors r_0 .. r_{d-1} back to back, then as many
-   *             floats of step workspace (zero between steps).
-   *   FACTORED: data_bytes = 4 * (B*R + B*C + B): fp32 row[B, R], col[B, C]
-   *             and the B row means (derived), scale_count = 0. */
+   * The layout of a moment by normalisation: docs/ALGORITHMS.md, section 2. */
   lowbit_normalization_t normalization[2]; /* resolved; DEFAULT for a moment the algorithm does not keep */
 } lowbit_state_plan_t;
 
