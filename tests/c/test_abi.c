@@ -253,31 +253,25 @@ static int32_t max_fn(void* u, int64_t* v, int32_t k) {
   return 0;
 }
 
+/* The transport of a one-rank communicator (s is reset). */
 static lowbit_comm_transport_t one_rank_transport(one_rank_t* s) {
+  memset(s, 0, sizeof *s);
   lowbit_comm_transport_t t;
   OK(lowbit_comm_transport_init(&t));
   t.user_data = s;
-  t.alltoall = copy_fn;
-  t.allgather = gather_fn;
-  t.allreduce_sum_f32 = sum_fn;
-  t.allreduce_max_i64 = max_fn;
+  t.alltoall = copy_fn, t.allgather = gather_fn;
+  t.allreduce_sum_f32 = sum_fn, t.allreduce_max_i64 = max_fn;
   return t;
 }
 
 static lowbit_comm_t make_comm(one_rank_t* s, const lowbit_comm_config_t* config) {
-  memset(s, 0, sizeof *s);
   lowbit_comm_transport_t t = one_rank_transport(s);
   OK(lowbit_comm_create_transport(&s->comm, &t, config));
   return s->comm;
 }
 
 static lowbit_tensor_t host_tensor(float* data, int64_t n) {
-  lowbit_tensor_t t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.numel = n;
-  t.dtype = LOWBIT_DTYPE_FLOAT32;
-  t.device = LOWBIT_DEVICE_CPU;
+  const lowbit_tensor_t t = {data, n, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
   return t;
 }
 
@@ -360,7 +354,6 @@ static void test_unknown_sizes_passed_in_are_refused(void** state) {
   lowbit_optimizer_destroy(opt);
   /* The communicator's. */
   one_rank_t s;
-  memset(&s, 0, sizeof s);
   lowbit_comm_transport_t t = one_rank_transport(&s);
   lowbit_comm_t comm = (lowbit_comm_t)&s;
   t.struct_size = 64;
@@ -493,7 +486,6 @@ static void test_comm_writes(void** state) {
 static void test_callback_transport_refuses_a_timeout(void** state) {
   (void)state;
   one_rank_t s;
-  memset(&s, 0, sizeof s);
   lowbit_comm_transport_t t = one_rank_transport(&s);
   lowbit_comm_config_t cc;
   OK(lowbit_comm_config_init(&cc));
@@ -554,7 +546,6 @@ static void test_stage_message_bytes_takes_2_to_the_55(void** state) {
 static void test_callback_transport_errors_name_it(void** state) {
   (void)state;
   one_rank_t s;
-  memset(&s, 0, sizeof s);
   lowbit_comm_transport_t t = one_rank_transport(&s);
   t.host_buffers = 0;
   t.device_buffers = 1;
