@@ -1,6 +1,6 @@
 // The communicator behind a lowbit_comm_t, for the optimizer core (1-bit
 // Adam) and the C boundary (capi/comm_api.cpp). The algorithm, its padding,
-// sign and non-finite rules are specified in capi/lowbit_comm.h.
+// sign and non-finite rules are specified in docs/COMMUNICATOR.md.
 //
 // Every method either succeeds or throws lowbit::Error having changed nothing
 // (errors, output and binding as they were). Collective methods must be
@@ -59,7 +59,7 @@ class Communicator {
                             const CollectiveCaller& who = CollectiveCaller());
 
   // Collective (MPI): every later exchange waits at most `ms` milliseconds
-  // for the other ranks (0: forever); see "Failures" in lowbit_comm.h. Agreed
+  // for the other ranks (0: forever); see docs/COMMUNICATOR.md, section 4. Agreed
   // like a call's arguments: a bad or differing value fails on every rank,
   // the timeout unchanged.
   void set_timeout(int64_t ms);
@@ -95,7 +95,7 @@ class Communicator {
   // buffer.
   const int32_t* device_nonfinite_flag() const;
 
-  // Error buffers (local; see lowbit_comm.h for the blob format).
+  // Error buffers (local; the blob format is in docs/COMMUNICATOR.md).
   int64_t worker_error_numel() const;
   int64_t server_error_numel() const;
   std::vector<uint8_t> save_errors(void* stream) const;
@@ -114,7 +114,7 @@ class Communicator {
   void read_errors(float* worker, int64_t worker_numel, float* server, int64_t server_numel, void* stream) const;
   lowbit_comm_info_t info() const;
 
-  // The codec stages (stages.cpp; lowbit_comm.h, "any transport"): local,
+  // The codec stages (stages.cpp; docs/COMMUNICATOR.md, section 7): local,
   // the caller moves the messages. stage_decode returns false when a
   // gathered scale was not finite (host tensors): nothing changed.
   int64_t stage_message_bytes(int64_t n) const;

@@ -1,5 +1,5 @@
 // The error state of a communicator: sizes, read-back, and the versioned
-// blob of save_errors / load_errors (format in capi/lowbit_comm.h), and
+// blob of save_errors / load_errors (format in docs/COMMUNICATOR.md), and
 // reset_errors.
 #include <climits>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Buffer layout of the 1-bit compressed allreduce (see capi/lowbit_comm.h):
+// Buffer layout of the 1-bit compressed allreduce (see docs/COMMUNICATOR.md):
 // n real elements padded to N (a multiple of 8 * world), W chunks of C = N / W
 // elements, one message per chunk = a 4-byte fp32 scale followed by C / 8
 // bytes of sign bits (bit k of byte b = element 8b + k of the chunk, 1 = +1).

@@ -1,6 +1,6 @@
 // The three phases of the 1-bit compressed allreduce (worker, server,
 // finish), shared by the built-in call (compressed_allreduce.cpp) and the
-// codec stages (lowbit_comm.h, "any transport"), which run them on the
+// codec stages (docs/COMMUNICATOR.md, section 7), which run them on the
 // caller's message buffers: a transport built from the stages gives the
 // built-in bits. Error updates stay in the ws_* buffers until finish commits
 // them.
