@@ -9,9 +9,9 @@
 #include "comm/communicator.hpp"
 #include "comm/transport.hpp"
 #include "comm_handle.hpp"
-#include "core/validation.hpp"
 #include "distributed/onebit_optimizer.hpp"
 #include "lowbit_comm.h"
+#include "struct_abi.hpp"
 
 struct lowbit_comm {
   std::unique_ptr<lowbit::Communicator> impl;
@@ -28,42 +28,46 @@ Communicator& communicator_from_handle(lowbit_comm_t comm) {
 namespace {
 
 lowbit_comm_config_t default_comm_config() {
-  lowbit_comm_config_t c;
-  std::memset(&c, 0, sizeof c);
+  lowbit_comm_config_t c{};
   c.struct_size = sizeof c;
   c.cuda_aware_mpi = LOWBIT_COMM_CUDA_AWARE_AUTO;
   return c;
 }
 
-lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config) {
-  lowbit_comm_config_t c = default_comm_config();
-  if (!config) return c;
-  check_struct_size(config->struct_size, sizeof(lowbit_comm_config_t), "config");
-  c.cuda_aware_mpi = config->cuda_aware_mpi;
+lowbit_comm_transport_t default_transport() {
+  lowbit_comm_transport_t t{};
+  t.struct_size = sizeof t;
+  t.world_size = 1;
+  t.host_buffers = 1;
+  t.device_index = -1;
+  return t;
+}
+
+// The caller's config (NULL: the defaults) as a current one. A timeout is
+// checked here only where the backend has none (`backend` NCCL or
+// callbacks: it must be 0); MPI agrees on it over the ranks at creation.
+lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config, lowbit_comm_backend_t backend) {
+  const lowbit_comm_config_t c = config ? abi::read_struct(config, default_comm_config(), "config")
+                                        : default_comm_config();
   LOWBIT_REQUIRE(c.cuda_aware_mpi >= -1 && c.cuda_aware_mpi <= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "config.cuda_aware_mpi is ", c.cuda_aware_mpi, " (expected -1 auto, 0 never, 1 always)");
+  if (backend != LOWBIT_COMM_BACKEND_MPI) check_no_timeout(c.timeout_ms, backend);
   return c;
 }
 
-// `mpi`: the ranks then agree on LOWBIT_COMM_TIMEOUT_MS (collective, like
-// the creation itself).
+// `mpi_timeout_ms`: an MPI communicator, whose ranks then agree on its
+// timeout (collective, like the creation itself; LOWBIT_COMM_TIMEOUT_MS
+// overrides the config's).
 lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make,
-                       bool mpi = false) {
+                       const int64_t* mpi_timeout_ms = nullptr) {
   if (out) *out = nullptr;
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(out, "out");
     auto h = std::make_unique<lowbit_comm>();
     h->impl = std::make_unique<Communicator>(make());
-    if (mpi) h->impl->set_timeout_from_env();
+    if (mpi_timeout_ms) h->impl->set_timeout_from(*mpi_timeout_ms);
     *out = h.release();
   });
-}
-
-// An out-struct whose struct_size the caller set: only known sizes.
-template <class T>
-void check_out_struct(const T* out, const char* name) {
-  LOWBIT_REQUIRE(out != nullptr, LOWBIT_ERROR_NULL_POINTER, name, " is NULL");
-  check_struct_size(out->struct_size, sizeof(T), name);
 }
 
 template <class Body>
@@ -79,27 +83,30 @@ using lowbit::guarded;
 
 extern "C" {
 
-LOWBIT_API lowbit_status_t lowbit_comm_config_init(lowbit_comm_config_t* config) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(config, "config");
-    *config = lowbit::default_comm_config();
-  });
-}
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_comm_config_t, lowbit_comm_config_init, 200, "config", lowbit::default_comm_config())
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_comm_info_t, lowbit_comm_info_init, 400, "info", lowbit_comm_info_t{})
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_comm_stats_t, lowbit_comm_stats_init, 400, "stats", lowbit_comm_stats_t{})
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_comm_transport_t, lowbit_comm_transport_init, 400, "transport",
+                          lowbit::default_transport())
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void* mpi_comm,
                                                   const lowbit_comm_config_t* config) {
+  int64_t timeout_ms = 0;
   return lowbit::create(out, [&] {
-    const lowbit_comm_config_t c = lowbit::resolve_config(config);
+    const lowbit_comm_config_t c = lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_MPI);
+    timeout_ms = c.timeout_ms;
     return lowbit::make_mpi_transport(mpi_comm, c.cuda_aware_mpi);
-  }, true);
+  }, &timeout_ms);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
                                                           const lowbit_comm_config_t* config) {
+  int64_t timeout_ms = 0;
   return lowbit::create(out, [&] {
-    const lowbit_comm_config_t c = lowbit::resolve_config(config);
+    const lowbit_comm_config_t c = lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_MPI);
+    timeout_ms = c.timeout_ms;
     return lowbit::make_mpi_transport_fortran(mpi_fortran_comm, c.cuda_aware_mpi);
-  }, true);
+  }, &timeout_ms);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity) {
@@ -115,7 +122,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_nccl(lowbit_comm_t* out, const voi
                                                    int32_t world, int32_t device_index,
                                                    const lowbit_comm_config_t* config) {
   return lowbit::create(out, [&] {
-    lowbit::resolve_config(config);
+    lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_NCCL);
     return lowbit::make_nccl_transport(unique_id, rank, world, device_index);
   });
 }
@@ -123,12 +130,22 @@ LOWBIT_API lowbit_status_t lowbit_comm_create_nccl(lowbit_comm_t* out, const voi
 LOWBIT_API lowbit_status_t lowbit_comm_create_nccl_comm(lowbit_comm_t* out, void* nccl_comm,
                                                         const lowbit_comm_config_t* config) {
   return lowbit::create(out, [&] {
-    lowbit::resolve_config(config);
+    lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_NCCL);
     return lowbit::make_nccl_transport_from_comm(nccl_comm);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_destroy(lowbit_comm_t comm) {
+  if (!comm) return LOWBIT_SUCCESS;
+  // From inside one of its own transport functions, a call on this
+  // communicator is still running further up the stack: freeing it would
+  // pull the communicator from under that call.
+  const lowbit_status_t st = lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE(!c.in_transport_callback(), LOWBIT_ERROR_INVALID_STATE,
+                   "comm: lowbit_comm_destroy was called from inside one of this communicator's own transport "
+                   "functions, while a call on it is still running; destroy it after that call has returned");
+  });
+  if (st != LOWBIT_SUCCESS) return st;
   return guarded(nullptr, [&] { delete comm; });
 }
 
@@ -150,8 +167,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_world_size(lowbit_comm_t comm, int32_t* o
 
 LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_info_t* out) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
-    lowbit::check_out_struct(out, "out");
-    *out = c.info();
+    lowbit::abi::write_struct(out, c.info(), "out");
   });
 }
 
@@ -227,8 +243,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* st
 
 LOWBIT_API lowbit_status_t lowbit_comm_get_stats(lowbit_comm_t comm, lowbit_comm_stats_t* out) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
-    lowbit::check_out_struct(out, "out");
-    *out = c.stats();
+    lowbit::abi::write_struct(out, c.stats(), "out");
   });
 }
 
@@ -241,8 +256,10 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm) {
 LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
                                                         const lowbit_comm_config_t* config) {
   return lowbit::create(out, [&] {
-    lowbit::resolve_config(config);
-    return lowbit::make_callback_transport(transport);
+    lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_CALLBACKS);
+    LOWBIT_REQUIRE_PTR(transport, "transport");
+    const lowbit_comm_transport_t t = lowbit::abi::read_struct(transport, lowbit::default_transport(), "transport");
+    return lowbit::make_callback_transport(&t);
   });
 }
 

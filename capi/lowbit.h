@@ -1,12 +1,25 @@
 /*
  * lowbit: memory-efficient and communication-efficient optimizers behind a C ABI.
  *
+ * The algorithms behind these contracts are specified in docs/ALGORITHMS.md
+ * (state formats, shaped parameters, the 1-bit optimizers) and
+ * docs/COMMUNICATOR.md (lowbit_comm.h); the struct versions in docs/ABI.md.
+ *
  * ABI rules
- *   - Every configuration struct starts with `size_t struct_size`, set by the
- *     caller to sizeof(the struct it was compiled against). Structs only grow
- *     at the end; the library accepts every size it has ever shipped and
- *     rejects sizes it does not know with LOWBIT_ERROR_INVALID_ARGUMENT.
- *     Use the lowbit_*_init() helpers: they fill struct_size and defaults.
+ *   - Every struct (but the lowbit_tensor_t descriptor, whose layout is
+ *     frozen) starts with `size_t struct_size`, set by the caller to
+ *     sizeof(the struct it was compiled against), and only grows at the end.
+ *     The library knows every size each struct has shipped with: a struct
+ *     passed in of an older, smaller size gets the defaults of the fields
+ *     added since; a struct the library fills gets exactly struct_size
+ *     bytes; any other size (not a released one) is
+ *     LOWBIT_ERROR_INVALID_ARGUMENT naming the argument, the struct and the
+ *     size, and nothing is written.
+ *   - Every struct has a sized init, lowbit_X_init_sized(p, sizeof *p, ...),
+ *     which the macro lowbit_X_init(p, ...) calls. The plain name is also an
+ *     exported function, for binaries of earlier releases and callers that
+ *     cannot use macros: it fills the struct of the release that introduced
+ *     it (each says which). Define LOWBIT_NO_INIT_MACROS to call those.
  *   - Enum values and status codes are explicit and never reused. Every enum
  *     has *_FORCE_INT32 and *_FORCE_INT32_MIN members so that it is 32 bits
  *     wide and any int32 value (e.g. a bad one from a caller) is
@@ -141,7 +154,16 @@ typedef struct lowbit_build_info {
   const char* build_type;         /* CMAKE_BUILD_TYPE */
 } lowbit_build_info_t;
 
-/* Fills *out (out->struct_size must be set). */
+/* Zeroes the struct and sets struct_size; writes struct_size bytes (a
+ * released size). lowbit_build_info_init is the exported entry point for
+ * callers that cannot use the macro (it fills the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_build_info_init_sized(lowbit_build_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_build_info_init(lowbit_build_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_build_info_init(info) lowbit_build_info_init_sized((info), sizeof(*(info)))
+#endif
+
+/* Fills *out: writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_build_info(lowbit_build_info_t* out);
 
 /* ---------------------------------------------------------------- tensors */
@@ -181,36 +203,18 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_ADAM = 2,  /* Adam with L2 weight decay (added to the gradient) */
   LOWBIT_ALGORITHM_LION = 3,  /* Lion with decoupled weight decay */
   LOWBIT_ALGORITHM_SGD = 4,   /* SGD, optional momentum / dampening / Nesterov, L2 decay */
-  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,
-  LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: see "0/1 Adam and 1-bit LAMB" below */
-  LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: see "0/1 Adam and 1-bit LAMB" below */
+  LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,  /* 1-bit Adam: docs/ALGORITHMS.md, section 3.1 */
+  LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: docs/ALGORITHMS.md, section 3.2 */
+  LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: docs/ALGORITHMS.md, section 3.3 */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
 
-/* How one optimizer moment is stored. Block layouts (all row-major over the
- * flattened tensor; the last block may be partial):
- *   8BIT: one uint8 code per element, blocks of 256 with one fp32 absmax each;
- *         first moment on the signed dynamic map, second on the unsigned one.
- *   4BIT: two codes per byte (element 2i in the low nibble, 2i+1 in the high
- *         nibble), blocks of 128 with one fp32 absmax each; first moment on the
- *         signed dynamic 4-bit map, second on the linear map {k/16, k=1..16}.
- *   FP8:  one e4m3 (finite, max 448) byte per element, blocks of 256 with one
- *         fp32 scale (absmax / 448) each.
- * Codes are the nearest map value to x / absmax; exact ties go to the lower
- * (smaller-valued) code. An all-zero block has absmax 0 and decodes to 0.
- * One exception: a positive second moment never stores as 0 (8BIT: it takes
- * the smallest positive code; FP8: the smallest subnormal), so the Adam
- * denominator cannot collapse to eps while the first moment is non-zero.
- * Steps use absmax = the block's largest |x|. Values given as fp32 (loading a
- * checkpoint of another format or mode, lowbit_optimizer_write_moment) use
- * the same codes but, for a block whose largest magnitude is a negative x,
- * the smallest absmax with which the map's most negative value (8BIT:
- * -0.99297, 4BIT: -0.8875) decodes to x or beyond (FP8: for every block, the
- * smallest scale s with 448 s >= the largest |x|, in float): the signed maps
- * have no -1, and with absmax = |x| each materialise / load cycle would
- * shrink such a block. So a state materialised (fp32 or bf16) and loaded
- * again keeps its codes and scales from the first load on. */
+/* How one optimizer moment is stored: fp32, bf16, or quantized in blocks
+ * with one fp32 scale each (8BIT: 256 uint8 codes on the dynamic maps; 4BIT:
+ * 128 codes, two per byte, the second moment on {k/16, k = 1..16}; FP8: 256
+ * e4m3 bytes). Codes, ties, scales and the re-encoding of fp32 values (a
+ * materialise / load cycle is a fixed point): docs/ALGORITHMS.md, section 1. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -222,43 +226,19 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
 
-/* Shaped parameters. A parameter may carry a shape (lowbit_param_config_t
+/* Shaped parameters: a parameter may carry a shape (lowbit_param_config_t
  * ndim / shape: up to LOWBIT_MAX_DIMS dims, row-major, product = numel, no
- * zero dim); without one it is 1-D. The shape matters only to the two
- * normalisations below, which follow the 4-bit optimizers of Li et al.
- * ("Memory Efficient Optimizers with 4-bit States", lpmm):
- *
- *   BLOCK:    the blocks of lowbit_state_format_t (today's layout).
- *   RANK1:    8BIT and 4BIT moments of a parameter with d >= 2 dims: for
- *             each dim k, a vector r_k of shape[k] fp32 values, r_k[i] = the
- *             max of |x| over the elements whose index in dim k is i (the
- *             max over all other dims). The scale of an element at index
- *             (i_0, ..., i_{d-1}) is min_k r_k[i_k] (>= |x| by construction);
- *             its code is the nearest map value to x / scale, as for blocks
- *             (same maps, ties to the lower code, a positive second moment
- *             never codes to 0). The maxima are those of the NEW moment, so a
- *             step makes two passes (see lowbit_optimizer_step). 1-D
- *             parameters fall back to BLOCK; formats other than 8BIT / 4BIT
- *             keep their own layout (FP8 with RANK1 is refused).
- *   FACTORED: the second moment of AdamW / Adam (Adafactor's factorisation,
- *             as lpmm's "4-bit Factor"): for d >= 2 the shape is read as
- *             (B, R, C) with B the product of the leading dims; fp32
- *             accumulators row[B, R] and col[B, C] replace v:
- *               row <- beta2 row + (1 - beta2) mean_c(g^2)
- *               col <- beta2 col + (1 - beta2) mean_r(g^2)
- *               v^[b, r, c] = (row[b, r] / mean_r row[b, r]) * col[b, c]
- *                             (0 where mean_r row[b, r] = 0)
- *             and the step is Adam's with v^ for v: p -= lr / (1 - beta1^t)
- *             * m / (sqrt(v^) / sqrt(1 - beta2^t) + eps) (eps outside the
- *             square root, bias corrections as Adam's, g the gradient after
- *             L2 decay for Adam). The means are taken in double from the fp32
- *             g^2 values in a fixed order (lane-strided partial sums of 32,
- *             combined pairwise; columns sequentially), identical on CPU and
- *             CUDA. Parameters with d < 2 keep the quantized v of
- *             second_state_format; a per-parameter FACTORED on such a
- *             parameter is an error. The plan and param_info report format
- *             FP32 for a factored moment (its accumulators).
- */
+ * zero dim); without one it is 1-D. The shape matters only to the RANK1 and
+ * FACTORED normalisations (lpmm's 4-bit optimizers): docs/ALGORITHMS.md,
+ * section 2.
+ *   BLOCK:    the blocks of lowbit_state_format_t.
+ *   RANK1:    8BIT / 4BIT moments of a parameter with >= 2 dims: one scale
+ *             vector per dim, an element's scale the min over its dims
+ *             (1-D parameters fall back to BLOCK; FP8 is refused).
+ *   FACTORED: the second moment of AdamW / Adam as fp32 row and column
+ *             accumulators (Adafactor's factorisation); parameters with < 2
+ *             dims keep a quantized v. The plan and param_info report
+ *             format FP32 for a factored moment. */
 #define LOWBIT_MAX_DIMS 8
 
 typedef enum lowbit_normalization {
@@ -295,8 +275,17 @@ typedef struct lowbit_hparams {
 
 /* Fills struct_size and the usual defaults for `algorithm`
  * (AdamW: lr 1e-3, betas 0.9/0.999, eps 1e-8, wd 0.01; Adam: wd 0;
- *  Lion: lr 1e-4, betas 0.9/0.99, wd 0; SGD: lr 1e-2, momentum 0). */
+ *  Lion: lr 1e-4, betas 0.9/0.99, wd 0; SGD: lr 1e-2, momentum 0; the 1-bit
+ *  optimizers: AdamW's without bias correction); writes struct_size bytes
+ * (a released size). lowbit_hparams_init is the 0.2 entry point (the 0.2
+ * struct), called through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_hparams_init_sized(lowbit_hparams_t* hparams, size_t struct_size,
+                                                     lowbit_algorithm_t algorithm);
 LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_hparams_init(hparams, algorithm) \
+  lowbit_hparams_init_sized((hparams), sizeof(*(hparams)), (algorithm))
+#endif
 
 typedef struct lowbit_optimizer_config {
   size_t struct_size;
@@ -351,8 +340,18 @@ typedef enum lowbit_preset {
   LOWBIT_PRESET_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_preset_t;
 
-/* lowbit_optimizer_config_init(config, AdamW) plus the preset. */
+/* lowbit_optimizer_config_init(config, AdamW) plus the preset; writes
+ * struct_size bytes (a released size: a 0.2 struct has no normalisations,
+ * so it gets the formats only). lowbit_optimizer_config_preset is the 0.3
+ * entry point (it fills the 0.3 struct), called through the macro by code
+ * compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset_sized(lowbit_optimizer_config_t* config, size_t struct_size,
+                                                                lowbit_preset_t preset);
 LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* config, lowbit_preset_t preset);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_optimizer_config_preset(config, preset) \
+  lowbit_optimizer_config_preset_sized((config), sizeof(*(config)), (preset))
+#endif
 
 /* Creates an optimizer; `hparams` become parameter group 0. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out,
@@ -368,6 +367,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, co
                                                       int32_t* out_group);
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_hparams(lowbit_optimizer_t opt, int32_t group,
                                                         const lowbit_hparams_t* hparams);
+/* Writes out->struct_size bytes. (Before 0.4 this call did not read
+ * struct_size: a value that is not a released size is taken as the 0.2
+ * struct, the one it always wrote, and set to that size.) */
 LOWBIT_API lowbit_status_t lowbit_optimizer_get_hparams(lowbit_optimizer_t opt, int32_t group,
                                                         lowbit_hparams_t* out);
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_lr(lowbit_optimizer_t opt, int32_t group, float lr);
@@ -419,16 +421,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int
  * Hyper-parameters changed on the host since the last uncaptured step are
  * written into the graph with their values at capture time. Capture again
  * after registering parameters, loading a checkpoint, changing a gradient
- * pointer or a momentum mask.
- *
- * Parameters with a RANK1 or FACTORED moment take two passes: pass 1 reads
- * the gradient (and the RANK1 moments' codes, and the param where the new
- * moments depend on it: Adam's L2 decay, SGD) and reduces per parameter the
- * new moments' maxima per dim (RANK1) or the row and column means of g^2
- * (FACTORED, whose accumulators it updates); pass 2 is the ordinary fused
- * update, decoding with the old scales and encoding with the new ones. Small
- * passes over the per-dim vectors and row means (not over the elements) sit
- * between and after them. Other parameters take one pass, as before. */
+ * pointer or a momentum mask. Parameters with a RANK1 or FACTORED moment take
+ * two passes over their elements (docs/ALGORITHMS.md, section 2). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
 
 /* One step with gradients given for this step only: grads[i] belongs to param
@@ -451,66 +445,42 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, low
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_optimizer_t opt, int32_t average);
 
 /* 0/1 Adam and 1-bit LAMB (DeepSpeed's ZeroOneAdam and OnebitLamb; their
- * hyper-parameter names). Both keep fp32 state, need a communicator
- * (lowbit_optimizer_set_comm) like 1-bit Adam, share one flat fp32 bucket
- * over all parameters (one collective per step), have no bias correction
- * (hparams.bias_correction must be 0: the lowbit_hparams_init default) and
- * take the L2 weight decay inside the update (AdamW's decoupled form for
- * 0/1 Adam, u = m / D + wd p scaled by the trust ratio for LAMB), with
- * D = sqrt(v) + eps. Step t is the step count after the step (1, 2, ...);
- * DeepSpeed counts one more (its construction-time dummy step). A skipped
- * step (non-finite input on any rank) changes nothing on any rank and does
- * not advance the schedules.
- *
- * 0/1 Adam (Lu et al. 2022), config.freeze_step = var_freeze_step:
- *   steps t <= var_freeze_step (phase 1): when t % var_interval == 0 (a
- *     variance step) the gradients are averaged uncompressed and m, v take
- *     an ordinary step (then var_counter += 1, and after var_update_scaler
- *     such steps var_interval doubles); otherwise the gradient goes through
- *     the 1-bit compressed allreduce and m <- beta1 m + (1 - beta1) avg(g),
- *     v unchanged; both: p <- p (1 - lr wd) - lr m / D.
- *   steps t > var_freeze_step (phase 2, v frozen): local steps m <- beta1 m
- *     + (1 - beta1) g, p <- p (1 - lr wd) - lr m / D with this rank's g and
- *     no exchange but a one-float agreement on non-finite gradients; when
- *     t % local_step_interval == 0 a synchronisation: with p_sync the params
- *     at the last synchronisation and L the sum of lr since then, d =
- *     avg_1bit((p_sync - p) D), m <- d / L, p <- p_sync - d / D, so every
- *     rank holds the same params (DeepSpeed restores p - u + d / D, which
- *     drifts by rounding). local_step_interval starts at 1 and doubles every
- *     local_step_scaler phase-2 steps, capped at local_step_clipper. The
- *     communicator's error buffers are zeroed at the first phase-2 step.
- * 1-bit LAMB (Li et al. 2021), config.freeze_step = freeze_step:
- *   steps t <= freeze_step (warm-up; freeze_step >= 1): LAMB on averaged gradients: m, v as
- *     Adam's, u = m / D + wd p, trust c = clip(||p|| / ||u||, min_coeff,
- *     max_coeff) per parameter (1 if either norm is 0), p <- p - lr c u;
- *     coeff_freeze <- coeff_beta coeff_freeze + (1 - coeff_beta) c when
- *     c != 1; the step t == freeze_step seeds v_fresh <- v.
- *   steps t > freeze_step (compression, v and coeff_freeze frozen): each
- *     rank's m' = beta1 m + (1 - beta1) g, scaled per parameter by s_p = S /
- *     rms(m_p) (computed once, at the first compression step, S the mean of
- *     the parameters' rms), goes through ONE 1-bit allreduce of all
- *     parameters; m <- avg / s_p; the reconstructed gradient g~ = (m -
- *     beta1 m_old) / (1 - beta1) feeds v_fresh <- beta2 v_fresh + (1 - beta2)
- *     g~^2; factor f = max_i D_i / (sqrt(v_fresh_i) + eps), blended by rho =
- *     min(1, ||m / D|| / ||u||) when wd > 0 (f <- f rho + 1 - rho), clipped to
- *     [factor_min, factor_max] and to last_factor (1 -+ factor_threshold);
- *     p <- p - lr coeff_freeze f u.
- * Checkpoints save the schedules, p_sync / v_fresh and the LAMB scalars;
- * the communicator's error buffers are per rank (lowbit_comm_save_errors). */
+ * hyper-parameter names), specified in docs/ALGORITHMS.md, section 3. Like
+ * 1-bit Adam they keep fp32 state, need a communicator
+ * (lowbit_optimizer_set_comm) and share one flat fp32 bucket over all
+ * parameters (one collective per step); they have no bias correction
+ * (hparams.bias_correction must be 0: the lowbit_hparams_init default).
+ * config.freeze_step is 0/1 Adam's var_freeze_step (then v is frozen and
+ * local steps with doubling synchronisation intervals begin) and 1-bit
+ * LAMB's warm-up length (>= 1). A skipped step (non-finite input on any rank)
+ * changes nothing on any rank and does not advance the schedules.
+ * Checkpoints save the schedules, 0/1 Adam's p_sync, LAMB's v_fresh and
+ * scalars; the communicator's error buffers are per rank
+ * (lowbit_comm_save_errors).
+ * 0/1 Adam diverges where variance entries stay exactly 0 (e.g. parameters
+ * whose gradient is always 0): they move by about lr / eps per step; mask
+ * them (lowbit_optimizer_set_momentum_mask), as in DeepSpeed. */
 typedef struct lowbit_onebit_options {
   size_t struct_size;
   int64_t var_update_scaler;  /* 0/1 Adam: variance steps per interval before it doubles (16), >= 1 */
   int64_t local_step_scaler;  /* 0/1 Adam: phase-2 steps per local interval before it doubles (32678), >= 1 */
   int64_t local_step_clipper; /* 0/1 Adam: the largest local interval (16), >= 1 */
-  float max_coeff;            /* LAMB: upper clip of the warm-up trust ratio (10), > min_coeff */
-  float min_coeff;            /* LAMB: lower clip (0.01), > 0 */
+  float max_coeff;            /* LAMB: upper clip of the warm-up trust ratio (10), finite, >= min_coeff */
+  float min_coeff;            /* LAMB: lower clip (0.01), finite, > 0 */
   float coeff_beta;           /* LAMB: EMA factor of the trust ratio (0.9), in [0, 1) */
-  float factor_max;           /* LAMB: upper clip of the factor (4), >= factor_min */
-  float factor_min;           /* LAMB: lower clip (0.5), > 0 */
+  float factor_max;           /* LAMB: upper clip of the factor (4), finite, >= factor_min */
+  float factor_min;           /* LAMB: lower clip (0.5), finite, > 0 */
   float factor_threshold;     /* LAMB: largest relative change of the factor per step (0.1), in [0, 1) */
 } lowbit_onebit_options_t;
 
+/* Fills struct_size and the defaults above; writes struct_size bytes (a
+ * released size). lowbit_onebit_options_init is the 0.3 entry point (the 0.3
+ * struct), called through the macro by code compiled against this header. */
+LOWBIT_API lowbit_status_t lowbit_onebit_options_init_sized(lowbit_onebit_options_t* options, size_t struct_size);
 LOWBIT_API lowbit_status_t lowbit_onebit_options_init(lowbit_onebit_options_t* options);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_onebit_options_init(options) lowbit_onebit_options_init_sized((options), sizeof(*(options)))
+#endif
 
 /* Sets the options of a 0/1 Adam or 1-bit LAMB optimizer (any time between
  * steps; every rank must use the same; not saved in checkpoints). */
@@ -530,10 +500,22 @@ typedef struct lowbit_onebit_status {
   int32_t reserved_;
 } lowbit_onebit_status_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_onebit_status_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_onebit_status_init_sized(lowbit_onebit_status_t* status, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_onebit_status_init(lowbit_onebit_status_t* status);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_onebit_status_init(status) lowbit_onebit_status_init_sized((status), sizeof(*(status)))
+#endif
+
+/* Writes out->struct_size bytes. (Before 0.4 this call did not read
+ * struct_size: a value that is not a released size is taken as the 0.3
+ * struct, the one it always wrote, and set to that size.) */
 LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out);
 
-/* 1-bit Adam: elements where mask (uint8, numel of the param, host memory) is
- * 0 keep a momentum of exactly zero. NULL removes the mask. Blocking, like
+/* 1-bit Adam, 0/1 Adam, 1-bit LAMB: elements where mask (uint8, numel of the
+ * param, host memory) is 0 keep a momentum of exactly zero, and the exchanged
+ * values do not reach them (what each algorithm does with them:
+ * docs/ALGORITHMS.md, section 3.4). NULL removes the mask. Blocking, like
  * registration (the mask is copied into engine memory). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_momentum_mask(lowbit_optimizer_t opt, int64_t param_id,
                                                               const uint8_t* mask, int64_t numel);
@@ -563,6 +545,14 @@ typedef struct lowbit_param_info {
   int32_t ndim;                                /* as registered (0: no shape) */
 } lowbit_param_info_t;
 
+/* Zeroes the struct and sets struct_size (lowbit_param_info_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_param_info_init_sized(lowbit_param_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_param_info_init(lowbit_param_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_param_info_init(info) lowbit_param_info_init_sized((info), sizeof(*(info)))
+#endif
+
+/* Writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, int64_t param_id,
                                                        lowbit_param_info_t* out);
 
@@ -618,21 +608,22 @@ typedef struct lowbit_state_plan {
   int64_t ecc_bytes;            /* error-correction bytes (numel, or 0) */
   int64_t state_bytes;          /* everything above, as lowbit_optimizer_state_bytes reports */
   /* Since 0.3 (struct_size of 0.2 callers still accepted: the fields above).
-   * Layout of a moment by normalisation:
-   *   BLOCK:    data_bytes of codes/values, scale_count = blocks.
-   *   RANK1:    data_bytes of codes (as BLOCK), scale_count = 2 * (sum of the
-   *             dims): the vectors r_0 .. r_{d-1} back to back, then as many
-   *             floats of step workspace (zero between steps).
-   *   FACTORED: data_bytes = 4 * (B*R + B*C + B): fp32 row[B, R], col[B, C]
-   *             and the B row means (derived), scale_count = 0. */
+   * The layout of a moment by normalisation: docs/ALGORITHMS.md, section 2. */
   lowbit_normalization_t normalization[2]; /* resolved; DEFAULT for a moment the algorithm does not keep */
 } lowbit_state_plan_t;
+
+/* Zeroes the struct and sets struct_size (lowbit_state_plan_init: the 0.4 struct). */
+LOWBIT_API lowbit_status_t lowbit_state_plan_init_sized(lowbit_state_plan_t* plan, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_state_plan_init(lowbit_state_plan_t* plan);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_state_plan_init(plan) lowbit_state_plan_init_sized((plan), sizeof(*(plan)))
+#endif
 
 /* Plans the state of a param of param->param.numel (>= 0) elements and dtype
  * param->param.dtype (data and device are not used) with the per-param
  * overrides of `param`, in an optimizer made with `config` whose group
  * param->group has `hparams`. Exactly what lowbit_optimizer_add_param would
- * allocate. */
+ * allocate; writes out->struct_size bytes (a released size). */
 LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config_t* config,
                                                    const lowbit_hparams_t* hparams,
                                                    const lowbit_param_config_t* param, lowbit_state_plan_t* out);

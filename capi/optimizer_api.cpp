@@ -20,6 +20,7 @@
 #include "core/optimizer.hpp"
 #include "core/validation.hpp"
 #include "distributed/onebit_optimizer.hpp"
+#include "struct_abi.hpp"
 
 struct lowbit_optimizer {
   std::unique_ptr<lowbit::Optimizer> impl;
@@ -28,6 +29,7 @@ struct lowbit_optimizer {
 
 using lowbit::guarded;
 using lowbit::distributed::onebit;
+namespace abi = lowbit::abi;
 
 namespace {
 
@@ -36,71 +38,18 @@ lowbit_status_t on_handle(lowbit_optimizer_t opt, Body&& body) noexcept {
   return lowbit::on_handle(opt, "opt (the optimizer handle)", std::forward<Body>(body));
 }
 
+// Caller structs of any released size, as the current structs (an older
+// struct gets the defaults of the fields added since).
+lowbit_optimizer_config_t read_config(const lowbit_optimizer_config_t* c, const char* arg) {
+  return abi::read_struct(c, lowbit::default_config(LOWBIT_ALGORITHM_ADAMW), arg);
+}
+lowbit_hparams_t read_hparams(const lowbit_hparams_t* h, lowbit_algorithm_t algorithm) {
+  return abi::read_struct(h, lowbit::default_hparams(algorithm), "hparams");
+}
+
 }  // namespace
 
 extern "C" {
-
-LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* h, lowbit_algorithm_t algorithm) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(h, "hparams");
-    lowbit::check_algorithm(algorithm);
-    *h = lowbit::default_hparams(algorithm);
-  });
-}
-
-extern "C++" {
-namespace {
-// Writes the first `size` bytes of `full` (a released size of T) to `out`.
-template <class T>
-void write_sized(T* out, const T& full, size_t size, size_t old_size, const char* what) {
-  LOWBIT_REQUIRE(size == sizeof(T) || size == old_size, LOWBIT_ERROR_INVALID_ARGUMENT, what, " struct_size = ", size,
-                 " is not a size this library knows (", sizeof(T), ", or ", old_size, " from lowbit 0.2)");
-  T copy = full;
-  copy.struct_size = size;
-  std::memcpy(static_cast<void*>(out), &copy, size);
-}
-}  // namespace
-}  // extern "C++"
-
-LOWBIT_API lowbit_status_t lowbit_optimizer_config_init_sized(lowbit_optimizer_config_t* c, size_t size,
-                                                              lowbit_algorithm_t algorithm) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(c, "config");
-    lowbit::check_algorithm(algorithm);
-    write_sized(c, lowbit::default_config(algorithm), size, lowbit::kConfigSizeV02, "config");
-  });
-}
-
-// The 0.2 symbol (parenthesised: not the header's macro).
-LOWBIT_API lowbit_status_t(lowbit_optimizer_config_init)(lowbit_optimizer_config_t* c, lowbit_algorithm_t algorithm) {
-  return lowbit_optimizer_config_init_sized(c, lowbit::kConfigSizeV02, algorithm);
-}
-
-LOWBIT_API lowbit_status_t lowbit_optimizer_config_preset(lowbit_optimizer_config_t* c, lowbit_preset_t preset) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(c, "config");
-    LOWBIT_REQUIRE(preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "preset = ", int(preset), " is not a lowbit_preset_t value");
-    lowbit_optimizer_config_t out = lowbit::default_config(LOWBIT_ALGORITHM_ADAMW);
-    out.state_format = LOWBIT_STATE_4BIT;
-    out.second_state_format = LOWBIT_STATE_4BIT;
-    out.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
-    out.second_normalization =
-        preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? LOWBIT_NORMALIZATION_RANK1 : LOWBIT_NORMALIZATION_FACTORED;
-    *c = out;
-  });
-}
-
-LOWBIT_API lowbit_status_t lowbit_param_config_init_sized(lowbit_param_config_t* c, size_t size) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(c, "param_config");
-    write_sized(c, lowbit::default_param_config(), size, lowbit::kParamConfigSizeV02, "param_config");
-  });
-}
-
-LOWBIT_API lowbit_status_t(lowbit_param_config_init)(lowbit_param_config_t* c) {
-  return lowbit_param_config_init_sized(c, lowbit::kParamConfigSizeV02);
-}
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, const lowbit_optimizer_config_t* config,
                                                    const lowbit_hparams_t* hparams) {
@@ -109,9 +58,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, cons
     LOWBIT_REQUIRE_PTR(out, "out");
     LOWBIT_REQUIRE_PTR(config, "config");
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
-    const lowbit_optimizer_config_t full = lowbit::upgrade_config(config, "config");
+    const lowbit_optimizer_config_t full = read_config(config, "config");
     auto handle = std::make_unique<lowbit_optimizer>();
-    handle->impl = lowbit::distributed::make_optimizer(full, *hparams);
+    handle->impl = lowbit::distributed::make_optimizer(full, read_hparams(hparams, full.algorithm));
     *out = handle.release();
   });
 }
@@ -128,7 +77,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_add_group(lowbit_optimizer_t opt, co
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
     LOWBIT_REQUIRE_PTR(out_group, "out_group");
-    *out_group = o.add_group(*hparams);
+    *out_group = o.add_group(read_hparams(hparams, o.config().algorithm));
   });
 }
 
@@ -136,14 +85,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_hparams(lowbit_optimizer_t opt, 
                                                         const lowbit_hparams_t* hparams) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
-    o.set_hparams(group, *hparams);
+    o.set_hparams(group, read_hparams(hparams, o.config().algorithm));
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_get_hparams(lowbit_optimizer_t opt, int32_t group, lowbit_hparams_t* out) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
-    *out = o.hparams(group);
+    abi::write_struct_unchecked(out, o.hparams(group), "out");
   });
 }
 
@@ -156,7 +105,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_add_param(lowbit_optimizer_t opt, co
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(config, "param_config");
     LOWBIT_REQUIRE_PTR(out_param_id, "out_param_id");
-    *out_param_id = o.add_param(lowbit::upgrade_param_config(config, "param_config"));
+    *out_param_id = o.add_param(abi::read_struct(config, lowbit::default_param_config(), "param_config"));
   });
 }
 
@@ -191,25 +140,21 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_warmup_average(lowbit_opt
   });
 }
 
-LOWBIT_API lowbit_status_t lowbit_onebit_options_init(lowbit_onebit_options_t* options) {
-  return guarded(nullptr, [&] {
-    LOWBIT_REQUIRE_PTR(options, "options");
-    *options = lowbit::default_onebit_options();
-  });
-}
-
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_onebit_options(lowbit_optimizer_t opt,
                                                                const lowbit_onebit_options_t* options) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(options, "options");
-    onebit(o, "set_onebit_options: only 0/1 Adam and 1-bit LAMB take these options").set_options(*options);
+    const lowbit_onebit_options_t full = abi::read_struct(options, lowbit::default_onebit_options(), "options");
+    onebit(o, "set_onebit_options: only 0/1 Adam and 1-bit LAMB take these options").set_options(full);
   });
 }
 
 LOWBIT_API lowbit_status_t lowbit_optimizer_onebit_status(lowbit_optimizer_t opt, lowbit_onebit_status_t* out) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
-    *out = onebit(o, "onebit_status: only 1-bit Adam, 0/1 Adam and 1-bit LAMB have a 1-bit status").status(nullptr);
+    abi::write_struct_unchecked(
+        out, onebit(o, "onebit_status: only 1-bit Adam, 0/1 Adam and 1-bit LAMB have a 1-bit status").status(nullptr),
+        "out");
   });
 }
 
@@ -240,8 +185,7 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, i
                                                        lowbit_param_info_t* out) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
-    const lowbit_param_info_t info = o.info(param_id);
-    lowbit::write_out_struct(out, &info, sizeof info, lowbit::kParamInfoSizeV02, "param_info");
+    abi::write_struct(out, o.info(param_id), "param_info");
   });
 }
 
@@ -282,17 +226,13 @@ LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config
     LOWBIT_REQUIRE_PTR(config, "config");
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
     LOWBIT_REQUIRE_PTR(param, "param");
-    LOWBIT_REQUIRE_PTR(out, "out");
-    size_t out_size;
-    std::memcpy(&out_size, out, sizeof out_size);
-    LOWBIT_REQUIRE(out_size == sizeof(lowbit_state_plan_t) || out_size == lowbit::kStatePlanSizeV02,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "out.struct_size = ", out_size, " is not a size this library knows");
-    const lowbit_optimizer_config_t full = lowbit::upgrade_config(config, "config");
+    abi::check_out(out, "out");
+    const lowbit_optimizer_config_t full = read_config(config, "config");
     lowbit::check_config(full);
-    lowbit::check_hparams(*hparams, full.algorithm);
-    const lowbit_param_config_t pc = lowbit::upgrade_param_config(param, "param");
-    const lowbit_state_plan_t plan = lowbit::to_c_plan(lowbit::plan_param_state(full, *hparams, pc), pc.param.numel);
-    lowbit::write_out_struct(out, &plan, sizeof plan, lowbit::kStatePlanSizeV02, "out");
+    const lowbit_hparams_t h = read_hparams(hparams, full.algorithm);
+    lowbit::check_hparams(h, full.algorithm);
+    const lowbit_param_config_t pc = abi::read_struct(param, lowbit::default_param_config(), "param");
+    abi::write_struct(out, lowbit::to_c_plan(lowbit::plan_param_state(full, h, pc), pc.param.numel), "out");
   });
 }
 

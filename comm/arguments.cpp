@@ -43,8 +43,8 @@ CommArg Communicator::Impl::check_tensor(const lowbit_tensor_t* tensor) const {
   LOWBIT_REQUIRE(tensor->data != nullptr, LOWBIT_ERROR_NULL_POINTER, "tensor.data is NULL");
   LOWBIT_REQUIRE(tensor->numel > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", tensor->numel,
                  " (must be > 0)");
-  LOWBIT_REQUIRE(tensor->numel <= (INT64_MAX >> 8), LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", tensor->numel,
-                 " (too large)");
+  LOWBIT_REQUIRE(tensor->numel <= onebit::kMaxNumel, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ",
+                 tensor->numel, " (too large: at most 2^55 = ", onebit::kMaxNumel, ")");
   LOWBIT_REQUIRE(tensor->dtype == LOWBIT_DTYPE_FLOAT32, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.dtype is ",
                  dtype_name(tensor->dtype), " (the communicator takes LOWBIT_DTYPE_FLOAT32 only)");
   LOWBIT_REQUIRE(reinterpret_cast<uintptr_t>(tensor->data) % alignof(float) == 0, LOWBIT_ERROR_INVALID_ARGUMENT,
@@ -54,9 +54,12 @@ CommArg Communicator::Impl::check_tensor(const lowbit_tensor_t* tensor) const {
   a.n = tensor->numel;
   a.device = tensor->device;
   a.index = tensor->device_index;
+  const bool callbacks = t->backend() == LOWBIT_COMM_BACKEND_CALLBACKS;
   if (tensor->device == LOWBIT_DEVICE_CPU) {
-    LOWBIT_REQUIRE(t->supports_host(), LOWBIT_ERROR_UNSUPPORTED,
-                   "tensor.device is LOWBIT_DEVICE_CPU, but an NCCL communicator moves CUDA tensors only");
+    LOWBIT_REQUIRE(t->supports_host(), LOWBIT_ERROR_UNSUPPORTED, "tensor.device is LOWBIT_DEVICE_CPU, but ",
+                   callbacks ? "this callback transport takes device memory only (lowbit_comm_transport_t."
+                               "host_buffers = 0)"
+                             : "an NCCL communicator moves CUDA tensors only");
     a.index = 0;
   } else if (tensor->device == LOWBIT_DEVICE_CUDA) {
 #ifdef LOWBIT_HAVE_CUDA
@@ -66,8 +69,9 @@ CommArg Communicator::Impl::check_tensor(const lowbit_tensor_t* tensor) const {
     LOWBIT_REQUIRE(a.index >= 0 && a.index < count, LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.device_index is ",
                    a.index, " (this process sees ", count, " CUDA device(s))");
     LOWBIT_REQUIRE(t->device_index() < 0 || t->device_index() == a.index, LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "tensor.device_index is ", a.index, ", but this NCCL communicator runs on CUDA device ",
-                   t->device_index());
+                   "tensor.device_index is ", a.index, ", but ",
+                   callbacks ? "this callback transport serves CUDA device " : "this NCCL communicator runs on CUDA device ",
+                   t->device_index(), callbacks ? " (lowbit_comm_transport_t.device_index)" : "");
     const std::string why = onebit::dev::check_device_pointer(a.data, a.index);
     LOWBIT_REQUIRE(why.empty(), LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.data ", why,
                    " (tensor.device is LOWBIT_DEVICE_CUDA)");
@@ -119,7 +123,8 @@ const CallerNames kGenericNames{generic_kind, generic_subject, generic_stage, "s
 // range over ranks; some rank holds each).
 int64_t other_end(int64_t mine, int64_t lo, int64_t hi) { return mine == lo ? hi : lo; }
 
-constexpr int kFields = 8;  // caller kind, boundary, stage, parts, op, numel, dtype, step
+constexpr int kFields = 9;  // caller kind, boundary, stage, parts, op, numel, dtype, step, world
+constexpr int kWorldField = 8;
 constexpr int kAgreeWords = 2 + 2 * kFields;
 constexpr size_t kMessageBytes = 512;
 
@@ -134,30 +139,45 @@ constexpr size_t kMessageBytes = 512;
 //                         and so does a caller that does not know its step count,
 //                         which the host does not know without waiting)
 // The fields are everything that decides the sequence of exchanges (the
-// operation, the 1-bit stage and what fixes it, numel, which fixes the
-// padding and chunking, dtype) and the caller (its kind, stage, stage
-// boundary, number of parts and, where known, step count). When some rank failed, its
-// message (and status) follows in one 512-byte broadcast from the lowest
-// failed rank, so every rank can say why.
+// operation, the caller's stage and what fixes it, numel, which fixes the
+// padding and chunking, dtype), the caller (its kind, stage, stage
+// boundary, number of parts and, where known, step count) and the world size
+// this rank's transport declares (every rank has a say in it, a failed one
+// too: a callback transport's world_size is the caller's word, and ranks that
+// disagree on it would lay the messages out differently). When some rank
+// failed, its message (and status) follows in one 512-byte broadcast from
+// the lowest failed rank, so every rank can say why.
 int Communicator::Impl::agree(lowbit_status_t status, const std::string& message, CommOp op, int64_t n,
                               lowbit_dtype_t dtype, const CollectiveCaller& who, bool nonfinite) {
   const int32_t W = world(), R = rank();
   const bool failed = status != LOWBIT_SUCCESS;
-  const int64_t fields[kFields] = {who.kind, who.boundary, who.stage,     who.parts,
-                                   op,       n,            int64_t(dtype), who.step};
+  const int64_t fields[kFields] = {who.kind, who.boundary, who.stage, who.parts, op, n, int64_t(dtype), who.step, W};
   int64_t v[kAgreeWords];
   v[0] = failed ? W - R : 0;
   v[1] = (!failed && nonfinite) ? W - R : 0;
   for (int i = 0; i < kFields; ++i) {
     const int64_t f = fields[i] == INT64_MIN ? INT64_MIN + 1 : fields[i];
     // A failed rank, and a rank that does not know its step count, have no say.
-    const bool neutral = failed || (i == 7 && who.step < 0);
+    const bool neutral = i != kWorldField && (failed || (i == 7 && who.step < 0));
     v[2 + 2 * i] = neutral ? INT64_MIN : f;
     v[3 + 2 * i] = neutral ? INT64_MIN : -f;
   }
   if (!t->agree_max(v, kAgreeWords)) {  // NCCL: no agreement
     if (failed) throw Error(status, message);
     return nonfinite ? R : -1;
+  }
+  // Every rank reads the same reduced v, so every rank reaches the same
+  // verdict below (a field no rank had a say in is INT64_MIN in both words).
+  auto lo = [&](int i) { return v[3 + 2 * i] == INT64_MIN ? INT64_MIN : -v[3 + 2 * i]; };
+  auto hi = [&](int i) { return v[2 + 2 * i]; };
+  auto differs = [&](int i) { return lo(i) != hi(i); };
+  const char* nothing = ". Nothing was done on any rank";
+  // First, as the ranks of a failed one below are counted from the world size.
+  if (differs(kWorldField)) {
+    if (failed) throw Error(status, message);
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "the transport's world_size is ", W, " on this rank (", R,
+         "), but the ranks declare world_size from ", lo(kWorldField), " to ", hi(kWorldField),
+         "; every rank must declare the same world_size (lowbit_comm_transport_t.world_size)", nothing);
   }
   if (v[0] != 0) {
     // The lowest failed rank tells every rank why.
@@ -173,12 +193,6 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "rank ", root, " rejected its arguments: ", why,
          "; nothing was done on any rank");
   }
-  // Every rank reads the same reduced v, so every rank reaches the same
-  // verdict below (a field no rank had a say in is INT64_MIN in both words).
-  auto lo = [&](int i) { return v[3 + 2 * i] == INT64_MIN ? INT64_MIN : -v[3 + 2 * i]; };
-  auto hi = [&](int i) { return v[2 + 2 * i]; };
-  auto differs = [&](int i) { return lo(i) != hi(i); };
-  const char* nothing = ". Nothing was done on any rank";
   const CallerNames& names = who.names ? *who.names : kGenericNames;
   const char* subject = names.subject(who.kind);
   if (differs(0))
@@ -211,7 +225,8 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
   if (differs(5) && op == kOpSetTimeout)
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "the communicator timeout is ", n, " ms on this rank (", R,
          "), but the ranks asked for ", lo(5), " to ", hi(5),
-         " ms; every rank must use the same (LOWBIT_COMM_TIMEOUT_MS; they must all wait the same way)");
+         " ms; every rank must use the same (config.timeout_ms, or the environment variable "
+         "LOWBIT_COMM_TIMEOUT_MS, which overrides it; they must all wait the same way)");
   if (differs(5))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", lo(5),
          " to ", hi(5), "; every rank must pass the same numel", nothing);
@@ -235,19 +250,22 @@ void Communicator::set_timeout(int64_t ms) {
     impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
 }
 
-void Communicator::set_timeout_from_env() {
+void Communicator::set_timeout_from(int64_t config_ms) {
   const char* env = std::getenv("LOWBIT_COMM_TIMEOUT_MS");
-  int64_t ms = 0;
-  bool ok = true;
-  if (env && *env) {
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(env, &end, 10);
-    ok = errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX;
-    ms = ok ? int64_t(v) : 0;
+  if (!env || !*env) {
+    if (config_ms < 0 || config_ms > INT32_MAX)
+      impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                         concat("config.timeout_ms is ", config_ms, " (expected 0 = wait forever, or 1 to ", INT32_MAX,
+                                " ms)"));
+    else
+      impl_->set_timeout(config_ms, LOWBIT_SUCCESS, std::string());
+    return;
   }
-  if (ok)
-    impl_->set_timeout(ms, LOWBIT_SUCCESS, std::string());
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (errno == 0 && end != env && *end == '\0' && v >= 0 && v <= INT32_MAX)
+    impl_->set_timeout(int64_t(v), LOWBIT_SUCCESS, std::string());
   else
     impl_->set_timeout(0, LOWBIT_ERROR_INVALID_ARGUMENT,
                        concat("the environment variable LOWBIT_COMM_TIMEOUT_MS is \"", env,

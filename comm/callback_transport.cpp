@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/validation.hpp"
 #include "transport.hpp"
 
 namespace lowbit {
@@ -24,9 +23,11 @@ class CallbackTransport final : public Transport {
   bool stream_ordered() const override { return t_.stream_ordered != 0; }
   int32_t device_index() const override { return t_.device_index; }
 
+  bool in_callback() const override { return depth_ > 0; }
+
   bool agree_max(int64_t* v, int k) override {
     if (!t_.allreduce_max_i64) return false;
-    check(t_.allreduce_max_i64(t_.user_data, v, k), "allreduce_max_i64 (argument agreement)");
+    check(call(t_.allreduce_max_i64, v, k), "allreduce_max_i64 (argument agreement)");
     return true;
   }
   // Over the agreement function (called only after agree_max succeeded):
@@ -43,7 +44,7 @@ class CallbackTransport final : public Transport {
         std::memcpy(&u, bytes + i, size_t(m - i < 4 ? m - i : 4));
         w[size_t(i / 4)] = int64_t(u);
       }
-    check(t_.allreduce_max_i64(t_.user_data, w.data(), int32_t(w.size())), "allreduce_max_i64 (broadcast)");
+    check(call(t_.allreduce_max_i64, w.data(), int32_t(w.size())), "allreduce_max_i64 (broadcast)");
     if (rank() != root)
       for (int64_t i = 0; i < m; i += 4) {
         const uint32_t u = uint32_t(w[size_t(i / 4)]);
@@ -51,29 +52,39 @@ class CallbackTransport final : public Transport {
       }
   }
   void alltoall(const void* send, void* recv, int64_t m, void* stream) override {
-    check(t_.alltoall(t_.user_data, send, recv, m, stream), "alltoall");
+    check(call(t_.alltoall, send, recv, m, stream), "alltoall");
   }
   void allgather(const void* send, void* recv, int64_t m, void* stream) override {
-    check(t_.allgather(t_.user_data, send, recv, m, stream), "allgather");
+    check(call(t_.allgather, send, recv, m, stream), "allgather");
   }
   bool allreduce_f32(float* data, int64_t n, void* stream) override {
-    check(t_.allreduce_sum_f32(t_.user_data, data, n, stream), "allreduce_sum_f32");
+    check(call(t_.allreduce_sum_f32, data, n, stream), "allreduce_sum_f32");
     return false;
   }
 
  private:
+  // One of the caller's functions, counted as running while it runs.
+  template <class Fn, class... Args>
+  int32_t call(Fn* fn, Args... args) {
+    struct Depth {
+      int& d;
+      explicit Depth(int& x) : d(x) { ++d; }
+      ~Depth() { --d; }
+    } depth(depth_);
+    return fn(t_.user_data, args...);
+  }
   static void check(int32_t rc, const char* what) {
     LOWBIT_REQUIRE(rc == 0, LOWBIT_ERROR_COMMUNICATION, "transport.", what, " returned ", rc,
                    " (the caller's transport failed; treat the group as broken)");
   }
   lowbit_comm_transport_t t_;
+  int depth_ = 0;  // the caller's functions running now (nested through another communicator)
 };
 
 }  // namespace
 
 std::unique_ptr<Transport> make_callback_transport(const lowbit_comm_transport_t* t) {
   LOWBIT_REQUIRE(t != nullptr, LOWBIT_ERROR_NULL_POINTER, "transport is NULL");
-  check_struct_size(t->struct_size, sizeof(lowbit_comm_transport_t), "transport");
   LOWBIT_REQUIRE(t->world_size >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.world_size is ", t->world_size,
                  " (must be >= 1)");
   LOWBIT_REQUIRE(t->rank >= 0 && t->rank < t->world_size, LOWBIT_ERROR_INVALID_ARGUMENT, "transport.rank is ",

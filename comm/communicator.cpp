@@ -21,6 +21,7 @@ Communicator::~Communicator() {
 int32_t Communicator::rank() const { return impl_->rank(); }
 int32_t Communicator::world() const { return impl_->world(); }
 lowbit_comm_backend_t Communicator::backend() const { return impl_->t->backend(); }
+bool Communicator::in_transport_callback() const { return impl_->t->in_callback(); }
 
 lowbit_comm_info_t Communicator::info() const {
   const Impl& I = *impl_;
@@ -31,6 +32,7 @@ lowbit_comm_info_t Communicator::info() const {
   out.world_size = world();
   out.cuda_aware_mpi = (I.t->backend() == LOWBIT_COMM_BACKEND_MPI && I.t->device_direct()) ? 1 : 0;
   out.device_index = I.t->device_index();
+  out.timeout_ms = I.t->timeout_ms();
   if (I.bound) {
     out.bound_numel = I.buf.n;
     out.bound_device = I.buf.device;

@@ -1,7 +1,7 @@
 // The communicator behind a lowbit_comm_t, for the layers above it (the
 // distributed optimizers of distributed/, the C boundary capi/comm_api.cpp).
 // The algorithm, its padding, sign and non-finite rules are specified in
-// capi/lowbit_comm.h.
+// docs/COMMUNICATOR.md.
 //
 // Every method either succeeds or throws lowbit::Error having changed nothing
 // (errors, output and binding as they were). Collective methods must be
@@ -67,15 +67,19 @@ class Communicator {
                             const CollectiveCaller& who = CollectiveCaller());
 
   // Collective (MPI): every later exchange waits at most `ms` milliseconds
-  // for the other ranks (0: forever); see "Failures" in lowbit_comm.h. Agreed
+  // for the other ranks (0: forever); see docs/COMMUNICATOR.md, section 4. Agreed
   // like a call's arguments: a bad or differing value fails on every rank,
   // the timeout unchanged.
   void set_timeout(int64_t ms);
-  // The same with the value of the environment variable
-  // LOWBIT_COMM_TIMEOUT_MS (unset or empty: 0); lowbit_comm_create_mpi*
-  // calls it.
-  void set_timeout_from_env();
+  // The same with the timeout of lowbit_comm_create_mpi*: the environment
+  // variable LOWBIT_COMM_TIMEOUT_MS where it is set and not empty (it
+  // overrides the config), else config_ms (lowbit_comm_config_t.timeout_ms).
+  void set_timeout_from(int64_t config_ms);
   int64_t timeout_ms() const;
+  // True while one of a callback transport's functions runs: a call on this
+  // communicator is in progress further up the stack, so it must not be
+  // destroyed (lowbit_comm_destroy refuses).
+  bool in_transport_callback() const;
 
   // For a caller whose own checks failed before it could start its
   // collective (a missing grad, differing step counts): joins
@@ -99,7 +103,7 @@ class Communicator {
   // buffer.
   const int32_t* device_nonfinite_flag() const;
 
-  // Error buffers (local; see lowbit_comm.h for the blob format).
+  // Error buffers (local; the blob format is in docs/COMMUNICATOR.md).
   int64_t worker_error_numel() const;
   int64_t server_error_numel() const;
   std::vector<uint8_t> save_errors(void* stream) const;
@@ -118,7 +122,7 @@ class Communicator {
   void read_errors(float* worker, int64_t worker_numel, float* server, int64_t server_numel, void* stream) const;
   lowbit_comm_info_t info() const;
 
-  // The codec stages (stages.cpp; lowbit_comm.h, "any transport"): local,
+  // The codec stages (stages.cpp; docs/COMMUNICATOR.md, section 7): local,
   // the caller moves the messages. stage_decode returns false when a
   // gathered scale was not finite (host tensors): nothing changed.
   int64_t stage_message_bytes(int64_t n) const;

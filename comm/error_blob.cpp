@@ -1,5 +1,5 @@
 // The error state of a communicator: sizes, read-back, and the versioned
-// blob of save_errors / load_errors (format in capi/lowbit_comm.h), and
+// blob of save_errors / load_errors (format in docs/COMMUNICATOR.md), and
 // reset_errors.
 #include <climits>
 #include <cmath>
@@ -125,7 +125,7 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   LOWBIT_REQUIRE(r == rank(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank(),
                  " (each rank restores its own errors)");
   const int64_t n = get<int64_t>(data + 24), chunk = get<int64_t>(data + 32), c = get<int64_t>(data + 40);
-  LOWBIT_REQUIRE(n >= 0 && n <= (INT64_MAX >> 8), LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
+  LOWBIT_REQUIRE(n >= 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
   const Layout L = Layout::make(n, world(), rank());
   LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");

@@ -1,4 +1,4 @@
-// Buffer layout of the 1-bit compressed allreduce (see capi/lowbit_comm.h):
+// Buffer layout of the 1-bit compressed allreduce (see docs/COMMUNICATOR.md):
 // n real elements padded to N (a multiple of 8 * world), W chunks of C = N / W
 // elements, one message per chunk = a 4-byte fp32 scale followed by C / 8
 // bytes of sign bits (bit k of byte b = element 8b + k of the chunk, 1 = +1).
@@ -9,6 +9,10 @@
 
 namespace lowbit {
 namespace onebit {
+
+// The most elements a compressed allreduce takes: 2^55 (its bytes, the
+// padding and the error blob stay far from INT64_MAX).
+constexpr int64_t kMaxNumel = int64_t(1) << 55;
 
 struct Layout {
   int64_t n = 0;       // real elements

@@ -1,6 +1,6 @@
 // MPI transport: a duplicate of the caller's communicator with
 // MPI_ERRORS_RETURN, so MPI failures become LOWBIT_ERROR_COMMUNICATION.
-// With a timeout (LOWBIT_COMM_TIMEOUT_MS) every exchange is a nonblocking collective
+// With a timeout (config.timeout_ms / LOWBIT_COMM_TIMEOUT_MS) every exchange is a nonblocking collective
 // polled with MPI_Test until it completes or the timeout expires.
 #include "transport.hpp"
 
@@ -229,7 +229,8 @@ class MpiTransport final : public Transport {
       }
       if (done) return;
       if (Clock::now() >= deadline) {
-        broken_ = concat(what, " timed out after ", timeout_ms_, " ms (LOWBIT_COMM_TIMEOUT_MS)");
+        broken_ = concat(what, " timed out after ", timeout_ms_,
+                         " ms (the communicator timeout: config.timeout_ms, or LOWBIT_COMM_TIMEOUT_MS)");
         fail(LOWBIT_ERROR_COMMUNICATION, broken_,
              ": some rank did not join this collective (it failed, is stuck, or makes another call). Nothing was "
              "updated on this rank, but this communicator is now unusable: destroy it (its buffers are not "
@@ -306,8 +307,14 @@ std::unique_ptr<Transport> make_mpi_transport_fortran(int64_t, int32_t) {
 
 #endif
 
-void fail_unsupported_timeout(int64_t ms) {
-  fail(LOWBIT_ERROR_UNSUPPORTED, "timeout_ms is ", ms,
+void check_no_timeout(int64_t ms, lowbit_comm_backend_t backend) {
+  if (ms == 0) return;
+  if (backend == LOWBIT_COMM_BACKEND_CALLBACKS)
+    fail(LOWBIT_ERROR_UNSUPPORTED, "config.timeout_ms is ", ms,
+         ", but lowbit cannot bound a callback transport: it calls the transport's functions synchronously and "
+         "cannot interrupt them. Bound them in the functions themselves (a function that gives up returns "
+         "non-zero, and the call fails with LOWBIT_ERROR_COMMUNICATION); pass 0");
+  fail(LOWBIT_ERROR_UNSUPPORTED, "config.timeout_ms is ", ms,
        ", but an NCCL communicator has no host-side timeout (its collectives run on the stream); pass 0");
 }
 

@@ -1,6 +1,6 @@
 // The three phases of the 1-bit compressed allreduce (worker, server,
 // finish), shared by the built-in call (compressed_allreduce.cpp) and the
-// codec stages (lowbit_comm.h, "any transport"), which run them on the
+// codec stages (docs/COMMUNICATOR.md, section 7), which run them on the
 // caller's message buffers: a transport built from the stages gives the
 // built-in bits. Error updates stay in the ws_* buffers until finish commits
 // them.
@@ -38,8 +38,8 @@ void check_buffer(const void* p, int64_t bytes, int64_t need, const char* name, 
 }  // namespace
 
 int64_t Communicator::stage_message_bytes(int64_t n) const {
-  LOWBIT_REQUIRE(n > 0 && n <= (INT64_MAX >> 8), LOWBIT_ERROR_INVALID_ARGUMENT, "numel is ", n,
-                 " (must be > 0 and at most 2^55)");
+  LOWBIT_REQUIRE(n > 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel is ", n,
+                 " (must be > 0 and at most 2^55 = ", onebit::kMaxNumel, ")");
   return Layout::make(n, world(), rank()).msg;
 }
 

@@ -8,8 +8,9 @@
 
 namespace lowbit {
 
-// Throws LOWBIT_ERROR_UNSUPPORTED: a transport without host-side waits (NCCL).
-[[noreturn]] void fail_unsupported_timeout(int64_t ms);
+// Throws LOWBIT_ERROR_UNSUPPORTED (naming config.timeout_ms and why) unless
+// ms is 0: for the transports without a host-side timeout (NCCL, callbacks).
+void check_no_timeout(int64_t ms, lowbit_comm_backend_t backend);
 
 class Transport {
  public:
@@ -36,17 +37,17 @@ class Transport {
   // successful agree_max).
   virtual void broadcast(void* data, int64_t m, int root) = 0;
 
-  // The host-side timeout of every exchange in ms (MPI,
-  // LOWBIT_COMM_TIMEOUT_MS), 0: none. Under a timeout, exchanges must use
+  // The host-side timeout of every exchange in ms (MPI: config.timeout_ms
+  // or LOWBIT_COMM_TIMEOUT_MS), 0: none. Under a timeout, exchanges must use
   // buffers the communicator owns: one that timed out stays pending in MPI
   // and may still write them. set_timeout is local: the caller agrees on it
   // with the other ranks first (a nonblocking collective never matches a
   // blocking one, so every rank must wait the same way).
   virtual int64_t timeout_ms() const { return 0; }
-  virtual void set_timeout_ms(int64_t ms) {
-    if (ms != 0)
-      fail_unsupported_timeout(ms);
-  }
+  virtual void set_timeout_ms(int64_t ms) { check_no_timeout(ms, backend()); }
+  // True while one of the caller's transport functions runs (callbacks):
+  // the communicator is in the middle of a call and must not be destroyed.
+  virtual bool in_callback() const { return false; }
   // True once an exchange has timed out: every later exchange throws, and
   // the buffers it used (and the MPI communicator) must never be released.
   virtual bool broken() const { return false; }
@@ -72,7 +73,9 @@ std::unique_ptr<Transport> make_nccl_transport(const void* unique_id, int32_t ra
                                                int32_t device_index);
 std::unique_ptr<Transport> make_nccl_transport_from_comm(void* nccl_comm);
 
-// The caller's functions (callback_transport.cpp); validates the struct.
+// The caller's functions (callback_transport.cpp); validates the fields of
+// a current-size struct (the C boundary reads the caller's, of any released
+// size, into one).
 std::unique_ptr<Transport> make_callback_transport(const lowbit_comm_transport_t* transport);
 
 }  // namespace lowbit

@@ -1,53 +1,11 @@
 #include "validation.hpp"
 
 #include <cmath>
-#include <cstddef>
-#include <cstring>
 
 #include "defaults.hpp"
 #include "error.hpp"
 
 namespace lowbit {
-
-// The sizes of 0.2: each struct then ended before its first 0.3 field (the
-// int32 fields added to lowbit_param_config_t start in its old tail padding,
-// so its old size is offsetof(shape) while only offsetof(ndim) bytes are
-// the caller's).
-const size_t kConfigSizeV02 = offsetof(lowbit_optimizer_config_t, first_normalization);
-const size_t kParamConfigSizeV02 = offsetof(lowbit_param_config_t, shape);
-const size_t kParamInfoSizeV02 = offsetof(lowbit_param_info_t, first_normalization);
-const size_t kStatePlanSizeV02 = offsetof(lowbit_state_plan_t, normalization);
-
-namespace {
-void check_known_size(size_t got, size_t old_size, size_t now, const char* what) {
-  LOWBIT_REQUIRE(got == old_size || got == now, LOWBIT_ERROR_INVALID_ARGUMENT, what, ".struct_size = ", got,
-                 " is not a size this library knows (", now, ", or ", old_size,
-                 " from lowbit 0.2; use the *_init() helpers)");
-}
-}  // namespace
-
-lowbit_optimizer_config_t upgrade_config(const lowbit_optimizer_config_t* c, const char* what) {
-  check_known_size(c->struct_size, kConfigSizeV02, sizeof(lowbit_optimizer_config_t), what);
-  lowbit_optimizer_config_t out = default_config(LOWBIT_ALGORITHM_ADAMW);
-  std::memcpy(&out, c, c->struct_size);
-  out.struct_size = sizeof out;
-  return out;
-}
-
-lowbit_param_config_t upgrade_param_config(const lowbit_param_config_t* c, const char* what) {
-  check_known_size(c->struct_size, kParamConfigSizeV02, sizeof(lowbit_param_config_t), what);
-  lowbit_param_config_t out = default_param_config();
-  std::memcpy(&out, c, c->struct_size == sizeof out ? sizeof out : offsetof(lowbit_param_config_t, ndim));
-  out.struct_size = sizeof out;
-  return out;
-}
-
-void write_out_struct(void* out, const void* full, size_t full_size, size_t old_size, const char* what) {
-  size_t got;
-  std::memcpy(&got, out, sizeof got);
-  check_known_size(got, old_size, full_size, what);
-  std::memcpy(static_cast<char*>(out) + sizeof got, static_cast<const char*>(full) + sizeof got, got - sizeof got);
-}
 
 void check_normalization(lowbit_normalization_t n, const char* field, bool allow_factored) {
   LOWBIT_REQUIRE(n >= LOWBIT_NORMALIZATION_DEFAULT && n <= LOWBIT_NORMALIZATION_FACTORED,
@@ -73,7 +31,6 @@ void check_unit_interval(float x, const char* field) {
 }  // namespace
 
 void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
-  check_struct_size(h.struct_size, sizeof(lowbit_hparams_t), "hparams");
   LOWBIT_REQUIRE(std::isfinite(h.lr) && h.lr >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "lr = ", h.lr,
                  " must be finite and >= 0");
   LOWBIT_REQUIRE(std::isfinite(h.weight_decay) && h.weight_decay >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT,
@@ -120,7 +77,6 @@ void check_num_threads(int32_t num_threads) {
 }
 
 void check_config(const lowbit_optimizer_config_t& c) {
-  check_struct_size(c.struct_size, sizeof(lowbit_optimizer_config_t), "config");
   check_algorithm(c.algorithm);
   LOWBIT_REQUIRE(c.device == LOWBIT_DEVICE_CPU || c.device == LOWBIT_DEVICE_CUDA, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "device = ", int(c.device), " is not a lowbit_device_t value");
@@ -197,7 +153,6 @@ const char* onebit_algorithm_name(lowbit_algorithm_t a) {
 }
 
 void check_onebit_options(const lowbit_onebit_options_t& o) {
-  check_struct_size(o.struct_size, sizeof(lowbit_onebit_options_t), "onebit_options");
   LOWBIT_REQUIRE(o.var_update_scaler >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "var_update_scaler = ", o.var_update_scaler,
                  " must be >= 1");
   LOWBIT_REQUIRE(o.local_step_scaler >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "local_step_scaler = ", o.local_step_scaler,

@@ -12,6 +12,9 @@ namespace lowbit {
 // inside the runtime and INT32_MAX makes it exit(1).
 constexpr int32_t kMaxNumThreads = 1024;
 
+// That a struct has its current size. Caller structs never reach the core
+// otherwise: the C boundary (capi/struct_abi.hpp, the one table of released
+// sizes) reads each, of any released size, into a current one.
 void check_struct_size(size_t got, size_t expected, const char* what);
 void check_algorithm(lowbit_algorithm_t algorithm);
 // 1-bit Adam, 0/1 Adam, 1-bit LAMB: fp32 state, a communicator, one bucket.
@@ -30,15 +33,5 @@ void check_flag(int32_t value, const char* field, bool allow_default);
 void check_num_threads(int32_t num_threads);
 // DEFAULT, BLOCK, RANK1, and FACTORED when allow_factored.
 void check_normalization(lowbit_normalization_t n, const char* field, bool allow_factored);
-
-// Structs of earlier releases (smaller struct_size): the caller's fields over
-// the defaults of the fields added since; the result has the current size.
-// Throws naming `what` for a size no release had.
-lowbit_optimizer_config_t upgrade_config(const lowbit_optimizer_config_t* c, const char* what);
-lowbit_param_config_t upgrade_param_config(const lowbit_param_config_t* c, const char* what);
-// Out-structs: the caller's struct_size must be a released size; copies that
-// many bytes of `full` (struct_size kept).
-void write_out_struct(void* out, const void* full, size_t full_size, size_t old_size, const char* what);
-extern const size_t kConfigSizeV02, kParamConfigSizeV02, kParamInfoSizeV02, kStatePlanSizeV02;
 
 }  // namespace lowbit

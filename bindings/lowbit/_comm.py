@@ -142,13 +142,18 @@ class Communicator:
         device memory (``stream_ordered``: enqueued on ``stream``, else done
         when they return)."""
         errors = []
+        running = [0]  # transport functions running now: close() is refused inside them
 
         def on_error(exc_type, exc, tb):  # the C call then fails; _call chains exc
             errors.append(exc)
 
         def wrap(fn):
             def entry(user_data, *args):  # user_data is unused: the closure holds fn
-                fn(*(int(ffi.cast("uintptr_t", a)) if isinstance(a, ffi.CData) else a for a in args))
+                running[0] += 1
+                try:
+                    fn(*(int(ffi.cast("uintptr_t", a)) if isinstance(a, ffi.CData) else a for a in args))
+                finally:
+                    running[0] -= 1
                 return 0
             return entry
 
@@ -178,6 +183,7 @@ class Communicator:
         call("lowbit_comm_create_transport", h, t, NULL)
         comm = cls(h[0], keepalive=(callbacks, fns))
         comm._transport_errors = errors
+        comm._transport_running = running
         return comm
 
     # -- lifetime
@@ -185,7 +191,13 @@ class Communicator:
     def close(self) -> None:
         """Free the communicator (collective over MPI: every rank, before
         MPI_Finalize). Idempotent. Raises InvalidStateError while an open
-        optimizer uses it: close the optimizer first."""
+        optimizer uses it: close the optimizer first, and from inside one of
+        its own transport functions (a call on it is still running)."""
+        running = getattr(self, "_transport_running", None)
+        if running and running[0] and not self.closed:
+            raise InvalidStateError(
+                "close() was called from inside one of this communicator's own transport functions, while a call "
+                "on it is still running; close it after that call has returned", Status.ERROR_INVALID_STATE)
         users = [opt for opt in self._users if not opt.closed]
         if users and not self.closed:
             names = ", ".join(repr(opt) for opt in users)

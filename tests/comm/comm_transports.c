@@ -90,6 +90,12 @@ static int32_t cb_max(void* u, int64_t* v, int32_t k) {
 }
 
 lowbit_comm_t make_callback_comm(MPI_Comm mpi, int agreement) {
+  int world = 1;
+  MPI_Comm_size(mpi, &world);
+  return make_callback_comm_declaring(mpi, agreement, world);
+}
+
+lowbit_comm_t make_callback_comm_declaring(MPI_Comm mpi, int agreement, int32_t world_size) {
   int slot = 0;
   while (slot < MAX_CALLBACK_COMMS && g_cb[slot]) ++slot;
   CHECK(slot < MAX_CALLBACK_COMMS, "too many callback communicators");
@@ -97,14 +103,13 @@ lowbit_comm_t make_callback_comm(MPI_Comm mpi, int agreement) {
   s->fail_at = 0;
   s->calls = 0;
   MPI_Comm_dup(mpi, &s->mpi);
-  int rank = 0, world = 1;
+  int rank = 0;
   MPI_Comm_rank(s->mpi, &rank);
-  MPI_Comm_size(s->mpi, &world);
   lowbit_comm_transport_t t = {0};
   t.struct_size = sizeof t;
   t.user_data = s;
   t.rank = rank;
-  t.world_size = world;
+  t.world_size = world_size;
   t.host_buffers = 1;
   t.device_index = -1;
   t.alltoall = cb_alltoall;

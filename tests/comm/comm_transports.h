@@ -29,6 +29,8 @@ lowbit_status_t via_allreduce(via_t via, lowbit_comm_t comm, MPI_Comm mpi, const
  * functions run MPI collectives on a duplicate of `mpi`; with `agreement`,
  * allreduce_max_i64 is given too. Destroy with destroy_callback_comm. */
 lowbit_comm_t make_callback_comm(MPI_Comm mpi, int agreement);
+/* The same with the transport declaring `world_size` (not the MPI group's). */
+lowbit_comm_t make_callback_comm_declaring(MPI_Comm mpi, int agreement, int32_t world_size);
 void destroy_callback_comm(lowbit_comm_t comm);
 
 /* Makes the k-th next function call of this callback communicator's

@@ -6,12 +6,17 @@
  *    nothing changed (tensor, errors, counters);
  *  - one rank with bad arguments: the others name it and say why (its
  *    message travels to them);
+ *  - a callback transport whose ranks declare different world sizes (issue
+ *    32, defect 10): every rank fails naming world_size, nothing changed
+ *    (before the fix the ranks laid the messages out differently and the
+ *    exchange failed or hung);
  * Afterwards the communicator still works. Before the fix the first case
  * deadlocked (CTest TIMEOUT bounds it). Needs 2 or more ranks. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm_harness.h"
+#include "comm_transports.h"
 
 static unsigned char* save(lowbit_comm_t comm, int64_t* size) {
   CHECK_OK(comm, lowbit_comm_save_errors(comm, NULL, 0, size, NULL));
@@ -92,6 +97,23 @@ int main(int argc, char** argv) {
     if (g_rank == 0) printf("rank 0: %s\n", lowbit_comm_last_error(comm));
     CHECK(strstr(lowbit_comm_last_error(comm), "LOWBIT_DTYPE_FLOAT16") != NULL,
           "the reason did not reach every rank: %s", lowbit_comm_last_error(comm));
+  }
+
+  /* A callback transport whose last rank declares one rank more: refused by
+   * every rank before anything is exchanged, for both collectives. */
+  {
+    lowbit_comm_t cb = make_callback_comm_declaring(MPI_COMM_WORLD, 1, g_rank == W - 1 ? W + 1 : W);
+    for (int mean = 0; mean < 2; ++mean) {
+      float* copy = (float*)xmalloc(sizeof(float) * (size_t)n);
+      memcpy(copy, x, sizeof(float) * (size_t)n);
+      lowbit_tensor_t tw = host_tensor(x, n);
+      CHECK_STATUS(cb, mean ? lowbit_comm_allreduce_mean(cb, &tw, NULL) : lowbit_comm_compressed_allreduce(cb, &tw, NULL),
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "world_size");
+      if (g_rank == 0 && !mean) printf("rank 0: %s\n", lowbit_comm_last_error(cb));
+      CHECK(memcmp(copy, x, sizeof(float) * (size_t)n) == 0, "a refused call changed the tensor");
+      free(copy);
+    }
+    destroy_callback_comm(cb);
   }
 
   /* Still usable: the same call everywhere works, and mixed calls under a

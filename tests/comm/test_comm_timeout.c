@@ -2,6 +2,9 @@
  * LOWBIT_ERROR_COMMUNICATION after the timeout instead of waiting forever.
  *  - The ranks agree on it at creation: different values, or a bad one on
  *    one rank, fail the creation on every rank.
+ *  - lowbit_comm_config_t.timeout_ms sets it too (lowbit_comm_get_info
+ *    reports the value in effect), the same agreement applies, and the
+ *    environment variable, where set and not empty, overrides the field.
  *  - Under a timeout (no rank late) the results are bit-identical to the
  *    blocking mode, for both collectives.
  *  - The last rank sleeps 10 timeouts before its call: the others return
@@ -11,6 +14,7 @@
  *    every rank, local queries still work, and destroying it succeeds.
  *  - The same for lowbit_comm_allreduce_mean on a second communicator.
  * Needs 2 or more ranks; CTest's TIMEOUT bounds a regression. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,6 +58,67 @@ static void creation_fails(const char* value, const char* needle) {
   CHECK(c == NULL, "out not NULL after a failed creation");
   if (g_rank == 0) printf("LOWBIT_COMM_TIMEOUT_MS=%s on rank 0: %s\n", value ? value : "(unset)", lowbit_last_error());
   unsetenv("LOWBIT_COMM_TIMEOUT_MS");
+}
+
+/* A communicator over MPI_COMM_WORLD with config.timeout_ms = config_ms and
+ * LOWBIT_COMM_TIMEOUT_MS = env (NULL: unset): its timeout in effect. */
+static int64_t timeout_in_effect(int64_t config_ms, const char* env) {
+  if (env)
+    setenv("LOWBIT_COMM_TIMEOUT_MS", env, 1);
+  lowbit_comm_config_t cfg;
+  CHECK_OK(NULL, lowbit_comm_config_init(&cfg));
+  cfg.timeout_ms = config_ms;
+  MPI_Comm world = MPI_COMM_WORLD;
+  lowbit_comm_t c = NULL;
+  CHECK_OK(NULL, lowbit_comm_create_mpi(&c, &world, &cfg));
+  unsetenv("LOWBIT_COMM_TIMEOUT_MS");
+  lowbit_comm_info_t info;
+  CHECK_OK(c, lowbit_comm_info_init(&info));
+  CHECK_OK(c, lowbit_comm_get_info(c, &info));
+  CHECK_OK(c, lowbit_comm_destroy(c));
+  return info.timeout_ms;
+}
+
+/* config.timeout_ms = config_ms on this rank must fail the creation on every
+ * rank with `needle`. */
+static void config_creation_fails(int64_t config_ms, const char* needle) {
+  lowbit_comm_config_t cfg;
+  CHECK_OK(NULL, lowbit_comm_config_init(&cfg));
+  cfg.timeout_ms = config_ms;
+  MPI_Comm world = MPI_COMM_WORLD;
+  lowbit_comm_t c = (lowbit_comm_t)&world;
+  CHECK_STATUS(NULL, lowbit_comm_create_mpi(&c, &world, &cfg), LOWBIT_ERROR_INVALID_ARGUMENT, needle);
+  CHECK(c == NULL, "out not NULL after a failed creation");
+  if (g_rank == 0) printf("config.timeout_ms=%lld on rank 0: %s\n", (long long)config_ms, lowbit_last_error());
+}
+
+static void config_field(void) {
+  CHECK(timeout_in_effect(0, NULL) == 0, "no timeout by default");
+  CHECK(timeout_in_effect(250, NULL) == 250, "config.timeout_ms = 250 not in effect");
+  CHECK(timeout_in_effect(250, "500") == 500, "LOWBIT_COMM_TIMEOUT_MS = 500 did not override config.timeout_ms");
+  CHECK(timeout_in_effect(250, "0") == 0, "LOWBIT_COMM_TIMEOUT_MS = 0 did not override config.timeout_ms");
+  CHECK(timeout_in_effect(250, "") == 250, "an empty LOWBIT_COMM_TIMEOUT_MS is unset");
+  /* Ranks whose fields differ agree once the variable overrides them all. */
+  CHECK(timeout_in_effect(1000 + g_rank, "700") == 700, "the variable overrides every rank's field");
+  config_creation_fails(1000 + g_rank, "every rank must use the same");
+  const int culprit = g_world - 1;
+  char needle[64];
+  snprintf(needle, sizeof needle, "rank %d rejected its arguments", culprit);
+  config_creation_fails(g_rank == culprit ? -1 : 500, g_rank == culprit ? "config.timeout_ms is -1" : needle);
+  config_creation_fails(g_rank == culprit ? (int64_t)1 << 31 : 500,
+                        g_rank == culprit ? "config.timeout_ms is 2147483648" : needle);
+  /* A 0.2 struct has no field: no timeout, whatever follows it in memory. */
+  unsigned char buf[sizeof(lowbit_comm_config_t)];
+  memset(buf, 0x7F, sizeof buf);
+  CHECK_OK(NULL, lowbit_comm_config_init_sized((lowbit_comm_config_t*)buf, offsetof(lowbit_comm_config_t, timeout_ms)));
+  MPI_Comm world = MPI_COMM_WORLD;
+  lowbit_comm_t c = NULL;
+  CHECK_OK(NULL, lowbit_comm_create_mpi(&c, &world, (const lowbit_comm_config_t*)buf));
+  lowbit_comm_info_t info;
+  CHECK_OK(c, lowbit_comm_info_init(&info));
+  CHECK_OK(c, lowbit_comm_get_info(c, &info));
+  CHECK(info.timeout_ms == 0, "a 0.2 config got timeout %lld", (long long)info.timeout_ms);
+  CHECK_OK(c, lowbit_comm_destroy(c));
 }
 
 /* The last rank arrives late; every rank must time out, changing nothing. */
@@ -123,6 +188,8 @@ int main(int argc, char** argv) {
     unsetenv("LOWBIT_COMM_TIMEOUT_MS");
     CHECK_OK(e, lowbit_comm_destroy(e));
   }
+
+  config_field();
 
   /* Under a timeout, the same bits as the blocking mode. */
   {

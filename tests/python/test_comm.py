@@ -152,3 +152,35 @@ def test_unreachable_optimizer_and_communicator_free_optimizer_first(monkeypatch
     del opt, comm
     gc.collect()
     assert order == ["optimizer", "communicator"]
+
+
+def test_close_inside_its_own_transport_function_is_refused():
+    """Issue 32, defect 9: closing a communicator from inside one of its own
+    transport functions would free it under the running call. Refused, in
+    Python and in the library; the call completes and the communicator
+    still works."""
+    ffi = lowbit._ffi.ffi
+    seen = []
+
+    def copy(send, recv, m, stream):
+        if len(seen) < 2:
+            try:
+                comm.close()
+            except lowbit.InvalidStateError as e:
+                seen.append(str(e))
+            status = lowbit._lib.LIB.fn("lowbit_comm_destroy")(ffi.cast("lowbit_comm_t", comm.handle))
+            seen.append(int(status))
+        ffi.memmove(ffi.cast("char*", recv), ffi.cast("char*", send), m)
+
+    def noop_sum(data, n, stream):
+        pass
+
+    comm = lowbit.Communicator.from_transport(rank=0, world_size=1, alltoall=copy, allgather=copy,
+                                              allreduce_sum=noop_sum)
+    x = np.linspace(-1, 1, 100, dtype=np.float32)
+    comm.compressed_allreduce(x)
+    assert "inside" in seen[0] and seen[1] == lowbit.Status.ERROR_INVALID_STATE
+    assert not comm.closed
+    comm.compressed_allreduce(x)
+    comm.close()
+    assert comm.closed
