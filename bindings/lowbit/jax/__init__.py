@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from .._errors import InvalidArgumentError
 from .._ffi import Algorithm, Normalization, StateFormat
-from .._names import is_preset, parse_state_option, resolve_num_threads
+from .._names import c_int, is_preset, parse_state_option, resolve_num_threads
 from ._module import _MODULE, LIBRARY_ENV, PROTOCOL_VERSION, library_path  # noqa: F401  (_MODULE: tests load it)
 from ._state import Config, LowbitState, moments
 from ._step import LowbitTransformation, _make
@@ -112,10 +112,10 @@ def _common(state_format, second_state_format, min_quantized_numel, stochastic_r
             skip_nonfinite, num_threads, first_normalization=None, second_normalization=None, presets=False):
     return dict(
         **_formats(state_format, second_state_format, first_normalization, second_normalization, presets),
-        min_quantized_numel=int(min_quantized_numel),
+        min_quantized_numel=c_int(min_quantized_numel, "min_quantized_numel"),
         stochastic_rounding=bool(stochastic_rounding),
         error_correction=bool(error_correction),
-        seed=int(seed),
+        seed=c_int(seed, "seed", "uint64_t"),
         skip_nonfinite=bool(skip_nonfinite),
         num_threads=_num_threads(num_threads),
     )

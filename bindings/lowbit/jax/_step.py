@@ -147,12 +147,9 @@ def _make(cfg: Config) -> LowbitTransformation:
     lr0 = 0.0 if callable(cfg.learning_rate) else float(cfg.learning_rate)
     _check_hparams(cfg.algorithm, lr0, cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.momentum, cfg.dampening,
                    cfg.nesterov, cfg.bias_correction)
-    if cfg.min_quantized_numel < 0:
-        raise ValueError(f"lowbit.jax: min_quantized_numel = {cfg.min_quantized_numel} must be >= 0")
-    if cfg.num_threads < 0:
-        raise ValueError(f"lowbit.jax: num_threads = {cfg.num_threads} must be >= 0")
-    if not 0 <= int(cfg.seed) < 2**64:
-        raise ValueError(f"lowbit.jax: seed = {cfg.seed} must be in [0, 2^64)")
+    # The library checks the state settings (formats, normalisations, the
+    # threshold) as it plans a leaf: one now, so that they fail here.
+    _plan_leaf((1,), jnp.float32, cfg, "<settings>")
 
     def init(params):
         return _init(params, cfg)
