@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from .._ffi import MAX_DIMS, Algorithm
+from .._ffi import Algorithm
 from .._names import STATE_FORMAT_NAMES, parse_state_format, parse_state_option, resolve_num_threads
 from .._optimizer import Optimizer
 from ._state_dict import StateDicts, _StateView
@@ -309,8 +309,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             ref, None, group=gi,
             state=None if fmt == self._state_format else fmt,
             stochastic_rounding=group.get("stochastic_rounding"),
-            error_correction=group.get("error_correction"),
-            shape=tuple(local.shape) if 2 <= local.dim() <= MAX_DIMS else ())
+            error_correction=group.get("error_correction"))  # the shape: the tensor's (Optimizer.add_param)
         dev.params.append(p)
         dev.ptrs.append(local.data_ptr())
         dev.numels.append(local.numel())
