@@ -189,14 +189,22 @@ def preset_config(preset) -> tuple:
             Normalization(cfg.first_normalization), Normalization(cfg.second_normalization))
 
 
+#: The algorithms that take a preset (lowbit_optimizer_config_preset makes an AdamW config).
+PRESET_ALGORITHMS = (Algorithm.ADAMW, Algorithm.ADAM)
+
+
 def parse_state_option(state, second_state=None, first_normalization=None, second_normalization=None,
-                       arg="state", second_arg="second_state") -> tuple:
+                       arg="state", second_arg="second_state", algorithm=None) -> tuple:
     """(state format, second moment's format, first normalisation, second
     normalisation) of the state options: `state` is a format name or a
-    preset of STATE_PRESETS (as the library sets it); a second format or a
+    preset of STATE_PRESETS (as the library sets it; for the algorithms of
+    PRESET_ALGORITHMS, when `algorithm` is given); a second format or a
     normalisation given explicitly (not None / "default") wins over the
     preset's."""
     if is_preset(state):
+        if algorithm is not None and algorithm not in PRESET_ALGORITHMS:
+            raise InvalidArgumentError(f"{arg}={state!r} is a preset of AdamW / Adam (adamw, adam); "
+                                       f"{Algorithm(algorithm).name.lower()} takes a state format")
         fmt, fmt2, n1, n2 = preset_config(STATE_PRESETS[state.lower()])
     else:
         try:

@@ -145,7 +145,8 @@ class Optimizer(Handle):
         call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(self.algorithm))
         cfg.device = int(self.device)
         cfg.device_index = self.device_index
-        fmt, fmt2, n1, n2 = parse_state_option(state, second_state, first_normalization, second_normalization)
+        fmt, fmt2, n1, n2 = parse_state_option(state, second_state, first_normalization, second_normalization,
+                                               algorithm=self.algorithm)
         cfg.state_format = int(fmt)
         cfg.second_state_format = int(fmt2)
         cfg.first_normalization = int(n1)

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from .._errors import InvalidArgumentError
 from .._ffi import Algorithm, Normalization, StateFormat
-from .._names import c_int, is_preset, parse_state_option, resolve_num_threads
+from .._names import c_int, parse_state_option, resolve_num_threads
 from ._module import _MODULE, LIBRARY_ENV, PROTOCOL_VERSION, library_path  # noqa: F401  (_MODULE: tests load it)
 from ._state import Config, LowbitState, moments
 from ._step import LowbitTransformation, _make
@@ -90,16 +90,13 @@ __all__ = [
 # ----------------------------------------------------------------- the optimizers
 
 
-def _formats(state_format, second_state_format, first_normalization, second_normalization, presets):
-    """state_format (a format or, where `presets`, a preset name), the second
+def _formats(state_format, second_state_format, first_normalization, second_normalization, algorithm):
+    """state_format (a format or, for AdamW / Adam, a preset name), the second
     moment's format and the normalisations (lowbit._names, the package's one
     parser); explicit arguments win over a preset's."""
-    if is_preset(state_format) and not presets:
-        raise InvalidArgumentError(f"lowbit.jax: state_format={state_format!r} is a preset of AdamW / Adam "
-                                   f"(adamw, adam); this optimizer takes a state format")
     fmt, fmt2, n1, n2 = parse_state_option(state_format, second_state_format, first_normalization,
                                            second_normalization, arg="state_format",
-                                           second_arg="second_state_format")
+                                           second_arg="second_state_format", algorithm=algorithm)
     if n1 == Normalization.FACTORED:
         raise InvalidArgumentError("lowbit.jax: first_normalization='factored': only the second moment of AdamW / "
                                    "Adam can be factored (second_normalization)")
@@ -108,10 +105,10 @@ def _formats(state_format, second_state_format, first_normalization, second_norm
                 first_normalization=n1, second_normalization=n2)
 
 
-def _common(state_format, second_state_format, min_quantized_numel, stochastic_rounding, error_correction, seed,
-            skip_nonfinite, num_threads, first_normalization=None, second_normalization=None, presets=False):
+def _common(algorithm, state_format, second_state_format, min_quantized_numel, stochastic_rounding, error_correction,
+            seed, skip_nonfinite, num_threads, first_normalization=None, second_normalization=None):
     return dict(
-        **_formats(state_format, second_state_format, first_normalization, second_normalization, presets),
+        **_formats(state_format, second_state_format, first_normalization, second_normalization, algorithm),
         min_quantized_numel=c_int(min_quantized_numel, "min_quantized_numel"),
         stochastic_rounding=bool(stochastic_rounding),
         error_correction=bool(error_correction),
@@ -164,9 +161,9 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=Non
     that are decayed.""" + _COMMON_DOC
     return _make(Config(Algorithm.ADAMW, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
                         bias_correction=bias_correction,
-                        **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
-                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization,
-                                  second_normalization, presets=True)))
+                        **_common(Algorithm.ADAMW, state_format, second_state_format, min_quantized_numel,
+                                  stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
+                                  first_normalization, second_normalization)))
 
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
@@ -176,9 +173,9 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None,
     """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
     return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
                         bias_correction=bias_correction,
-                        **_common(state_format, second_state_format, min_quantized_numel, stochastic_rounding,
-                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization,
-                                  second_normalization, presets=True)))
+                        **_common(Algorithm.ADAM, state_format, second_state_format, min_quantized_numel,
+                                  stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
+                                  first_normalization, second_normalization)))
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
@@ -187,7 +184,7 @@ def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
     return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
-                        **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
+                        **_common(Algorithm.LION, state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
                                   seed, skip_nonfinite, num_threads, first_normalization)))
 
 
@@ -199,5 +196,5 @@ def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_d
     momentum: no state besides the count.""" + _COMMON_DOC
     return _make(Config(Algorithm.SGD, learning_rate, momentum=float(momentum or 0.0), dampening=dampening,
                         nesterov=bool(nesterov), weight_decay=weight_decay, mask=mask,
-                        **_common(state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
+                        **_common(Algorithm.SGD, state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
                                   seed, skip_nonfinite, num_threads, first_normalization)))

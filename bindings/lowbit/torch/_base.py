@@ -53,8 +53,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         # state: a format, or "4bit-rank1" / "4bit-factor" (lpmm's 4-bit AdamW
         # and 4-bit Factor: rank-1 or factored second moments of params with
         # 2+ dims, whose shapes the library takes from the tensors)
-        self._state_format, self._second_state, n1, n2 = parse_state_option(state, second_state, first_normalization,
-                                                                            second_normalization)
+        self._state_format, self._second_state, n1, n2 = parse_state_option(
+            state, second_state, first_normalization, second_normalization, algorithm=self._algorithm)
         self._config = dict(
             state=self._state_format,
             second_state=self._second_state,
