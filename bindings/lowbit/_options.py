@@ -6,14 +6,31 @@ library reports (:class:`OneBitStatus`, :class:`ParamInfo`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._ffi import Dtype, Normalization, StateFormat, ffi
+from ._ffi import Dtype, Normalization, StateFormat, ffi, struct_fields
 from ._lib import call
 from ._names import NORMALIZATION_NAMES, STATE_FORMAT_NAMES, c_int
+
+# ----------------------------------------------------------------- optimizer settings
+
+
+@functools.lru_cache(maxsize=16)
+def _config_defaults(algorithm) -> tuple:
+    cfg = ffi.new("lowbit_optimizer_config_t *")
+    call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(algorithm))
+    return tuple((name, getattr(cfg, name)) for name in struct_fields("lowbit_optimizer_config_t")[1:])
+
+
+def config_defaults(algorithm) -> dict:
+    """The library's defaults of lowbit_optimizer_config_t for `algorithm`
+    (lowbit_optimizer_config_init), by field name."""
+    return dict(_config_defaults(int(algorithm)))
+
 
 # ----------------------------------------------------------------- hyper-parameters
 

@@ -30,7 +30,7 @@ class StatePlan:
 
 @functools.lru_cache(maxsize=4096)
 def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_format=StateFormat.FP32,
-                     second_state_format=StateFormat.DEFAULT, min_quantized_numel: int = 4096,
+                     second_state_format=StateFormat.DEFAULT, min_quantized_numel: int | None = None,
                      stochastic_rounding: bool = False, error_correction: bool = False,
                      momentum: float = 0.0, shape: tuple = (),
                      first_normalization=Normalization.DEFAULT,
@@ -49,7 +49,8 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(algorithm))
     cfg.state_format = int(state_format)
     cfg.second_state_format = int(second_state_format)
-    cfg.min_quantized_numel = int(min_quantized_numel)
+    if min_quantized_numel is not None:  # else the library's default
+        cfg.min_quantized_numel = int(min_quantized_numel)
     cfg.stochastic_rounding = int(bool(stochastic_rounding))
     cfg.error_correction = int(bool(error_correction))
     cfg.first_normalization = int(first_normalization)

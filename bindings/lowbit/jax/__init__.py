@@ -19,7 +19,7 @@ in one pass and in place (the outputs alias the inputs).
     params, state = step(params, grads, state)
 
 State formats are those of the C API: ``"fp32"``, ``"bf16"``, ``"8bit"``,
-``"4bit"``, ``"fp8"``; params with fewer than ``min_quantized_numel`` (4096)
+``"4bit"``, ``"fp8"``; params with fewer than ``min_quantized_numel`` (the library's default, 4096)
 elements keep fp32 state when a quantized format is asked for.
 
 Shaped moments (capi/lowbit.h, "Shaped parameters"; lpmm's 4-bit
@@ -71,6 +71,7 @@ from __future__ import annotations
 from .._errors import InvalidArgumentError
 from .._ffi import Algorithm, Normalization, StateFormat
 from .._names import c_int, parse_state_option, resolve_num_threads
+from .._options import config_defaults
 from ._module import _MODULE, LIBRARY_ENV, PROTOCOL_VERSION, library_path  # noqa: F401  (_MODULE: tests load it)
 from ._state import Config, LowbitState, moments
 from ._step import LowbitTransformation, _make
@@ -109,7 +110,8 @@ def _common(algorithm, state_format, second_state_format, min_quantized_numel, s
             seed, skip_nonfinite, num_threads, first_normalization=None, second_normalization=None):
     return dict(
         **_formats(state_format, second_state_format, first_normalization, second_normalization, algorithm),
-        min_quantized_numel=c_int(min_quantized_numel, "min_quantized_numel"),
+        min_quantized_numel=(config_defaults(algorithm)["min_quantized_numel"] if min_quantized_numel is None
+                             else c_int(min_quantized_numel, "min_quantized_numel")),
         stochastic_rounding=bool(stochastic_rounding),
         error_correction=bool(error_correction),
         seed=c_int(seed, "seed", "uint64_t"),
@@ -153,7 +155,7 @@ _COMMON_DOC = """
 
 def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=None, *, bias_correction=True,
           state_format="fp32", second_state_format=None, first_normalization=None, second_normalization=None,
-          min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
+          min_quantized_numel=None, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
           num_threads=None) -> LowbitTransformation:
     """AdamW (decoupled weight decay), the arguments and defaults of
     ``optax.adamw``: p = p * (1 - lr * wd) - lr * m_hat / (sqrt(v_hat) + eps).
@@ -168,7 +170,7 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=Non
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
          state_format="fp32", second_state_format=None, first_normalization=None, second_normalization=None,
-         min_quantized_numel=4096, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
+         min_quantized_numel=None, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
          num_threads=None) -> LowbitTransformation:
     """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
     return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
@@ -179,7 +181,7 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None,
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
-         first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False, error_correction=False,
+         first_normalization=None, min_quantized_numel=None, stochastic_rounding=False, error_correction=False,
          seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
@@ -189,7 +191,7 @@ def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_decay=0.0, mask=None,
-        state_format="fp32", first_normalization=None, min_quantized_numel=4096, stochastic_rounding=False,
+        state_format="fp32", first_normalization=None, min_quantized_numel=None, stochastic_rounding=False,
         error_correction=False, seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """SGD as torch.optim.SGD (L2 ``weight_decay``, ``momentum`` with
     ``dampening``, Nesterov); with dampening 0 it equals ``optax.sgd``. No

@@ -64,7 +64,7 @@ class Config:
     second_state_format: Optional[StateFormat] = None
     first_normalization: Normalization = Normalization.DEFAULT
     second_normalization: Normalization = Normalization.DEFAULT
-    min_quantized_numel: int = 4096
+    min_quantized_numel: Optional[int] = None  # None: the library's default
     stochastic_rounding: bool = False
     error_correction: bool = False
     seed: int = 0

@@ -11,7 +11,7 @@ usual hyper-parameters each takes
 
 * ``state``: how the moments are kept: ``"fp32"``, ``"bf16"``, ``"8bit"``,
   ``"4bit"`` or ``"fp8"`` (``second_state`` sets the second moment apart);
-  tensors under ``min_quantized_numel`` elements (default 4096) keep fp32
+  tensors under ``min_quantized_numel`` elements (the library's default, 4096) keep fp32
   state with the quantized formats;
 * ``stochastic_rounding`` / ``error_correction``: for bf16 / fp16 params,
   how the fp32 result is written back (error correction keeps one extra byte

@@ -38,7 +38,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
     _refused: tuple = ()  # torch's switches this class has no counterpart for (refuse), checked per group too
 
     def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
-                 error_correction=False, min_quantized_numel=4096, seed=0, skip_nonfinite=True, num_threads=None,
+                 error_correction=False, min_quantized_numel=None, seed=0, skip_nonfinite=True, num_threads=None,
                  first_normalization=None, second_normalization=None,
                  foreach=None, fused=None, capturable=False, differentiable=False):
         # torch's implementation switches: lowbit always runs its own fused

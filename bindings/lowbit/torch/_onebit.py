@@ -10,7 +10,7 @@ import torch
 from .._ffi import Algorithm, Device
 from .._lib import CommunicationError, LowbitError, StateMismatchError
 from .._names import c_int
-from .._options import check_onebit_options
+from .._options import check_onebit_options, config_defaults, onebit_options_defaults
 from ._adam import _AdamBase
 from ._dist import process_group_communicator
 from ._tensors import _device_key, _local
@@ -36,7 +36,11 @@ class _OneBitBase(_AdamBase):
                  communicator=None, onebit_options=None, freeze_name="freeze_step", **kwargs):
         if communicator is not None and process_group is not None:
             raise ValueError("give process_group or communicator, not both")
-        options = check_onebit_options(dict(onebit_options or {}))
+        # Options left None take the library's defaults (lowbit_onebit_options_init).
+        self._option_names = tuple(onebit_options or ())
+        options = check_onebit_options({k: v for k, v in (onebit_options or {}).items() if v is not None})
+        if freeze_step is None:
+            freeze_step = config_defaults(self._algorithm)["freeze_step"]
         freeze_step = c_int(freeze_step, freeze_name)
         super().__init__(params, lr, betas, eps, weight_decay, **kwargs)
         self.freeze_step = freeze_step
@@ -64,8 +68,10 @@ class _OneBitBase(_AdamBase):
     def onebit_options(self) -> dict:
         """The lowbit_onebit_options_t values this optimizer gives the
         library (0/1 Adam's schedules, 1-bit LAMB's coefficients; empty for
-        1-bit Adam), by DeepSpeed's names."""
-        return dict(self._onebit_options)
+        1-bit Adam), by DeepSpeed's names: those given, else the library's
+        defaults."""
+        defaults = onebit_options_defaults()
+        return {name: self._onebit_options.get(name, defaults[name]) for name in self._option_names}
 
     def step(self, closure=None):
         self._comm._clear_transport_errors()
@@ -204,6 +210,7 @@ class OneBitAdam(_OneBitBase):
       averaged with the 1-bit compressed all-reduce (error feedback) and the
       update uses it: about 1/32 of the bytes of an fp32 all-reduce.
 
+    ``freeze_step`` None: the library's default (lowbit_optimizer_config_init).
     Bias correction is AdamW's (both terms), also after the freeze (the
     frozen variance keeps the correction of its last warm-up step count).
     Use it with DDP through :func:`onebit_ddp_comm_hook`, which stops DDP's
@@ -215,7 +222,7 @@ class OneBitAdam(_OneBitBase):
 
     _algorithm = Algorithm.ONEBIT_ADAM
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, freeze_step=100,
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, freeze_step=None,
                  process_group=None, communicator=None, **kwargs):
         super().__init__(params, lr, betas, eps, weight_decay, freeze_step=freeze_step, process_group=process_group,
                          communicator=communicator, **kwargs)
@@ -261,6 +268,8 @@ class ZeroOneAdam(_DeepSpeedOneBit):
       synchronisation with the 1-bit all-reduce, and every rank ends with the
       same params. Between synchronisations the ranks' params differ.
 
+    The three schedule options left None take the library's defaults
+    (lowbit_onebit_options_init: DeepSpeed's 16, 32678, 16).
     No bias correction; the weight decay is AdamW's (decoupled) form.
     With DDP use :func:`onebit_ddp_comm_hook`: it lets DDP average the
     gradients of the variance steps (fp32, overlapped with backward) and
@@ -271,7 +280,7 @@ class ZeroOneAdam(_DeepSpeedOneBit):
     _own_state = "schedules, the params at the last synchronisation"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, var_freeze_step=100000,
-                 var_update_scaler=16, local_step_scaler=32678, local_step_clipper=16, bias_correction=False,
+                 var_update_scaler=None, local_step_scaler=None, local_step_clipper=None, bias_correction=False,
                  process_group=None, communicator=None, **kwargs):
         _refuse_bias_correction(bias_correction)
         options = dict(var_update_scaler=var_update_scaler, local_step_scaler=local_step_scaler,
@@ -305,14 +314,16 @@ class OneBitLamb(_DeepSpeedOneBit):
 
     With DDP use :func:`onebit_ddp_comm_hook` (DDP averages the warm-up
     gradients; afterwards they stay local). State dicts are per rank (they
-    carry the communicator's error buffers). All params must be on one device."""
+    carry the communicator's error buffers). All params must be on one device.
+    The coefficient options left None take the library's defaults
+    (lowbit_onebit_options_init: DeepSpeed's)."""
 
     _algorithm = Algorithm.ONEBIT_LAMB
     _own_state = "the frozen trust ratios, the fresh variance"
 
     def __init__(self, params, lr=1e-3, freeze_step=100000, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *,
-                 max_coeff=10.0, min_coeff=0.01, coeff_beta=0.9, factor_max=4.0, factor_min=0.5,
-                 factor_threshold=0.1, bias_correction=False, process_group=None, communicator=None, **kwargs):
+                 max_coeff=None, min_coeff=None, coeff_beta=None, factor_max=None, factor_min=None,
+                 factor_threshold=None, bias_correction=False, process_group=None, communicator=None, **kwargs):
         _refuse_bias_correction(bias_correction)
         options = dict(max_coeff=max_coeff, min_coeff=min_coeff, coeff_beta=coeff_beta, factor_max=factor_max,
                        factor_min=factor_min, factor_threshold=factor_threshold)
