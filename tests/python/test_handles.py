@@ -116,6 +116,37 @@ def test_threads_stepping_one_optimizer_are_serialised(seed):
     opt.close()
 
 
+def test_threads_stepping_one_torch_optimizer_are_serialised(seed):
+    torch = _torch()
+    import lowbit.torch as lt
+
+    def make():
+        gen = torch.Generator().manual_seed(seed)
+        params = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (400_000, 5000, 300)]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        return params, lt.AdamW(params, lr=1e-3, state="8bit", num_threads=1)
+
+    ref_params, ref = make()
+    for _ in range(40):
+        ref.step()
+    params, opt = make()
+    start = threading.Barrier(4)
+
+    def work():
+        start.wait()
+        for _ in range(10):
+            opt.step()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(opt.param_info(p).step == 40 for p in params)
+    assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+
+
 def test_threads_mixing_calls_on_one_optimizer_see_whole_calls(seed):
     """A save made while other threads step is a checkpoint of some step
     count, and loads back (never a torn state)."""
