@@ -199,7 +199,9 @@ class Communicator(Handle):
           ``n`` float32;
         - ``allreduce_max(values, k)`` (optional: without it there is no
           argument agreement): in place, the maximum over ranks of ``k``
-          int64 in host memory.
+          int64 in host memory. The package adds a word to the library's
+          agreement (whether this rank's caller failed before its call, see
+          lowbit.torch's 1-bit optimizers), and calls it once more when one did.
 
         ``host_buffers``: they take host memory; ``device_buffers``: CUDA
         device memory (``stream_ordered``: enqueued on ``stream``, else done
