@@ -3,6 +3,8 @@
 #
 #   bash scripts/test_asan.sh                      # tests/python
 #   bash scripts/test_asan.sh tests/python/test_copy.py -k deepcopy   # any pytest arguments
+#   bash scripts/test_asan.sh tests/python/test_handles.py   # the Python handles' repros (issue 32:
+#        a torch tensor whose storage moved after registration, threads sharing a handle, ...)
 #
 # The library is built into build-asan (LOWBIT_ASAN_BUILD_DIR) with
 # -fsanitize=address, CPU only (no CUDA, no JAX handlers: the sanitizer

@@ -1,4 +1,4 @@
-// XLA FFI handlers of lowbit for JAX (CPU). Loaded by bindings/lowbit/jax.py,
+// XLA FFI handlers of lowbit for JAX (CPU). Loaded by bindings/lowbit/jax/_module.py,
 // which registers them with jax.ffi.register_ffi_target:
 //   LowbitStepCpu    "lowbit_step"            the fused optimizer step
 //   LowbitDecodeCpu  "lowbit_decode_moment"   a moment, dequantized to fp32
@@ -17,6 +17,8 @@ LOWBIT_JAX_EXPORT XLA_FFI_Error* LowbitStepCpu(XLA_FFI_CallFrame* call_frame);
 LOWBIT_JAX_EXPORT XLA_FFI_Error* LowbitDecodeCpu(XLA_FFI_CallFrame* call_frame);
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_protocol_version(void);
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_has_cuda(void);
+// The int32 columns of a row of the JAX state's layout (core/layout_record.hpp).
+LOWBIT_JAX_EXPORT int32_t lowbit_jax_layout_columns(void);
 // Validates hyper-parameters with the library's own checks (so that Python
 // can reject them when the optimizer is built, with the C API's message).
 // Returns 0 or a lowbit_status_t, the message in `message` (NUL-terminated).
@@ -132,6 +134,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
                                   .Attr<int32_t>("normalization"));
 
 int32_t lowbit_jax_protocol_version(void) { return lowbit::jaxffi::kProtocolVersion; }
+
+int32_t lowbit_jax_layout_columns(void) { return lowbit::kLayoutColumns; }
 
 int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float beta2, float eps,
                                  float weight_decay, float momentum, float dampening, int32_t nesterov,

@@ -5,7 +5,7 @@
 // lr and count from their buffers and writes the new count itself, so on CUDA
 // nothing is copied to the host and nothing waits.
 //
-// Call protocol (kept in sync with bindings/lowbit/jax.py, kProtocolVersion):
+// Call protocol (kept in sync with bindings/lowbit/jax/_module.py, PROTOCOL_VERSION):
 //   inputs   0: lr      f32[]          learning rate of this step (a buffer so
 //                                      that a schedule can produce it under jit)
 //            1: count   s32[]          steps applied so far (t - 1)

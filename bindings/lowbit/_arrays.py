@@ -68,33 +68,56 @@ _cast = ffi.cast
 
 class ArrayRef:
     """A validated array: its lowbit_tensor_t descriptor (``desc``, a cffi
-    ``lowbit_tensor_t *``) plus what keeps the memory alive (``owner``)."""
+    ``lowbit_tensor_t *``) plus what keeps the memory alive (``owner``).
 
-    __slots__ = ("desc", "numel", "shape", "owner", "dtype", "device", "device_index")
+    ``probe``: for arrays whose owner can swap its memory after registration
+    (a torch tensor: ``t.data = ...``, ``t.resize_()``), a function giving
+    the owner's (address, numel) now; None for arrays that cannot move."""
 
-    def __init__(self, data, shape, dtype, device, device_index, owner):
+    __slots__ = ("desc", "numel", "shape", "owner", "dtype", "device", "device_index", "probe")
+
+    def __init__(self, data, shape, dtype, device, device_index, owner, probe=None):
         numel = 1
         for d in shape:
             numel *= int(d)
-        desc = _new("lowbit_tensor_t *")
-        desc.data = _cast("void *", data or 0)
-        desc.numel = numel
-        desc.dtype = int(dtype)
-        desc.device = int(device)
-        desc.device_index = int(device_index)
-        self.desc = desc
+        self.desc = describe(_new("lowbit_tensor_t *"), data, numel, dtype, device, device_index)
         self.numel = numel
         self.shape = tuple(int(d) for d in shape)
         self.dtype = Dtype(dtype)
         self.device = Device(device)
         self.device_index = int(device_index)
         self.owner = owner
+        self.probe = probe
 
     @property
     def tensor(self):
         """The descriptor as a ctypes lowbit_tensor_t (a copy), for code that
         keeps descriptor arrays in ctypes memory."""
         return Tensor.from_buffer_copy(ffi.buffer(self.desc))
+
+    def moved(self) -> str | None:
+        """Why the owner no longer holds the registered memory (its storage
+        was replaced or resized since), or None while it does."""
+        if self.probe is None:
+            return None
+        data, numel = self.probe()
+        registered = int(_cast("uintptr_t", self.desc.data))
+        if data == registered and numel == self.numel:
+            return None
+        return (f"it held {self.numel} elements at {registered:#x} when registered and now holds {numel} at "
+                f"{data:#x} (its storage was replaced or resized, e.g. `t.data = ...` or `t.resize_()`)")
+
+
+def describe(desc, data, numel, dtype, device, device_index):
+    """Fill the lowbit_tensor_t `desc` (a cffi pointer or array element):
+    the one place the package writes a tensor descriptor field by field
+    (TensorArray's records view the same layout)."""
+    desc.data = _cast("void *", data or 0)
+    desc.numel = int(numel)
+    desc.dtype = int(dtype)
+    desc.device = int(device)
+    desc.device_index = int(device_index)
+    return desc
 
 
 def _tensor_record_dtype():
@@ -133,6 +156,10 @@ class TensorArray:
     def clear(self, i: int) -> None:
         """Descriptor i: no tensor (data NULL)."""
         self.cdata[i].data = ffi.NULL
+
+    def set(self, i: int, ref: ArrayRef) -> None:
+        """Descriptor i: the array `ref` describes."""
+        self.cdata[i] = ref.desc[0]
 
 
 def _kind(obj) -> str:
@@ -332,8 +359,24 @@ def _from_dlpack(role, obj, writable, dtype, want_device, want_index, stream):
     data = (t.data or 0) + t.byte_offset
     # The capsule (still named "dltensor"/"dltensor_versioned", i.e. not
     # consumed) owns a reference to the memory; its destructor calls the
-    # producer's deleter. Keeping it alive keeps the memory alive.
-    return ArrayRef(data, shape, ldt, device, index, (obj, capsule))
+    # producer's deleter. Keeping it alive keeps the memory alive, unless the
+    # producer can swap an array's memory under it (torch), see _pin.
+    pinned, probe = _pin(obj)
+    return ArrayRef(data, shape, ldt, device, index, (obj, capsule) + pinned, probe)
+
+
+def _pin(obj):
+    """(what keeps the memory alive besides the capsule, a probe of where the
+    array's memory is now) for producers whose arrays can change their
+    memory after export: a torch tensor's capsule holds the tensor, not its
+    storage, so ``t.data = ...`` or ``t.resize_()`` would free the exported
+    memory. Its storage is held too (the memory stays valid) and the probe
+    lets the optimizer see the move (ArrayRef.moved)."""
+    storage = getattr(obj, "untyped_storage", None)
+    data_ptr, numel = getattr(obj, "data_ptr", None), getattr(obj, "numel", None)
+    if not (callable(storage) and callable(data_ptr) and callable(numel)):
+        return (), None
+    return (storage(),), lambda: (int(data_ptr()), int(numel()))
 
 
 def _dl_device(role, obj, dev_type, dev_id):

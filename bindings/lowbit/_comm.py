@@ -4,6 +4,7 @@ functions (:meth:`Communicator.from_transport`, e.g. torch.distributed)."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import numpy as np
@@ -11,8 +12,9 @@ import numpy as np
 from ._arrays import ArrayRef, as_array_ref
 from ._ffi import NCCL_UNIQUE_ID_BYTES, NULL, CommBackend, CommCudaAware, Device, Dtype, Status, ffi, struct_fields
 from ._ffi import void_p
+from ._handle import Handle, locked
 from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call
-from ._optimizer import stream_pointer
+from ._names import c_int, stream_pointer
 
 _CUDA_AWARE = {"auto": CommCudaAware.AUTO, "never": CommCudaAware.NEVER, "always": CommCudaAware.ALWAYS,
                None: CommCudaAware.AUTO, True: CommCudaAware.ALWAYS, False: CommCudaAware.NEVER}
@@ -42,7 +44,61 @@ def _config(cuda_aware):
     return cfg
 
 
-class Communicator:
+class PeerFailure(Exception):
+    """Raised by a Python transport's agreement on every rank when a rank
+    failed before its call (:meth:`Communicator._failing`): the lowest such
+    rank and its reason. The call then fails on every rank, nothing done."""
+
+    def __init__(self, rank: int, reason: str):
+        self.rank, self.reason = rank, reason
+        super().__init__(f"rank {rank} failed before its step: {reason}; nothing was done on any rank")
+
+
+class _Agreement:
+    """The argument agreement of a transport of Python functions
+    (allreduce_max_i64), with one word more: whether this rank's caller
+    failed before its call. The library's 1-bit steps begin every exchange
+    with this agreement, and a rank whose caller failed (Python's own checks:
+    a hyper-parameter the library refused, a param whose memory moved) still
+    joins it (Optimizer._join_failed_step) with the reason set (`pending`).
+    Every rank then sees the same word, gets the reason of the lowest such
+    rank (one more reduction, only then) and fails with PeerFailure, so no
+    rank waits for one that gave up."""
+
+    REASON_BYTES = 1024
+
+    def __init__(self, rank: int, world_size: int, allreduce_max):
+        self.rank, self.world_size = rank, world_size
+        self.allreduce_max = allreduce_max
+        self.errors: list = []  # exceptions of the transport functions during the current call
+        self.running = 0  # transport functions running now: close() is refused inside them
+        self.pending = None  # this rank's reason, while its caller joins a call it failed before
+
+    def __call__(self, values: int, k: int) -> None:
+        W, R = self.world_size, self.rank
+        view = np.frombuffer(ffi.buffer(ffi.cast("int64_t *", values), 8 * k), np.int64)
+        words = np.empty(k + 1, np.int64)
+        words[:k] = view
+        words[k] = W - R if self.pending is not None else 0
+        self.allreduce_max(words.ctypes.data, k + 1)
+        view[:] = words[:k]
+        if words[k]:
+            root = int(W - words[k])
+            raise PeerFailure(root, self._reason_of(root))
+
+    def _reason_of(self, root: int) -> str:
+        """The root's reason on every rank: a maximum of non-negative words,
+        the root's bytes against everyone else's zeros."""
+        raw = bytearray(self.REASON_BYTES)
+        if root == self.rank:
+            text = self.pending.encode("utf-8", "replace")[: self.REASON_BYTES]
+            raw[: len(text)] = text
+        words = np.frombuffer(bytes(raw), "<u4").astype(np.int64)
+        self.allreduce_max(words.ctypes.data, words.size)
+        return words.astype("<u4").tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
+
+class Communicator(Handle):
     """A lowbit communicator. Create it with :meth:`from_mpi` (an mpi4py
     communicator; collective) or :meth:`from_nccl`. Free it with
     :meth:`close` (collective over MPI: every rank, before MPI_Finalize) or
@@ -56,15 +112,22 @@ class Communicator:
     while any of them is open (destroying a communicator is collective over
     MPI, so it is never deferred to whenever the last user goes). A
     communicator cannot be copied or pickled (TypeError).
+
+    Threads: calls on one communicator are serialised, as for
+    :class:`lowbit.Optimizer` (a step of an optimizer using it holds it too).
     """
 
-    def __init__(self, handle, keepalive=None):
-        self._handle = handle
+    _kind = "communicator"
+    _error_fn = "lowbit_comm_last_error"
+
+    def __init__(self, handle, keepalive=None, agreement=None):
+        super().__init__()
         self._keep = keepalive
+        self._agreement = agreement  # a Python transport's argument agreement (_Agreement), or None
+        self._transport_errors = agreement.errors if agreement is not None else None
         self._users = weakref.WeakSet()  # open optimizers that use this communicator
         self._user_finalizers = {}  # id(optimizer) -> its handle's finalizer (alive while the handle is)
-        self._finalizer = weakref.finalize(self, _destroy, int(ffi.cast("uintptr_t", handle)),
-                                           self._user_finalizers)
+        self._open(handle, _destroy, int(ffi.cast("uintptr_t", handle)), self._user_finalizers)
         self._i32 = ffi.new("int32_t *")
         self._i64 = ffi.new("int64_t[2]")
 
@@ -86,7 +149,7 @@ class Communicator:
             fhandle = comm.py2f()
         else:
             raise InvalidArgumentError(f"comm={comm!r} is not an mpi4py communicator or a Fortran handle")
-        call("lowbit_comm_create_mpi_fortran", h, int(fhandle), cfg)
+        call("lowbit_comm_create_mpi_fortran", h, c_int(fhandle, "comm", "int64_t"), cfg)
         return cls(h[0], comm)
 
     @staticmethod
@@ -104,7 +167,8 @@ class Communicator:
         if len(uid) != NCCL_UNIQUE_ID_BYTES:
             raise InvalidArgumentError(f"unique_id has {len(uid)} bytes, expected {NCCL_UNIQUE_ID_BYTES}")
         h = ffi.new("lowbit_comm_t *")
-        call("lowbit_comm_create_nccl", h, ffi.from_buffer(uid), int(rank), int(world_size), int(device_index), NULL)
+        call("lowbit_comm_create_nccl", h, ffi.from_buffer(uid), c_int(rank, "rank", "int32_t"),
+             c_int(world_size, "world_size", "int32_t"), c_int(device_index, "device_index", "int32_t"), NULL)
         return cls(h[0])
 
     @classmethod
@@ -136,24 +200,26 @@ class Communicator:
           ``n`` float32;
         - ``allreduce_max(values, k)`` (optional: without it there is no
           argument agreement): in place, the maximum over ranks of ``k``
-          int64 in host memory.
+          int64 in host memory. The package adds a word to the library's
+          agreement (whether this rank's caller failed before its call, see
+          lowbit.torch's 1-bit optimizers), and calls it once more when one did.
 
         ``host_buffers``: they take host memory; ``device_buffers``: CUDA
         device memory (``stream_ordered``: enqueued on ``stream``, else done
         when they return)."""
-        errors = []
-        running = [0]  # transport functions running now: close() is refused inside them
+        rank, world_size = c_int(rank, "rank", "int32_t"), c_int(world_size, "world_size", "int32_t")
+        agreement = _Agreement(rank, world_size, allreduce_max)
 
         def on_error(exc_type, exc, tb):  # the C call then fails; _call chains exc
-            errors.append(exc)
+            agreement.errors.append(exc)
 
         def wrap(fn):
             def entry(user_data, *args):  # user_data is unused: the closure holds fn
-                running[0] += 1
+                agreement.running += 1
                 try:
                     fn(*(int(ffi.cast("uintptr_t", a)) if isinstance(a, ffi.CData) else a for a in args))
                 finally:
-                    running[0] -= 1
+                    agreement.running -= 1
                 return 0
             return entry
 
@@ -165,26 +231,26 @@ class Communicator:
         }
         fns = {"alltoall": alltoall, "allgather": allgather, "allreduce_sum_f32": allreduce_sum,
                "allreduce_max_i64": allreduce_max}
+        for field, fn in fns.items():
+            if fn is not None and not callable(fn):
+                raise InvalidArgumentError(f"{field}={fn!r} is not callable")
+        if allreduce_max is not None:
+            fns["allreduce_max_i64"] = agreement
         t = ffi.new("lowbit_comm_transport_t *")
         t.struct_size = ffi.sizeof("lowbit_comm_transport_t")
-        t.rank, t.world_size = int(rank), int(world_size)
+        t.rank, t.world_size = rank, world_size
         t.host_buffers, t.device_buffers = int(bool(host_buffers)), int(bool(device_buffers))
-        t.stream_ordered, t.device_index = int(bool(stream_ordered)), int(device_index)
+        t.stream_ordered, t.device_index = int(bool(stream_ordered)), c_int(device_index, "device_index", "int32_t")
         callbacks = []
         for field, fn in fns.items():
             if fn is None:
                 continue
-            if not callable(fn):
-                raise InvalidArgumentError(f"{field}={fn!r} is not callable")
             cb = ffi.callback(sig[field], wrap(fn), error=-1, onerror=on_error)
             callbacks.append(cb)
             setattr(t, field, cb)
         h = ffi.new("lowbit_comm_t *")
         call("lowbit_comm_create_transport", h, t, NULL)
-        comm = cls(h[0], keepalive=(callbacks, fns))
-        comm._transport_errors = errors
-        comm._transport_running = running
-        return comm
+        return cls(h[0], keepalive=(callbacks, fns), agreement=agreement)
 
     # -- lifetime
 
@@ -193,8 +259,10 @@ class Communicator:
         MPI_Finalize). Idempotent. Raises InvalidStateError while an open
         optimizer uses it: close the optimizer first, and from inside one of
         its own transport functions (a call on it is still running)."""
-        running = getattr(self, "_transport_running", None)
-        if running and running[0] and not self.closed:
+        super().close()
+
+    def _before_close(self) -> None:
+        if self._agreement is not None and self._agreement.running and not self.closed:
             raise InvalidStateError(
                 "close() was called from inside one of this communicator's own transport functions, while a call "
                 "on it is still running; close it after that call has returned", Status.ERROR_INVALID_STATE)
@@ -204,13 +272,6 @@ class Communicator:
             raise InvalidStateError(
                 f"the communicator is in use by {len(users)} open optimizer(s): {names}; close them first "
                 "(an optimizer holds its communicator until it is closed)", Status.ERROR_INVALID_STATE)
-        if self._finalizer is not None:
-            self._finalizer()
-        self._handle = None
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
 
     def _attach(self, opt) -> None:
         for key in [k for k, fin in self._user_finalizers.items() if not fin.alive]:
@@ -233,47 +294,65 @@ class Communicator:
     def __reduce_ex__(self, protocol):
         raise TypeError("a lowbit.Communicator cannot be pickled; save its errors with save_errors()")
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def _h(self):
-        h = self._handle
-        if h is None:
-            raise InvalidStateError("the communicator is closed", Status.ERROR_INVALID_STATE)
-        return h
-
     def _call(self, name, *args):
-        errors = getattr(self, "_transport_errors", None)
-        if errors:
-            errors.clear()
+        self._clear_transport_errors()
         try:
-            call(name, self._h(), *args, handle=self._handle, error_fn=_ERR)
+            super()._call(name, *args)
         except Exception as e:
-            if errors:  # the Python transport failed: chain its exception
-                raise e from errors[0]
-            raise
+            raise self._transport_failure(e)
 
-    @property
-    def handle(self) -> int:
-        """The raw lowbit_comm_t as an int (for other C code)."""
-        return int(ffi.cast("uintptr_t", self._h()))
+    @contextlib.contextmanager
+    def _failing(self, reason: str):
+        """While the caller joins a collective call it failed before
+        (Optimizer._join_failed_step): a Python transport's agreement tells
+        every rank `reason` (_Agreement). Other transports have only the
+        library's agreement, whose message then names this rank and the
+        refused call."""
+        agreement = self._agreement
+        if agreement is None:
+            yield
+            return
+        agreement.pending = reason
+        try:
+            yield
+        finally:
+            agreement.pending = None
+
+    def _clear_transport_errors(self) -> None:
+        if self._transport_errors:
+            self._transport_errors.clear()
+
+    def _transport_failure(self, error: Exception) -> Exception:
+        """What a failed call on this communicator raises: `error`, chained
+        to the Python transport's exception when one failed it; when the
+        transport's agreement found that another rank failed before its call
+        (_Agreement, PeerFailure), that rank's reason."""
+        errors = self._transport_errors
+        if not errors:
+            return error
+        cause = errors[0]
+        if isinstance(cause, PeerFailure):
+            out = InvalidArgumentError(str(cause), Status.ERROR_INVALID_ARGUMENT)
+        else:
+            out = error
+        out.__cause__ = cause
+        return out
 
     # -- queries
 
     @property
+    @locked
     def rank(self) -> int:
         self._call("lowbit_comm_rank", self._i32)
         return self._i32[0]
 
     @property
+    @locked
     def world_size(self) -> int:
         self._call("lowbit_comm_world_size", self._i32)
         return self._i32[0]
 
+    @locked
     def info(self) -> dict:
         info = ffi.new("lowbit_comm_info_t *")
         info.struct_size = ffi.sizeof("lowbit_comm_info_t")
@@ -283,12 +362,14 @@ class Communicator:
         out["bound_device"] = "cuda" if info.bound_device == Device.CUDA else "cpu"
         return out
 
+    @locked
     def stats(self) -> dict:
         st = ffi.new("lowbit_comm_stats_t *")
         st.struct_size = ffi.sizeof("lowbit_comm_stats_t")
         self._call("lowbit_comm_get_stats", st)
         return {name: getattr(st, name) for name in struct_fields("lowbit_comm_stats_t")[1:]}
 
+    @locked
     def reset_stats(self) -> None:
         self._call("lowbit_comm_reset_stats")
 
@@ -300,6 +381,7 @@ class Communicator:
             raise ArrayError(f"tensor: the communicator reduces float32 tensors, got {ref.dtype.name.lower()}")
         return ref
 
+    @locked
     def compressed_allreduce(self, array, *, stream=None) -> None:
         """In place: array <- the 1-bit compressed average over ranks, with
         error feedback. Collective. A NaN/Inf on any rank changes nothing:
@@ -309,6 +391,7 @@ class Communicator:
         ref = self._tensor(array, s)
         self._call("lowbit_comm_compressed_allreduce", ref.desc, void_p(s))
 
+    @locked
     def allreduce_mean(self, array, *, stream=None) -> None:
         """In place: array <- (sum over ranks) / world_size, uncompressed."""
         s = stream_pointer(stream)
@@ -317,11 +400,12 @@ class Communicator:
 
     # -- codec stages (the caller moves the messages; lowbit_comm.h, "any transport")
 
+    @locked
     def stage_message_bytes(self, numel: int) -> int:
         """Bytes of one message of a compressed allreduce of `numel`
         elements: compress writes and reduce reads world_size messages,
         reduce writes one, decode reads world_size."""
-        self._call("lowbit_comm_stage_message_bytes", int(numel), self._i64)
+        self._call("lowbit_comm_stage_message_bytes", c_int(numel, "numel"), self._i64)
         return self._i64[0]
 
     @staticmethod
@@ -335,6 +419,7 @@ class Communicator:
             raise ArrayError(f"{role}: the message buffer is read-only")
         return ffi.from_buffer("char[]", arr, require_writable=writable), arr.nbytes
 
+    @locked
     def stage_compress(self, array, send, *, stream=None) -> None:
         """Worker stage: array (float32, unchanged) + worker error -> send
         (host bytes, world_size messages). Host tensors only from Python."""
@@ -343,12 +428,14 @@ class Communicator:
         out, n = self._bytes(send, "send", True)
         self._call("lowbit_comm_stage_compress", ref.desc, out, n, void_p(s))
 
+    @locked
     def stage_reduce(self, recv, gsend, *, stream=None) -> None:
         """Server stage: recv (world_size messages) + server error -> gsend."""
         r, rn = self._bytes(recv, "recv", False)
         g, gn = self._bytes(gsend, "gsend", True)
         self._call("lowbit_comm_stage_reduce", r, rn, g, gn, void_p(stream_pointer(stream)))
 
+    @locked
     def stage_decode(self, grecv, out, *, stream=None) -> None:
         """Decode stage: grecv (world_size messages, rank order) -> out
         (float32, the compress tensor's size); the sequence's error updates
@@ -359,16 +446,19 @@ class Communicator:
         self._call("lowbit_comm_stage_decode", g, gn, ref.desc, void_p(s))
 
     @property
+    @locked
     def last_nonfinite(self) -> bool:
         self._call("lowbit_comm_last_nonfinite", self._i32)
         return bool(self._i32[0])
 
     # -- error-feedback buffers
 
+    @locked
     def error_numel(self) -> tuple:
         self._call("lowbit_comm_error_numel", self._i64, self._i64 + 1)
         return self._i64[0], self._i64[1]
 
+    @locked
     def read_errors(self, *, stream=None):
         """(worker error, server error) of this rank as float32 numpy arrays."""
         nw, ns = self.error_numel()
@@ -378,6 +468,7 @@ class Communicator:
                    ffi.from_buffer("float[]", server), ns, void_p(stream_pointer(stream)))
         return worker, server
 
+    @locked
     def save_errors(self, *, stream=None) -> bytes:
         s = void_p(stream_pointer(stream))
         self._call("lowbit_comm_save_errors", NULL, 0, self._i64, s)
@@ -386,11 +477,13 @@ class Communicator:
         self._call("lowbit_comm_save_errors", buf, size, self._i64, s)
         return ffi.buffer(buf, self._i64[0])[:]
 
+    @locked
     def load_errors(self, data, *, stream=None) -> None:
         blob = bytes(data)
         self._call("lowbit_comm_load_errors", ffi.from_buffer(blob) if blob else ffi.new("char[]", 1), len(blob),
                    void_p(stream_pointer(stream)))
 
+    @locked
     def reset_errors(self, *, stream=None) -> None:
         self._call("lowbit_comm_reset_errors", void_p(stream_pointer(stream)))
 

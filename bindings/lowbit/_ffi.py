@@ -236,6 +236,7 @@ Normalization = ENUMS["lowbit_normalization_t"]
 _errors.bind_statuses(Status)
 
 NCCL_UNIQUE_ID_BYTES = lib.LOWBIT_NCCL_UNIQUE_ID_BYTES
+MAX_DIMS = lib.LOWBIT_MAX_DIMS  # dims of a shaped parameter (lowbit_param_config_t.shape)
 HEADER_VERSION = (lib.LOWBIT_VERSION_MAJOR, lib.LOWBIT_VERSION_MINOR, lib.LOWBIT_VERSION_PATCH)
 
 
@@ -286,7 +287,8 @@ def ctypes_struct(cname: str, pyname: str):
     return cls
 
 
-#: lowbit_tensor_t as a ctypes structure (layout from the declarations), for
-#: code that keeps its descriptor arrays in ctypes memory (lowbit.torch);
-#: the package's own code uses cffi descriptors (ArrayRef.desc, TensorArray).
+#: lowbit_tensor_t as a ctypes structure (layout from the declarations), a
+#: view for callers that keep descriptors in ctypes memory (ArrayRef.tensor);
+#: the package itself writes descriptors one way (lowbit._arrays.describe,
+#: into cffi memory: ArrayRef.desc and TensorArray).
 Tensor = ctypes_struct("lowbit_tensor_t", "Tensor")

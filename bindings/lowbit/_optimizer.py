@@ -2,322 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy as _copy
 import os
-import weakref
-from dataclasses import dataclass
 
 import numpy as np
 
 from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string
-from ._ffi import NULL, Algorithm, CData, CheckpointMode, Device, Dtype, Normalization, StateFormat, Status, ffi, lib, void_p
-from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call, failure
-
-# ----------------------------------------------------------------- names
-
-ALGORITHMS = {
-    "adamw": Algorithm.ADAMW,
-    "adam": Algorithm.ADAM,
-    "lion": Algorithm.LION,
-    "sgd": Algorithm.SGD,
-    "onebit_adam": Algorithm.ONEBIT_ADAM,
-    "1bit_adam": Algorithm.ONEBIT_ADAM,
-    "zeroone_adam": Algorithm.ZEROONE_ADAM,
-    "0/1_adam": Algorithm.ZEROONE_ADAM,
-    "onebit_lamb": Algorithm.ONEBIT_LAMB,
-    "1bit_lamb": Algorithm.ONEBIT_LAMB,
-}
-#: The algorithms that exchange through a communicator (lowbit_optimizer_set_comm).
-ONEBIT_ALGORITHMS = (Algorithm.ONEBIT_ADAM, Algorithm.ZEROONE_ADAM, Algorithm.ONEBIT_LAMB)
-STATE_FORMATS = {
-    None: StateFormat.DEFAULT,
-    "default": StateFormat.DEFAULT,
-    "fp32": StateFormat.FP32,
-    "float32": StateFormat.FP32,
-    "bf16": StateFormat.BF16,
-    "bfloat16": StateFormat.BF16,
-    "8bit": StateFormat.BIT8,
-    "int8": StateFormat.BIT8,
-    "4bit": StateFormat.BIT4,
-    "int4": StateFormat.BIT4,
-    "fp8": StateFormat.FP8,
-    "e4m3": StateFormat.FP8,
-}
-STATE_FORMAT_NAMES = {
-    StateFormat.DEFAULT: "default",
-    StateFormat.FP32: "fp32",
-    StateFormat.BF16: "bf16",
-    StateFormat.BIT8: "8bit",
-    StateFormat.BIT4: "4bit",
-    StateFormat.FP8: "fp8",
-}
-CHECKPOINT_MODES = {
-    "compressed": CheckpointMode.COMPRESSED,
-    "fp32": CheckpointMode.MATERIALIZED_FP32,
-    "materialized_fp32": CheckpointMode.MATERIALIZED_FP32,
-    "bf16": CheckpointMode.MATERIALIZED_BF16,
-    "materialized_bf16": CheckpointMode.MATERIALIZED_BF16,
-}
-HPARAM_NAMES = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov",
-                "bias_correction")
-
-
-def parse_algorithm(algorithm) -> Algorithm:
-    if isinstance(algorithm, Algorithm):
-        return algorithm
-    if isinstance(algorithm, int) and not isinstance(algorithm, bool):
-        try:
-            return Algorithm(algorithm)
-        except ValueError:
-            raise InvalidArgumentError(f"algorithm={algorithm!r} is not a lowbit algorithm") from None
-    key = str(algorithm).lower()
-    if key not in ALGORITHMS:
-        raise InvalidArgumentError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}")
-    return ALGORITHMS[key]
-
-
-MAX_DIMS = lib.LOWBIT_MAX_DIMS
-
-# How a moment's quantized values are scaled (lowbit.h, "Shaped parameters").
-NORMALIZATIONS = {
-    None: Normalization.DEFAULT,
-    "default": Normalization.DEFAULT,
-    "block": Normalization.BLOCK,
-    "blocks": Normalization.BLOCK,
-    "rank1": Normalization.RANK1,
-    "rank-1": Normalization.RANK1,
-    "factored": Normalization.FACTORED,
-    "factor": Normalization.FACTORED,
-}
-NORMALIZATION_NAMES = {Normalization.DEFAULT: "default", Normalization.BLOCK: "block",
-                       Normalization.RANK1: "rank1", Normalization.FACTORED: "factored"}
-# state= names of the lpmm 4-bit optimizers ("Memory Efficient Optimizers with
-# 4-bit States"): (format, first moment's normalisation, second moment's).
-STATE_PRESETS = {
-    "4bit-rank1": (StateFormat.BIT4, Normalization.BLOCK, Normalization.RANK1),  # lpmm's 4-bit AdamW
-    "4bit-factor": (StateFormat.BIT4, Normalization.BLOCK, Normalization.FACTORED),  # lpmm's 4-bit Factor
-}
-
-
-def parse_normalization(value, arg) -> Normalization:
-    if isinstance(value, Normalization):
-        return value
-    key = value.lower() if isinstance(value, str) else value
-    if key not in NORMALIZATIONS:
-        names = sorted(k for k in NORMALIZATIONS if isinstance(k, str))
-        raise InvalidArgumentError(f"{arg}={value!r} is not one of {names}")
-    return NORMALIZATIONS[key]
-
-
-def parse_state_option(state, first_normalization=None, second_normalization=None, arg="state"):
-    """(format, first normalisation, second normalisation) of a state= value:
-    a format name, or a preset of STATE_PRESETS; explicit normalisations
-    override the preset's."""
-    key = state.lower() if isinstance(state, str) else None
-    if key in STATE_PRESETS:
-        fmt, n1, n2 = STATE_PRESETS[key]
-    else:
-        fmt, n1, n2 = parse_state_format(state, arg), Normalization.DEFAULT, Normalization.DEFAULT
-    if first_normalization is not None:
-        n1 = parse_normalization(first_normalization, "first_normalization")
-    if second_normalization is not None:
-        n2 = parse_normalization(second_normalization, "second_normalization")
-    return fmt, n1, n2
-
-
-def parse_state_format(fmt, arg="state") -> StateFormat:
-    if isinstance(fmt, StateFormat):
-        return fmt
-    if isinstance(fmt, int) and not isinstance(fmt, bool):
-        try:
-            return StateFormat(fmt)
-        except ValueError:
-            raise InvalidArgumentError(f"{arg}={fmt!r} is not a lowbit state format") from None
-    key = fmt.lower() if isinstance(fmt, str) else fmt
-    if key not in STATE_FORMATS:
-        names = sorted(k for k in STATE_FORMATS if isinstance(k, str))
-        raise InvalidArgumentError(f"{arg}={fmt!r} is not one of {names}")
-    return STATE_FORMATS[key]
-
-
-NUM_THREADS_ENV = "LOWBIT_NUM_THREADS"
-
-
-def resolve_num_threads(num_threads, default=0, arg="num_threads") -> int:
-    """The CPU engine's thread count: `num_threads` when given (an int >= 0;
-    0 means all OpenMP threads, omp_get_max_threads()), else the environment
-    variable LOWBIT_NUM_THREADS when set, else `default` (an int or a
-    zero-argument callable, e.g. torch.get_num_threads)."""
-    source = arg
-    if num_threads is None:
-        env = os.environ.get(NUM_THREADS_ENV, "").strip()
-        if env:
-            num_threads, source = env, f"{NUM_THREADS_ENV}={env!r}"
-        else:
-            return int(default() if callable(default) else default)
-    try:
-        n = int(num_threads)
-        if isinstance(num_threads, float) and n != num_threads:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{source}: {num_threads!r} is not an int (0 = all OpenMP threads)") from None
-    if isinstance(num_threads, bool) or n < 0:
-        raise InvalidArgumentError(f"{source}: {num_threads!r} must be an int >= 0 (0 = all OpenMP threads)")
-    return n
-
-
-def parse_checkpoint_mode(mode) -> CheckpointMode:
-    if isinstance(mode, CheckpointMode):
-        return mode
-    key = str(mode).lower()
-    if key not in CHECKPOINT_MODES:
-        raise InvalidArgumentError(f"mode={mode!r} is not one of {sorted(CHECKPOINT_MODES)}")
-    return CHECKPOINT_MODES[key]
-
-
-def parse_device(device, device_index=None):
-    """'cpu', 'cuda', 'cuda:1', a Device, or a torch.device -> (Device, index)."""
-    if isinstance(device, Device):
-        return device, int(device_index or 0)
-    s = str(device).lower()
-    if s == "cpu":
-        return Device.CPU, 0
-    if s.startswith("cuda"):
-        rest = s[4:]
-        if rest.startswith(":"):
-            idx = int(rest[1:])
-            if device_index is not None and int(device_index) != idx:
-                raise InvalidArgumentError(f"device={device!r} contradicts device_index={device_index}")
-            return Device.CUDA, idx
-        if rest == "":
-            return Device.CUDA, int(device_index or 0)
-    raise InvalidArgumentError(f"device={device!r} is not 'cpu', 'cuda' or 'cuda:N'")
-
-
-def stream_pointer(stream) -> int | None:
-    """A cudaStream_t as an int from None, an int, a torch.cuda.Stream
-    (.cuda_stream), a cupy Stream (.ptr) or a numba stream (.handle)."""
-    if stream is None:
-        return None
-    if isinstance(stream, int):
-        return stream
-    for attr in ("cuda_stream", "ptr"):
-        v = getattr(stream, attr, None)
-        if isinstance(v, int):
-            return v
-    handle = getattr(stream, "handle", None)
-    if handle is not None:
-        v = getattr(handle, "value", handle)
-        if isinstance(v, int) or v is None:
-            return v or 0
-    raise InvalidArgumentError(f"stream={stream!r} is not a CUDA stream (int, torch/cupy/numba stream)")
-
-
-# ----------------------------------------------------------------- hparams
-
-
-def _fill_hparams(hp, kw: dict) -> None:
-    """Write hyper-parameters given by name into a cffi lowbit_hparams_t."""
-    for name, value in kw.items():
-        if value is None:
-            continue
-        if name == "betas":
-            b1, b2 = value
-            hp.beta1, hp.beta2 = float(b1), float(b2)
-        elif name in ("nesterov", "bias_correction"):
-            setattr(hp, name, int(bool(value)))
-        elif name in ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening"):
-            setattr(hp, name, float(value))
-        else:
-            raise InvalidArgumentError(f"unknown hyper-parameter {name!r}; known: {', '.join(HPARAM_NAMES)}")
-
-
-def hparams_to_dict(hp) -> dict:
-    return {
-        "lr": hp.lr,
-        "betas": (hp.beta1, hp.beta2),
-        "eps": hp.eps,
-        "weight_decay": hp.weight_decay,
-        "momentum": hp.momentum,
-        "dampening": hp.dampening,
-        "nesterov": bool(hp.nesterov),
-        "bias_correction": bool(hp.bias_correction),
-    }
-
-
-# lowbit_onebit_options_t (0/1 Adam and 1-bit LAMB; DeepSpeed's names): the
-# integer fields, the float fields.
-ONEBIT_INT_OPTIONS = ("var_update_scaler", "local_step_scaler", "local_step_clipper")
-ONEBIT_FLOAT_OPTIONS = ("max_coeff", "min_coeff", "coeff_beta", "factor_max", "factor_min", "factor_threshold")
-ONEBIT_OPTION_NAMES = ONEBIT_INT_OPTIONS + ONEBIT_FLOAT_OPTIONS
-_EXCHANGE_NAMES = {0: "none", 1: "average", 2: "1bit"}
-
-
-def onebit_options_defaults() -> dict:
-    """The library's defaults of lowbit_onebit_options_t, by name."""
-    o = ffi.new("lowbit_onebit_options_t *")
-    call("lowbit_onebit_options_init", o)
-    return {name: getattr(o, name) for name in ONEBIT_OPTION_NAMES}
-
-
-def check_onebit_options(options: dict) -> dict:
-    """The options given by name, checked for names and types (the library
-    checks the values' ranges): ints for the 0/1 Adam counts, reals for the
-    LAMB factors. Returns them converted (int / float)."""
-    out = {}
-    for name, value in options.items():
-        if name not in ONEBIT_OPTION_NAMES:
-            raise InvalidArgumentError(f"unknown 1-bit option {name!r}; known: {', '.join(ONEBIT_OPTION_NAMES)}")
-        if name in ONEBIT_INT_OPTIONS:
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InvalidArgumentError(f"{name}={value!r} must be an int")
-            out[name] = int(value)
-        else:
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise InvalidArgumentError(f"{name}={value!r} must be a real number")
-            out[name] = float(value)
-    return out
-
-
-@dataclass(frozen=True)
-class OneBitStatus:
-    """Where a 1-bit optimizer stands (lowbit_onebit_status_t).
-
-    ``phase``: 0 in warm-up (0/1 Adam: phase 1, the variance still adapts),
-    1 in the compressed stage (0/1 Adam: phase 2, local steps).
-    ``next_full_average``: the next step runs on gradients averaged
-    uncompressed over the ranks (by the optimizer, or by the caller, e.g. a
-    DDP comm hook, after ``set_onebit_warmup_average(False)``); otherwise it
-    runs on this rank's local gradients. ``next_exchange``: what the next
-    step sends: ``"none"``, ``"average"`` (uncompressed) or ``"1bit"``. The
-    interval fields are 0/1 Adam's schedules (0 for the others)."""
-
-    step: int
-    phase: int
-    next_full_average: bool
-    next_exchange: str
-    var_interval: int = 0
-    var_counter: int = 0
-    local_step_interval: int = 0
-    local_step_counter: int = 0
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """What the library knows about one registered parameter."""
-
-    numel: int
-    step: int
-    group: int
-    param_dtype: str
-    state_format: str
-    second_state_format: str | None
-    stochastic_rounding: bool
-    error_correction: bool
-    state_bytes: int
-    first_normalization: str = "block"
-    second_normalization: str | None = None
-    ndim: int = 0
+from ._ffi import MAX_DIMS, NULL, Algorithm, CData, Device, Normalization, StateFormat, ffi, void_p
+from ._handle import Handle, locked
+from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, LowbitError, call, failure
+from ._names import (  # noqa: F401  (re-exported: lowbit._optimizer's names before the split)
+    ALGORITHMS,
+    CHECKPOINT_MODES,
+    NORMALIZATION_NAMES,
+    NORMALIZATIONS,
+    NUM_THREADS_ENV,
+    ONEBIT_ALGORITHMS,
+    STATE_FORMAT_NAMES,
+    STATE_FORMATS,
+    STATE_PRESETS,
+    c_int,
+    parse_algorithm,
+    parse_checkpoint_mode,
+    parse_device,
+    parse_normalization,
+    parse_seed,
+    parse_state_format,
+    parse_state_option,
+    resolve_num_threads,
+    stream_pointer,
+)
+from ._options import (  # noqa: F401
+    HPARAM_NAMES,
+    ONEBIT_OPTION_NAMES,
+    OneBitStatus,
+    ParamInfo,
+    as_real,
+    check_onebit_options,
+    fill_hparams,
+    hparams_to_dict,
+    new_hparams,
+    onebit_options_defaults,
+    onebit_options_struct,
+)
 
 
 def _destroy(handle_value):
@@ -326,13 +54,6 @@ def _destroy(handle_value):
             LIB.fn("lowbit_optimizer_destroy")(ffi.cast("lowbit_optimizer_t", handle_value))
         except Exception:  # interpreter shutdown: nothing sensible left to do
             pass
-
-
-def new_hparams(algorithm):
-    """A cffi lowbit_hparams_t with the algorithm's defaults."""
-    hp = ffi.new("lowbit_hparams_t *")
-    call("lowbit_hparams_init", hp, int(algorithm))
-    return hp
 
 
 _step_with_grads = LIB.fn("lowbit_optimizer_step_with_grads")
@@ -344,7 +65,7 @@ _tensor_array_type = ffi.typeof("lowbit_tensor_t[]")
 # ----------------------------------------------------------------- Optimizer
 
 
-class Optimizer:
+class Optimizer(Handle):
     """A lowbit optimizer over caller-owned arrays (numpy on the CPU; DLPack /
     ``__cuda_array_interface__`` objects on CUDA).
 
@@ -361,6 +82,16 @@ class Optimizer:
     :meth:`close` or a ``with`` block (garbage collection also frees it).
     Every failure raises a :class:`lowbit.LowbitError` subclass carrying the
     library's message, and leaves the optimizer unchanged.
+
+    Threads: calls on one optimizer are serialised (a call waits while
+    another thread is inside one; a step is never interleaved with another
+    call), so threads may share it; distinct optimizers run in parallel.
+
+    Registered arrays must keep their memory: a torch tensor whose storage
+    is replaced or resized after registration (``t.data = ...``,
+    ``t.resize_()``) makes the next :meth:`step` raise InvalidStateError and
+    change nothing (the registered storage itself is kept alive, never
+    freed under the library).
 
     ``num_threads``: threads of the CPU engine's steps (0: all OpenMP threads,
     i.e. ``OMP_NUM_THREADS`` or the cores); when not given, the environment
@@ -402,9 +133,10 @@ class Optimizer:
         device_index=None,
         stream=None,
     ):
-        self._handle = None
-        self._finalizer = None
+        super().__init__()
         self._comm = None
+        self._params: list[ArrayRef] = []
+        self._grads: list[ArrayRef | None] = []
         self.algorithm = parse_algorithm(algorithm)
         self.device, self.device_index = parse_device(device, device_index)
         self.stream = stream_pointer(stream)
@@ -413,28 +145,28 @@ class Optimizer:
         call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(self.algorithm))
         cfg.device = int(self.device)
         cfg.device_index = self.device_index
-        fmt, n1, n2 = parse_state_option(state, first_normalization, second_normalization)
+        fmt, fmt2, n1, n2 = parse_state_option(state, second_state, first_normalization, second_normalization,
+                                               algorithm=self.algorithm)
         cfg.state_format = int(fmt)
-        cfg.second_state_format = int(parse_state_format(second_state, "second_state"))
+        cfg.second_state_format = int(fmt2)
         cfg.first_normalization = int(n1)
         cfg.second_normalization = int(n2)
         if min_quantized_numel is not None:
-            cfg.min_quantized_numel = int(min_quantized_numel)
-        cfg.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+            cfg.min_quantized_numel = c_int(min_quantized_numel, "min_quantized_numel")
+        cfg.seed = parse_seed(seed)
         cfg.stochastic_rounding = int(bool(stochastic_rounding))
         cfg.error_correction = int(bool(error_correction))
         cfg.skip_nonfinite = int(bool(skip_nonfinite))
         cfg.num_threads = self._num_threads = resolve_num_threads(num_threads)
         if freeze_step is not None:
-            cfg.freeze_step = int(freeze_step)
+            cfg.freeze_step = c_int(freeze_step, "freeze_step")
 
         hp = new_hparams(self.algorithm)
-        _fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
+        fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                dampening=dampening, nesterov=nesterov, bias_correction=bias_correction))
         out = ffi.new("lowbit_optimizer_t *")
         call("lowbit_optimizer_create", out, cfg, hp)
-        self._handle = out[0]
-        self._finalizer = weakref.finalize(self, _destroy, self.handle)
+        self._open(out[0], _destroy, int(ffi.cast("uintptr_t", out[0])))
         # What a deep copy needs to build the same optimizer.
         self._config = dict(state=StateFormat(cfg.state_format), second_state=StateFormat(cfg.second_state_format),
                             first_normalization=Normalization(cfg.first_normalization),
@@ -447,36 +179,23 @@ class Optimizer:
         self._stream_arg = void_p(self.stream)
         self._i32 = ffi.new("int32_t *")  # out-params, reused
         self._i64 = ffi.new("int64_t *")
-        self._params: list[ArrayRef] = []
         self._shapes: list = []  # per param: the shape given to the library (() for none)
-        self._grads: list[ArrayRef | None] = []
         self._step_grads: TensorArray | None = None  # descriptors of step(grads), reused
         self._has_masks = False
         self._num_groups = 1
         self._onebit_options = None  # set_onebit_options' last values (None: the library's defaults)
+        self._movable = None  # the registered arrays that can lose their memory (ArrayRef.probe); None: to list
 
     # -- lifetime
 
-    def close(self) -> None:
-        """Free the library handle now (idempotent)."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._handle = None
-        self._params, self._grads, self._step_grads = [], [], None
+    _kind = "optimizer"
+    _error_fn = "lowbit_optimizer_last_error"
+
+    def _after_close(self) -> None:
+        self._params, self._grads, self._step_grads, self._movable = [], [], None, None
         if self._comm is not None:
             self._comm._detach(self)
             self._comm = None
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def __copy__(self):
         raise TypeError("copy.copy() of a lowbit.Optimizer would share its library handle (closing one would free "
@@ -487,6 +206,7 @@ class Optimizer:
         raise TypeError("a lowbit.Optimizer cannot be pickled (it holds a library handle and caller arrays); "
                         "pickle save()'s checkpoint bytes and load() them into an optimizer with the same params")
 
+    @locked
     def __deepcopy__(self, memo):
         """An independent optimizer over deep copies of the registered arrays
         (through `memo`), with this one's settings, groups, state and step
@@ -523,26 +243,12 @@ class Optimizer:
             raise
         return new
 
-    def _h(self):
-        h = self._handle
-        if h is None:
-            raise InvalidStateError("the optimizer is closed", Status.ERROR_INVALID_STATE)
-        return h
-
-    def _call(self, name, *args):
-        call(name, self._h(), *args, handle=self._handle)
-
     @property
     def num_threads(self) -> int:
         """The thread count given to the library's CPU engine (0: all OpenMP
         threads). Set at creation: ``num_threads=``, else the environment
         variable LOWBIT_NUM_THREADS, else 0."""
         return self._num_threads
-
-    @property
-    def handle(self) -> int:
-        """The raw lowbit_optimizer_t as an int, for other C code (valid until close)."""
-        return int(ffi.cast("uintptr_t", self._h()))
 
     def __repr__(self):
         state = "closed" if self.closed else f"{len(self._params)} params"
@@ -555,10 +261,11 @@ class Optimizer:
     def num_groups(self) -> int:
         return self._num_groups
 
+    @locked
     def add_group(self, **hparams) -> int:
         """Add a parameter group; unspecified hparams take the algorithm's defaults."""
         hp = new_hparams(self.algorithm)
-        _fill_hparams(hp, hparams)
+        fill_hparams(hp, hparams)
         self._call("lowbit_optimizer_add_group", hp, self._i32)
         group = self._i32[0]
         self._num_groups = max(self._num_groups, group + 1)
@@ -567,25 +274,30 @@ class Optimizer:
     def _get_hparams(self, group: int):
         hp = ffi.new("lowbit_hparams_t *")
         hp.struct_size = ffi.sizeof("lowbit_hparams_t")
-        self._call("lowbit_optimizer_get_hparams", int(group), hp)
+        self._call("lowbit_optimizer_get_hparams", c_int(group, "group", "int32_t"), hp)
         return hp
 
+    @locked
     def get_hparams(self, group: int = 0) -> dict:
         return hparams_to_dict(self._get_hparams(group))
 
+    @locked
     def set_hparams(self, group: int = 0, **hparams) -> None:
         """Change some hyper-parameters of a group (the others keep their values)."""
         hp = self._get_hparams(group)
-        _fill_hparams(hp, hparams)
-        self._call("lowbit_optimizer_set_hparams", int(group), hp)
+        fill_hparams(hp, hparams)
+        self._call("lowbit_optimizer_set_hparams", c_int(group, "group", "int32_t"), hp)
 
+    @locked
     def set_lr(self, lr: float, group: int | None = None) -> None:
         """Set the learning rate of one group, or of every group when group is None."""
-        groups = range(self._num_groups) if group is None else [group]
+        groups = range(self._num_groups) if group is None else [c_int(group, "group", "int32_t")]
+        value = as_real("lr", lr)
         for g in groups:
-            self._call("lowbit_optimizer_set_lr", int(g), float(lr))
+            self._call("lowbit_optimizer_set_lr", g, value)
 
     @property
+    @locked
     def lr(self) -> float:
         return self.get_hparams(0)["lr"]
 
@@ -595,6 +307,7 @@ class Optimizer:
         return as_array_ref(obj, role=role, writable=writable, dtype=dtype, device=self.device,
                             device_index=self.device_index, stream=self.stream)
 
+    @locked
     def add_param(
         self,
         param,
@@ -629,6 +342,7 @@ class Optimizer:
                                    shape=shape, first_normalization=first_normalization,
                                    second_normalization=second_normalization)
 
+    @locked
     def _add_param_ref(self, p: ArrayRef, g: ArrayRef | None, *, group=0, state=None, second_state=None,
                        stochastic_rounding=None, error_correction=None, shape=None, first_normalization=None,
                        second_normalization=None) -> int:
@@ -639,7 +353,7 @@ class Optimizer:
         pc.param = p.desc[0]
         if g is not None:
             pc.grad = g.desc[0]
-        pc.group = int(group)
+        pc.group = c_int(group, "group", "int32_t")
         pc.state_format = int(parse_state_format(state, "state"))
         pc.second_state_format = int(parse_state_format(second_state, "second_state"))
         if stochastic_rounding is not None:
@@ -648,7 +362,7 @@ class Optimizer:
             pc.error_correction = int(bool(error_correction))
         if shape is None:
             shape = p.shape if 2 <= len(p.shape) <= MAX_DIMS else ()
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(c_int(d, "shape", "int64_t") for d in shape)
         if len(shape) > MAX_DIMS:
             raise InvalidArgumentError(f"shape={shape} has {len(shape)} dims; lowbit takes at most {MAX_DIMS}")
         pc.ndim = len(shape)
@@ -663,34 +377,56 @@ class Optimizer:
         self._params.append(p)
         self._grads.append(g)
         self._step_grads = None
+        self._movable = None
         return pid
 
-    def _pid(self, param_id) -> int:
-        pid = int(param_id)
+    def _pid(self, param_id, arg="param_id") -> int:
+        self._h()  # a closed optimizer has no params: say so
+        pid = c_int(param_id, arg)
         if not 0 <= pid < len(self._params):
             raise InvalidArgumentError(f"param_id={param_id} is not a registered parameter id "
                                        f"(0..{len(self._params) - 1})")
         return pid
 
+    @locked
     def set_grad(self, param_id: int, grad, *, grad_dtype=None) -> None:
         """Replace the gradient buffer of a param (None: the param is left
         alone by later steps)."""
-        pid = int(param_id)
-        if grad is None:
-            self._call("lowbit_optimizer_set_grad", pid, NULL)
-            self._grads[self._pid(pid)] = None
-            return
-        g = self._ref(grad, "grad", False, grad_dtype)
-        self._call("lowbit_optimizer_set_grad", pid, g.desc)
+        pid = c_int(param_id, "param_id")
+        g = None if grad is None else self._ref(grad, "grad", False, grad_dtype)
+        self._call("lowbit_optimizer_set_grad", pid, NULL if g is None else g.desc)
         self._grads[self._pid(pid)] = g
+        self._movable = None
 
     @property
+    @locked
     def num_params(self) -> int:
         self._call("lowbit_optimizer_num_params", self._i64)
         return self._i64[0]
 
     # -- stepping
 
+    def _check_unmoved(self) -> None:
+        """InvalidStateError if a registered array lost the memory the
+        library holds (ArrayRef.moved): the step would update freed memory."""
+        movable = self._movable
+        if movable is None:
+            movable = self._movable = [(f"{role} {i}", ref) for role, refs in (("param", self._params),
+                                                                                ("grad of param", self._grads))
+                                       for i, ref in enumerate(refs) if ref is not None and ref.probe is not None]
+        for what, ref in movable:
+            why = ref.moved()
+            if why is not None:
+                raise InvalidStateError(
+                    f"step: {what} no longer holds the memory registered with the optimizer: {why}. Nothing was "
+                    "done; register the array again (add_param / set_grad in a new optimizer) after changing it")
+
+    def _stepping(self):
+        """Held while a step runs: this optimizer's communicator, whose
+        handle the step uses too, serves no other call meanwhile."""
+        return self._comm._lock if self._comm is not None else contextlib.nullcontext()
+
+    @locked
     def step(self, grads=None, *, stream=None) -> bool:
         """One optimizer step.
 
@@ -702,9 +438,11 @@ class Optimizer:
         reached the step; use ``last_step_skipped`` after synchronising.
         """
         h = self._h()
+        self._check_unmoved()
         if grads is None:
             s = self._stream_arg if stream is None else void_p(stream_pointer(stream))
-            status = _step(h, s)
+            with self._stepping():
+                status = _step(h, s)
             if status:
                 raise failure("lowbit_optimizer_step", status, h)
         else:
@@ -716,20 +454,19 @@ class Optimizer:
             arr = self._step_grads
             if arr is None:
                 arr = self._step_grads = TensorArray(n)
-            cdata = arr.cdata
             keep = []
             for i, g in enumerate(grads):
                 if g is None:
-                    cdata[i].data = NULL
+                    arr.clear(i)
                     continue
                 ref = as_array_ref(g, role=f"grads[{i}]", writable=False, device=self.device,
                                    device_index=self.device_index, stream=s)
                 if ref.numel != self._params[i].numel:
                     raise ArrayError(f"grads[{i}]: has {ref.numel} elements but param {i} has "
                                      f"{self._params[i].numel}")
-                cdata[i] = ref.desc[0]
+                arr.set(i, ref)
                 keep.append(ref)
-            self._step_tensors(cdata, n, s)
+            self._step_tensors(arr.cdata, n, s)
             del keep
         if self.device == Device.CPU:
             status = _last_step_skipped(h, self._i32)
@@ -738,6 +475,7 @@ class Optimizer:
             return not self._i32[0]
         return True
 
+    @locked
     def _step_tensors(self, grads_array, n: int, stream) -> None:
         """step_with_grads on an already-built array of n lowbit_tensor_t: a
         cffi ``lowbit_tensor_t[]`` (TensorArray.cdata), or any buffer laid out
@@ -747,12 +485,27 @@ class Optimizer:
             grads_array = ffi.from_buffer(_tensor_array_type, grads_array)
         if n > len(grads_array):
             raise InvalidArgumentError(f"grads: {n} descriptors asked for, the array holds {len(grads_array)}")
-        status = _step_with_grads(h, grads_array, n, void_p(stream))
+        with self._stepping():
+            status = _step_with_grads(h, grads_array, n, void_p(stream))
         if status:
             raise failure("lowbit_optimizer_step_with_grads", status, h)
 
+    @locked
+    def _join_failed_step(self, stream=None) -> LowbitError:
+        """1-bit optimizers: for a caller that failed before its step (its
+        own checks), a step that fails in the library's local checks, so that
+        it joins the agreement the other ranks' steps start with: every rank
+        fails and nothing changes anywhere (where the communicator has an
+        agreement; see lowbit_comm.h, "Failures"). Returns the error the
+        library reported here."""
+        h = self._h()
+        with self._stepping():
+            status = _step_with_grads(h, NULL, 0, void_p(stream))  # grads NULL: refused before any pass
+        return failure("lowbit_optimizer_step_with_grads", status, h) if status else None
+
     # -- 1-bit Adam, 0/1 Adam, 1-bit LAMB
 
+    @locked
     def set_comm(self, comm) -> None:
         """1-bit Adam, 0/1 Adam, 1-bit LAMB: the lowbit.Communicator that
         averages gradients (warm-up, 0/1 Adam's variance steps) and carries the
@@ -768,6 +521,7 @@ class Optimizer:
         self._comm = comm
         comm._attach(self)
 
+    @locked
     def set_onebit_warmup_average(self, average: bool) -> None:
         """1-bit optimizers: True (the default): a step that needs averaged
         gradients (1-bit Adam's and 1-bit LAMB's warm-up, 0/1 Adam's variance
@@ -777,6 +531,7 @@ class Optimizer:
         agreement. The same on every rank."""
         self._call("lowbit_optimizer_set_onebit_warmup_average", 1 if average else 0)
 
+    @locked
     def set_onebit_options(self, **options) -> None:
         """0/1 Adam and 1-bit LAMB options, by DeepSpeed's names (the others
         keep their values): ``var_update_scaler``, ``local_step_scaler``,
@@ -791,13 +546,11 @@ class Optimizer:
                                        "1-bit options (zeroone_adam and onebit_lamb have)")
         merged = dict(self.onebit_options())
         merged.update(given)
-        o = ffi.new("lowbit_onebit_options_t *")
-        call("lowbit_onebit_options_init", o)
-        for name, value in merged.items():
-            setattr(o, name, value)
+        o = onebit_options_struct(merged)
         self._call("lowbit_optimizer_set_onebit_options", o)
         self._onebit_options = {name: getattr(o, name) for name in ONEBIT_OPTION_NAMES}
 
+    @locked
     def onebit_options(self) -> dict:
         """The 0/1 Adam / 1-bit LAMB options last set (the library's defaults
         until set_onebit_options), by name."""
@@ -805,6 +558,7 @@ class Optimizer:
             self._onebit_options = onebit_options_defaults()
         return dict(self._onebit_options)
 
+    @locked
     def onebit_status(self) -> OneBitStatus:
         """Where a 1-bit optimizer (1-bit Adam, 0/1 Adam, 1-bit LAMB) stands:
         its step count, phase and what the next step needs (a
@@ -812,86 +566,81 @@ class Optimizer:
         st = ffi.new("lowbit_onebit_status_t *")
         st.struct_size = ffi.sizeof("lowbit_onebit_status_t")
         self._call("lowbit_optimizer_onebit_status", st)
-        return OneBitStatus(step=st.step, phase=st.phase, next_full_average=bool(st.next_full_average),
-                            next_exchange=_EXCHANGE_NAMES.get(st.next_exchange, str(st.next_exchange)),
-                            var_interval=st.var_interval, var_counter=st.var_counter,
-                            local_step_interval=st.local_step_interval, local_step_counter=st.local_step_counter)
+        return OneBitStatus.from_c(st)
 
+    @locked
     def set_momentum_mask(self, param_id: int, mask) -> None:
         """1-bit Adam: elements where `mask` (numel values, host) is 0 keep a
         momentum of exactly zero. None removes the mask."""
+        pid = c_int(param_id, "param_id")
         if mask is None:
-            self._call("lowbit_optimizer_set_momentum_mask", int(param_id), NULL, 0)
+            self._call("lowbit_optimizer_set_momentum_mask", pid, NULL, 0)
             return
         m = np.ascontiguousarray(np.asarray(mask) != 0, dtype=np.uint8).reshape(-1)
-        self._call("lowbit_optimizer_set_momentum_mask", int(param_id), ffi.from_buffer("uint8_t[]", m), m.size)
+        self._call("lowbit_optimizer_set_momentum_mask", pid, ffi.from_buffer("uint8_t[]", m), m.size)
         self._has_masks = True
 
     @property
+    @locked
     def last_step_skipped(self) -> bool:
         self._call("lowbit_optimizer_last_step_skipped", self._i32)
         return bool(self._i32[0])
 
     # -- inspection
 
+    @locked
     def param_info(self, param_id: int) -> ParamInfo:
         info = ffi.new("lowbit_param_info_t *")
         info.struct_size = ffi.sizeof("lowbit_param_info_t")
-        self._call("lowbit_optimizer_param_info", int(param_id), info)
-        second = StateFormat(info.second_state_format)
-        return ParamInfo(
-            numel=info.numel,
-            step=info.step,
-            group=info.group,
-            param_dtype=DTYPE_NAMES[Dtype(info.param_dtype)],
-            state_format=STATE_FORMAT_NAMES[StateFormat(info.state_format)],
-            second_state_format=None if second == StateFormat.DEFAULT else STATE_FORMAT_NAMES[second],
-            stochastic_rounding=bool(info.stochastic_rounding),
-            error_correction=bool(info.error_correction),
-            state_bytes=info.state_bytes,
-            first_normalization=NORMALIZATION_NAMES[Normalization(info.first_normalization)],
-            second_normalization=(None if info.second_normalization == Normalization.DEFAULT
-                                  else NORMALIZATION_NAMES[Normalization(info.second_normalization)]),
-            ndim=info.ndim,
-        )
+        self._call("lowbit_optimizer_param_info", c_int(param_id, "param_id"), info)
+        return ParamInfo.from_c(info, DTYPE_NAMES)
 
+    @locked
     def state_bytes(self, param_id: int | None = None) -> int:
         """Bytes of optimizer state of one param, or of all params."""
-        self._call("lowbit_optimizer_state_bytes", -1 if param_id is None else int(param_id), self._i64)
+        self._call("lowbit_optimizer_state_bytes", -1 if param_id is None else c_int(param_id, "param_id"),
+                   self._i64)
         return self._i64[0]
 
+    @locked
     def read_moment(self, param_id: int, moment: int = 0) -> np.ndarray:
         """A dequantized float32 copy of moment 0 (first) or 1 (second) of a
         param, shaped like the param (after the work on the optimizer's stream)."""
         pid = self._pid(param_id)
         p = self._params[pid]
         out = np.empty(p.shape, dtype=np.float32)
-        self._call("lowbit_optimizer_read_moment", pid, int(moment), ffi.from_buffer("float[]", out), out.size,
+        self._call("lowbit_optimizer_read_moment", pid, c_int(moment, "moment", "int32_t"), ffi.from_buffer("float[]", out), out.size,
                    self._stream_arg)
         return out
 
+    @locked
     def write_moment(self, param_id: int, moment, values) -> None:
         """Replace moment 0 or 1 of a param by `values` (any array-like with
         the param's number of elements, converted to float32 on the host); the
         library encodes them into the param's state format. Values must be
         finite, and a second moment >= 0; on error nothing changes."""
         pid = self._pid(param_id)
+        k = c_int(moment, "moment", "int32_t")
         v = np.ascontiguousarray(np.asarray(values, dtype=np.float32).reshape(-1))
-        self._call("lowbit_optimizer_write_moment", pid, int(moment), ffi.from_buffer("float[]", v), v.size,
+        self._call("lowbit_optimizer_write_moment", pid, k, ffi.from_buffer("float[]", v), v.size,
                    self._stream_arg)
 
+    @locked
     def set_step(self, step: int, param_id: int | None = None) -> None:
         """Set the number of steps applied to one param, or to every param
-        (bias corrections and stochastic-rounding bits follow it)."""
+        (bias corrections and stochastic-rounding bits follow it). `step`
+        is an integer (1.5 is refused, not truncated)."""
         pid = -1 if param_id is None else self._pid(param_id)
-        self._call("lowbit_optimizer_set_step", pid, int(step), self._stream_arg)
+        self._call("lowbit_optimizer_set_step", pid, c_int(step, "step"), self._stream_arg)
 
+    @locked
     def param(self, param_id: int):
         """The array registered as param `param_id`."""
         return _owner(self._params[self._pid(param_id)])
 
     # -- checkpoints
 
+    @locked
     def save(self, mode="compressed") -> bytes:
         """The whole optimizer state as bytes. mode: 'compressed' (as stored),
         'fp32' or 'bf16' (materialised moments)."""
@@ -902,16 +651,19 @@ class Optimizer:
         self._call("lowbit_optimizer_save", m, buf, size, self._i64, self._stream_arg)
         return ffi.buffer(buf, self._i64[0])[:]
 
+    @locked
     def save_file(self, path, mode="compressed") -> None:
         self._call("lowbit_optimizer_save_file", int(parse_checkpoint_mode(mode)), os.fsencode(path),
                    self._stream_arg)
 
+    @locked
     def load(self, data) -> None:
         """Load a checkpoint made by save() (any mode) into this optimizer,
         which must have the same params registered. On error nothing changes."""
         buf, n = _byte_buffer(data)
         self._call("lowbit_optimizer_load", buf, n, self._stream_arg)
 
+    @locked
     def load_file(self, path) -> None:
         self._call("lowbit_optimizer_load_file", os.fsencode(path), self._stream_arg)
 

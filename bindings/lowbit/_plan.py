@@ -9,12 +9,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from ._ffi import ENUMS, Algorithm, Dtype, Rounding, StateFormat, ffi
+from ._ffi import MAX_DIMS, Algorithm, Dtype, Normalization, Rounding, StateFormat, ffi
 from ._lib import call
-
-Normalization = ENUMS["lowbit_normalization_t"]  # DEFAULT, BLOCK, RANK1, FACTORED
-Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR
-MAX_DIMS = 8  # LOWBIT_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class StatePlan:
 
 @functools.lru_cache(maxsize=4096)
 def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_format=StateFormat.FP32,
-                     second_state_format=StateFormat.DEFAULT, min_quantized_numel: int = 4096,
+                     second_state_format=StateFormat.DEFAULT, min_quantized_numel: int | None = None,
                      stochastic_rounding: bool = False, error_correction: bool = False,
                      momentum: float = 0.0, shape: tuple = (),
                      first_normalization=Normalization.DEFAULT,
@@ -53,7 +49,8 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(algorithm))
     cfg.state_format = int(state_format)
     cfg.second_state_format = int(second_state_format)
-    cfg.min_quantized_numel = int(min_quantized_numel)
+    if min_quantized_numel is not None:  # else the library's default
+        cfg.min_quantized_numel = int(min_quantized_numel)
     cfg.stochastic_rounding = int(bool(stochastic_rounding))
     cfg.error_correction = int(bool(error_correction))
     cfg.first_normalization = int(first_normalization)
@@ -86,15 +83,3 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
         state_bytes=out.state_bytes,
         normalization=tuple(Normalization(n) for n in out.normalization),
     )
-
-
-@functools.lru_cache(maxsize=16)
-def preset_config(preset) -> tuple:
-    """(state_format, second_state_format, first_normalization,
-    second_normalization) of a lowbit_preset_t, as
-    lowbit_optimizer_config_preset sets them."""
-    cfg = ffi.new("lowbit_optimizer_config_t *")
-    call("lowbit_optimizer_config_init_sized", cfg, ffi.sizeof(cfg[0]), int(Algorithm.ADAMW))
-    call("lowbit_optimizer_config_preset", cfg, int(preset))
-    return (StateFormat(cfg.state_format), StateFormat(cfg.second_state_format),
-            Normalization(cfg.first_normalization), Normalization(cfg.second_normalization))

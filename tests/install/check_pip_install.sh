@@ -7,7 +7,8 @@
 #     importable here, liblowbit_jax;
 #   - `python -m lowbit` loads the library and its declarations from the
 #     package, and reports the JAX handlers it finds there;
-#   - an optimizer steps.
+#   - an optimizer steps, and lowbit.torch / lowbit.jax (subpackages) import from
+#     the installed package where torch / jax are installed.
 # The build uses this environment's packages (--no-build-isolation: no
 # download, and jax is seen when installed). It builds the library from
 # scratch (CUDA off, to keep it to a few minutes).
@@ -29,8 +30,10 @@ echo "building the wheel (jax importable: $have_jax) ..."
 wheel=$(ls "$tmp"/dist/lowbit-*.whl)
 
 listing=$("$python" -m zipfile -l "$wheel")
+# the package's subpackages too (lowbit.torch, lowbit.jax)
 for f in lowbit/__init__.py lowbit/__main__.py lowbit/_ffi.py lowbit/liblowbit.so lowbit/lowbit_cdef.h \
-         lowbit/include/lowbit.h lowbit/include/lowbit_comm.h; do
+         lowbit/include/lowbit.h lowbit/include/lowbit_comm.h lowbit/torch/__init__.py lowbit/torch/_onebit.py \
+         lowbit/jax/__init__.py lowbit/jax/_module.py; do
   grep -q " *$f " <<<"$listing" || { echo "check_pip_install: $f is not in $wheel"; echo "$listing"; exit 1; }
 done
 if [ "$have_jax" = 1 ]; then
@@ -51,9 +54,13 @@ grep -q "^declarations: *$pkg/lowbit_cdef.h (fingerprint [0-9a-f]*, matches the 
 grep -q "^CUDA: *no$" report.txt
 if [ "$have_jax" = 1 ]; then
   grep -q "^JAX handlers built: *yes$" report.txt
-  grep -q "^JAX handlers found: *$pkg/liblowbit_jax.so (protocol 1" report.txt
+  grep -q "^JAX handlers found: *$pkg/liblowbit_jax.so (protocol [0-9]" report.txt
 fi
 env -u LOWBIT_LIBRARY -u PYTHONPATH "$tmp/venv/bin/python" - <<'EOF'
+import importlib
+import importlib.util
+import os
+
 import numpy as np
 import lowbit
 w, g = np.ones(1000, np.float32), np.full(1000, 0.5, np.float32)
@@ -61,5 +68,10 @@ with lowbit.Optimizer("adamw", lr=0.1, state="8bit", min_quantized_numel=1) as o
     opt.add_param(w, g)
     assert opt.step() and np.all(w < 1)
 print("pip-installed package steps:", lowbit.version())
+for sub, needs in (("lowbit.torch", "torch"), ("lowbit.jax", "jax")):
+    if importlib.util.find_spec(needs) is not None:  # the subpackage imports from the installed package
+        mod = importlib.import_module(sub)
+        assert mod.__file__.startswith(os.path.dirname(lowbit.__file__)), mod.__file__
+        print(f"{sub} imports:", os.path.dirname(mod.__file__))
 EOF
 echo "pip wheel, installed package, lowbit_cdef.h and python -m lowbit: ok"

@@ -62,6 +62,29 @@ def test_nan_on_one_rank_skips_on_every_rank(nproc, seed):
     assert steps == {out["freeze_step"] + 5 - 2}, out  # freeze_step + 5 steps, two of them skipped
 
 
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_local_error_on_one_rank_fails_every_rank_at_once(nproc, seed):
+    """OneBitAdam, ZeroOneAdam, OneBitLamb: an error raised by lowbit.torch
+    on the last rank before the library's step (a NaN lr, a param whose
+    .data was replaced) makes every rank fail that step at once, with that
+    rank's reason, nothing changed, instead of leaving the others waiting
+    for the process group's timeout (60 s in the worker, 30 min by default)."""
+    out = {k: v for k, v in launch(nproc, "local_error", seed).items() if "/" in k}
+    reasons = {"nan_lr": "lr = nan", "moved_param": "moved in memory"}
+    assert len(out) == 6, out
+    for key, rows in out.items():
+        reason = reasons[key.split("/")[1]]
+        assert len(rows) == nproc, (key, rows)
+        for rank, row in enumerate(rows):
+            err = row["error"]
+            assert err is not None and reason in err, (key, rank, row)
+            if rank != nproc - 1:
+                assert f"rank {nproc - 1} failed before its step" in err, (key, rank, row)
+            assert row["seconds"] < 20, (key, rank, row)  # at once: no waiting for a timeout
+            assert row["unchanged"], (key, rank, row)
+            assert row["recovered"] in (None, True), (key, rank, row)
+
+
 def test_transport_refuses_other_backends(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "ucc")

@@ -141,11 +141,12 @@ def test_torch_constructors_check_their_arguments():
         lt.ZeroOneAdam(p, bias_correction=True, communicator=comm)
     with pytest.raises(ValueError, match="bias_correction=True is not supported"):
         lt.OneBitLamb(p, bias_correction=True, communicator=comm)
-    with pytest.raises(ValueError, match="var_update_scaler=0 must be an int >= 1"):
+    # the library checks the values (its message), the constructor names its arguments as given
+    with pytest.raises(ValueError, match=r"ZeroOneAdam\(.*var_update_scaler=0[,)].*: .*var_update_scaler"):
         lt.ZeroOneAdam(p, var_update_scaler=0, communicator=comm)
     with pytest.raises(ValueError, match="var_freeze_step=-1"):
         lt.ZeroOneAdam(p, var_freeze_step=-1, communicator=comm)
-    with pytest.raises(ValueError, match="min_coeff < max_coeff"):
+    with pytest.raises(ValueError, match=r"OneBitLamb\(.*max_coeff=0\.001.*: .*max_coeff"):
         lt.OneBitLamb(p, max_coeff=0.001, communicator=comm)
     with pytest.raises(ValueError, match="factor_threshold"):
         lt.OneBitLamb(p, factor_threshold=1.0, communicator=comm)

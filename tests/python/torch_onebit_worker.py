@@ -4,11 +4,13 @@ CPU with gloo. Rank 0 prints one JSON line of results; every rank checks
 what it can (params identical on all ranks) and exits non-zero on failure.
 
     torchrun --nproc-per-node N torch_onebit_worker.py <case> <seed>
-case: train | resume | bad_sizes | nonfinite
+case: train | resume | bad_sizes | nonfinite | local_error
 """
+import datetime
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -177,12 +179,65 @@ def case_nonfinite(seed):
     return out
 
 
+def case_local_error(seed):
+    """An error raised by lowbit.torch on the last rank before the library's
+    step (a NaN lr the library refuses; a param whose .data was replaced),
+    for each 1-bit optimizer: every rank fails that step at once with the
+    last rank's reason, nothing changed; after a NaN lr is fixed, the ranks
+    step on together."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    makers = {"OneBitAdam": lambda p: lt.OneBitAdam(p, lr=LR, freeze_step=3),
+              "ZeroOneAdam": lambda p: lt.ZeroOneAdam(p, lr=LR, var_freeze_step=100),
+              "OneBitLamb": lambda p: lt.OneBitLamb(p, lr=LR, freeze_step=3)}
+    x, y = data(seed, rank, n=BATCH)
+    out = {}
+    for name, make in makers.items():
+        for kind in ("nan_lr", "moved_param"):
+            net = model(seed)
+            opt = make(net.parameters())
+
+            def backward():
+                opt.zero_grad()
+                nn.functional.mse_loss(net(x), y).backward()
+
+            backward()
+            opt.step()  # the params are registered
+            backward()
+            before = [p.detach().clone() for p in net.parameters()]
+            first = next(iter(net.parameters()))
+            if rank == W - 1:
+                if kind == "nan_lr":
+                    opt.param_groups[0]["lr"] = float("nan")
+                else:
+                    first.data = first.data.clone()  # the same values in new memory
+            start = time.monotonic()
+            try:
+                opt.step()
+                err = None
+            except Exception as e:  # noqa: BLE001 - the message is the result
+                err = f"{type(e).__name__}: {e}"
+            elapsed = time.monotonic() - start
+            unchanged = all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+            recovered = None
+            if kind == "nan_lr":
+                opt.param_groups[0]["lr"] = LR
+                opt.step()
+                recovered = opt.steps_taken() == 2 and same_on_all_ranks(net)
+            rows = [None] * W
+            dist.all_gather_object(rows, {"error": err, "seconds": elapsed, "unchanged": unchanged,
+                                          "recovered": recovered})
+            out[f"{name}/{kind}"] = rows
+    return out
+
+
 def main():
     case, seed = sys.argv[1], int(sys.argv[2])
-    dist.init_process_group("gloo")
+    # A rank that waits for one that gave up waits this long (instead of the
+    # default 30 minutes) before the process group gives up too.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     out = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
-           "nonfinite": case_nonfinite}[case](seed)
+           "nonfinite": case_nonfinite, "local_error": case_local_error}[case](seed)
     out["world_size"] = dist.get_world_size()
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ._comm import Communicator
-from ._ffi import ffi
-from ._lib import InvalidArgumentError, InvalidStateError, UnsupportedError
+from .._comm import Communicator
+from .._ffi import ffi
+from .._lib import InvalidArgumentError, InvalidStateError, UnsupportedError
 
 _HOST_BACKENDS = ("gloo",)
 _DEVICE_BACKENDS = ("nccl",)

@@ -1,0 +1,65 @@
+"""Drop-in ``torch.optim.Optimizer`` classes backed by lowbit.
+
+    from lowbit.torch import AdamW
+    opt = AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, state="8bit")
+    for x, y in data:
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+
+Classes: :class:`AdamW`, :class:`Adam`, :class:`Lion`, :class:`SGD`. Besides the
+usual hyper-parameters each takes
+
+* ``state``: how the moments are kept: ``"fp32"``, ``"bf16"``, ``"8bit"``,
+  ``"4bit"`` or ``"fp8"`` (``second_state`` sets the second moment apart);
+  tensors under ``min_quantized_numel`` elements (the library's default, 4096) keep fp32
+  state with the quantized formats;
+* ``stochastic_rounding`` / ``error_correction``: for bf16 / fp16 params,
+  how the fp32 result is written back (error correction keeps one extra byte
+  per element and wins if both are set);
+* ``seed``, ``skip_nonfinite`` (skip the whole step if any grad holds NaN/Inf,
+  default True), ``num_threads``: threads of the CPU engine (0: all OpenMP
+  threads); by default the environment variable ``LOWBIT_NUM_THREADS`` when
+  set, else ``torch.get_num_threads()`` read when the CPU handle is created
+  (at the first step), so ``torch.set_num_threads`` before training governs
+  lowbit too.
+
+``state``, ``stochastic_rounding`` and ``error_correction`` may also be set per
+param group. Param groups, ``add_param_group``, lr schedulers (``group["lr"]``
+and every other hyper-parameter are read at each step), ``zero_grad``, hooks
+and closures work as with torch's optimizers. ``state_dict()`` holds the
+compressed lowbit state (one checkpoint blob per device, as a uint8 tensor)
+and round-trips through ``torch.save``; ``load_state_dict()`` also imports a
+plain ``torch.optim.AdamW`` / ``Adam`` / ``SGD`` state dict (its fp32 moments
+are converted to this optimizer's formats).
+
+DTensor params (FSDP2's ``fully_shard``, tensor parallelism): each rank's
+lowbit state is that of its local shards (``param.to_local()``, the grads'
+likewise), quantized per block of the flattened local shard; a rank whose
+shard of a param is empty keeps no state for it. With ``skip_nonfinite`` the
+NaN/Inf check is agreed over the params' device meshes (one all_reduce per
+mesh dimension and step), so every rank skips the same steps. ``state_dict()``
+then holds materialised fp32 moments as DTensors with the param's mesh and
+placements (torch's layout: ``step``, ``exp_avg``, ...), which
+``torch.distributed.checkpoint`` saves and loads on another number of ranks;
+``load_state_dict()`` re-quantizes each rank's shard into this optimizer's
+formats. ``optimizer.state[p]`` reads a param's step and moments (dequantized,
+on demand) in the same layout.
+
+Params may live on the CPU and on CUDA devices (one lowbit handle per
+device); each step runs on the current CUDA stream of its device. Params and
+grads are used in place, never copied: params must be contiguous float32,
+bfloat16 or float16 tensors; grads contiguous, of the same size (any of those
+dtypes, e.g. bf16 grads for fp32 params).
+"""
+
+from __future__ import annotations
+
+from ._adam import Adam, AdamW
+from ._base import LowbitOptimizer
+from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
+from ._lion_sgd import SGD, Lion
+from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
+from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
+
+__all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
+           "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport"]

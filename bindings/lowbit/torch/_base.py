@@ -1,0 +1,327 @@
+"""The base of the lowbit.torch optimizers: registration of the params at
+their first step (one lowbit.Optimizer per device), hyper-parameters read
+from the param groups at each step, the step itself; the state dicts are
+StateDicts' (_state_dict.py)."""
+
+from __future__ import annotations
+
+import operator
+import threading
+
+import torch
+
+from .._ffi import Algorithm
+from .._names import STATE_FORMAT_NAMES, parse_state_format, parse_state_option, resolve_num_threads
+from .._optimizer import Optimizer
+from ._state_dict import StateDicts, _StateView
+from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _tensor_ref
+
+_REFUSED = {"amsgrad": "amsgrad=True is not supported by lowbit",
+            "maximize": "maximize=True is not supported by lowbit (negate the loss)"}
+
+
+def refuse(**switches) -> None:
+    """ValueError for a torch switch set that lowbit has no counterpart for."""
+    for name, value in switches.items():
+        if value:
+            raise ValueError(_REFUSED[name])
+
+
+class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
+    """Base class; use AdamW, Adam, Lion or SGD (state dicts: StateDicts).
+
+    Threads: steps of one optimizer are serialised (one thread's step
+    waits for another's to end)."""
+
+    _algorithm: Algorithm = None
+    _moment_names: tuple = ()
+    _refused: tuple = ()  # torch's switches this class has no counterpart for (refuse), checked per group too
+
+    def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
+                 error_correction=False, min_quantized_numel=None, seed=0, skip_nonfinite=True, num_threads=None,
+                 first_normalization=None, second_normalization=None,
+                 foreach=None, fused=None, capturable=False, differentiable=False):
+        # torch's implementation switches: lowbit always runs its own fused
+        # kernel, so foreach/fused are accepted and have no effect.
+        del foreach, fused
+        if capturable:
+            raise ValueError("capturable=True is not supported by lowbit (the step reads hyper-parameters on the host)")
+        if differentiable:
+            raise ValueError("differentiable=True is not supported by lowbit")
+        if num_threads is not None:
+            resolve_num_threads(num_threads)  # validate now; None is resolved when the CPU handle is created
+        # state: a format, or "4bit-rank1" / "4bit-factor" (lpmm's 4-bit AdamW
+        # and 4-bit Factor: rank-1 or factored second moments of params with
+        # 2+ dims, whose shapes the library takes from the tensors)
+        self._state_format, self._second_state, n1, n2 = parse_state_option(
+            state, second_state, first_normalization, second_normalization, algorithm=self._algorithm)
+        self._config = dict(
+            state=self._state_format,
+            second_state=self._second_state,
+            first_normalization=n1,
+            second_normalization=n2,
+            min_quantized_numel=min_quantized_numel,
+            seed=seed,
+            stochastic_rounding=bool(stochastic_rounding),
+            error_correction=bool(error_correction),
+            skip_nonfinite=bool(skip_nonfinite),
+            num_threads=num_threads,
+        )
+        self._devices: dict = {}
+        self._where: dict = {}  # param -> (device key, param id)
+        self._registered_params = None  # the groups' param lists (copies) when all were registered
+        self._empty_shards: dict = {}  # DTensor param with an empty shard here -> its step count
+        self._meshes: list = []  # device meshes of the DTensor params
+        self._skipped = False  # the last step was skipped by agreement over the meshes
+        self._step_lock = threading.RLock()  # threads stepping one optimizer step one after the other
+        defaults = dict(defaults)
+        defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
+                        error_correction=bool(error_correction))
+        super().__init__(params, defaults)
+
+    # -- torch.optim.Optimizer interface
+
+    def add_param_group(self, param_group: dict) -> None:
+        if "state" in param_group:
+            parse_state_format(param_group["state"], "state")  # validate early
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        self._check_group(group)
+        for dev in getattr(self, "_devices", {}).values():
+            dev.handle.add_group(**self._hparams(group))
+            dev.pushed.append(None)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._devices, self._where, self._registered_params = {}, {}, None
+        self._empty_shards, self._meshes, self._skipped = {}, [], False
+        self._step_lock = threading.RLock()
+
+    def __getstate__(self):
+        raise TypeError("lowbit.torch optimizers cannot be pickled; use state_dict() / load_state_dict()")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with self._step_lock:
+            self._skipped = False
+            try:
+                ready = self._prepare_step()
+            except Exception as e:
+                self._failed_before_step(e)
+                raise
+            if ready is None:
+                # Sharded params: a rank sees only its shards of the grads, so the
+                # skip is agreed over the device meshes; the step is skipped on all.
+                self._skipped = True
+                return loss
+            for dev, n in ready:
+                self._step_device(dev, n)
+            for p in self._empty_shards:
+                if p.grad is not None:
+                    self._empty_shards[p] += 1
+        return loss
+
+    def _failed_before_step(self, error: Exception) -> None:
+        """Called with an error raised before the library's step (which is
+        re-raised after): the 1-bit optimizers tell the other ranks."""
+
+    def _prepare_step(self):
+        """Everything before the library's steps: registration (params at
+        their first step with a grad), hyper-parameters, the grad
+        descriptors. Returns the (device state, number of params) to step,
+        or None when the step is skipped by agreement over the meshes."""
+        # Once every param of the groups is registered, a copy of the groups'
+        # param lists (the same tensors, compared by identity) says whether
+        # they changed since.
+        if not self._groups_unchanged():
+            self._register_new_params()
+        work = []
+        for dev in self._devices.values():
+            self._push_hparams(dev)
+            n = len(dev.params)
+            if dev.grads is None or len(dev.grads) != n:
+                dev.resize(n)
+            work.append((dev, dev.local_grads(), dev.local_params()))
+        if self._meshes and self._config["skip_nonfinite"] and self._nonfinite_on_any_rank(work):
+            return None
+        ready = []
+        for dev, grads, params in work:
+            n = len(dev.params)
+            if (n and dev.fill_grads_fast(grads)) or dev.fill_grads_checked(params, grads):
+                ready.append((dev, n))
+        return ready
+
+    def _register_new_params(self) -> None:
+        complete = True
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if p in self._where or p in self._empty_shards or p.numel() == 0:  # empty params: no state
+                    continue
+                if p.grad is None:
+                    complete = False
+                    continue
+                if _local(p).numel() == 0:
+                    # A DTensor whose shard on this rank is empty: no lowbit
+                    # state here, but its step count is kept so that every
+                    # rank's state dict has the same entries.
+                    self._empty_shards[p] = 0
+                    self.state[p] = _StateView(self, p)
+                    continue
+                self._register(p, gi, group)
+        self._meshes = self._device_meshes()
+        self._registered_params = [list(group["params"]) for group in self.param_groups] if complete else None
+
+    def _device_meshes(self) -> list:
+        """The device meshes of the DTensor params, in the groups' order (the
+        same on every rank)."""
+        meshes = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if _is_dtensor(p) and not any(p.device_mesh is m for m in meshes):
+                    meshes.append(p.device_mesh)
+        return meshes
+
+    def _nonfinite_on_any_rank(self, work) -> bool:
+        """Whether a grad holds NaN/Inf on this rank or on any rank of the
+        params' device meshes (one max-norm pass over the local grads and one
+        all_reduce per mesh dimension)."""
+        import torch.distributed as dist
+
+        bad = False
+        for _, grads, params in work:
+            gs = [g for g in grads if g is not None]
+            if gs:
+                top = torch.stack([torch.linalg.vector_norm(g, float("inf")).float() for g in gs]).sum()
+                bad = bad or not bool(torch.isfinite(top))
+        for mesh in self._meshes:
+            flag = torch.tensor([1.0 if bad else 0.0], device=mesh.device_type)
+            for dim in range(mesh.ndim):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+            bad = bool(flag.item() > 0)
+        return bad
+
+    def _groups_unchanged(self) -> bool:
+        """Whether the groups hold the params they held when all were
+        registered: the same tensors (identity, at C speed) in the same order."""
+        known = self._registered_params
+        groups = self.param_groups
+        if known is None or len(known) != len(groups):
+            return False
+        for group, params in zip(groups, known):
+            now = group["params"]
+            if len(now) != len(params) or not all(map(operator.is_, now, params)):
+                return False
+        return True
+
+    @staticmethod
+    def _step_device(dev, n: int) -> None:
+        stream = None
+        if dev.device.type == "cuda":
+            stream = torch.cuda.current_stream(dev.device).cuda_stream
+        dev.handle._step_tensors(dev.grads.cdata, n, stream)
+
+    # -- lowbit specifics
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """True if the last step found a NaN/Inf gradient and changed nothing
+        (with DTensor params: in the grads of any rank of their meshes). On
+        CUDA the flag is written by the device: synchronise the stream before
+        reading it."""
+        return self._skipped or any(dev.handle.last_step_skipped for dev in self._devices.values())
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state held by lowbit, over all devices."""
+        return sum(dev.handle.state_bytes() for dev in self._devices.values())
+
+    def param_info(self, p: torch.Tensor):
+        """What the library keeps for a param (for a DTensor: its local shard)."""
+        key, pid = self._lookup(p)
+        return self._devices[key].handle.param_info(pid)
+
+    def read_moment(self, p: torch.Tensor, moment: int = 0) -> torch.Tensor:
+        """A dequantized float32 CPU copy of a param's moment (0 first, 1
+        second), shaped like the param (for a DTensor: like its local shard)."""
+        key, pid = self._lookup(p)
+        return torch.from_numpy(self._devices[key].handle.read_moment(pid, moment))
+
+    def lowbit_handles(self) -> dict:
+        """{device: lowbit.Optimizer} for the devices in use."""
+        return {key: dev.handle for key, dev in self._devices.items()}
+
+    def _lookup(self, p):
+        if p not in self._where:
+            if p in self._empty_shards:
+                raise KeyError("this DTensor param's shard on this rank is empty: it has no lowbit state here")
+            raise KeyError("this param has no lowbit state yet (it gets one at its first step with a grad)")
+        return self._where[p]
+
+    # -- registration and hyper-parameters
+
+    def _check_group(self, group):
+        refuse(**{name: group.get(name) for name in self._refused})
+
+    def _hparams(self, group) -> dict:
+        raise NotImplementedError
+
+    @staticmethod
+    def _f(v) -> float:
+        return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
+
+    def _device_state(self, device: torch.device) -> _DeviceState:
+        key = _device_key(device)
+        dev = self._devices.get(key)
+        if dev is None:
+            dev = _DeviceState(self._new_handle(key), device)
+            dev.pushed = [None] * len(self.param_groups)
+            self._devices[key] = dev
+        return dev
+
+    def _new_handle(self, key: str) -> Optimizer:
+        """A lowbit handle on device `key` with this optimizer's settings and
+        param groups (no params)."""
+        config = dict(self._config)
+        config["num_threads"] = resolve_num_threads(config["num_threads"], default=torch.get_num_threads)
+        handle = Optimizer(self._algorithm, device=key, **config)
+        try:
+            handle.set_hparams(0, **self._hparams(self.param_groups[0]))
+            for group in self.param_groups[1:]:
+                handle.add_group(**self._hparams(group))
+        except BaseException:
+            handle.close()
+            raise
+        return handle
+
+    def _num_moments(self, group) -> int:
+        """How many moments a param of this group keeps."""
+        return len(self._moment_names)
+
+    def _register(self, p: torch.Tensor, gi: int, group: dict) -> None:
+        local = _local(p)  # a DTensor: the library keeps the state of this rank's shard
+        dev = self._device_state(local.device)
+        ref = _tensor_ref(local, "param")
+        fmt = parse_state_format(group.get("state"), "state")
+        pid = dev.handle._add_param_ref(
+            ref, None, group=gi,
+            state=None if fmt == self._state_format else fmt,
+            stochastic_rounding=group.get("stochastic_rounding"),
+            error_correction=group.get("error_correction"))  # the shape: the tensor's (Optimizer.add_param)
+        dev.params.append(p)
+        dev.ptrs.append(local.data_ptr())
+        dev.numels.append(local.numel())
+        dev.dtensor = dev.dtensor or local is not p
+        self._where[p] = (_device_key(local.device), pid)
+        self.state[p] = _StateView(self, p)
+
+    def _push_hparams(self, dev: _DeviceState) -> None:
+        for gi, group in enumerate(self.param_groups):
+            hp = self._hparams(group)
+            key = tuple(sorted((k, tuple(v) if isinstance(v, (tuple, list)) else v) for k, v in hp.items()))
+            if dev.pushed[gi] != key:
+                dev.handle.set_hparams(gi, **hp)
+                dev.pushed[gi] = key
+
