@@ -1,5 +1,7 @@
 #include "codec_avx512.hpp"
 
+#include "cpu_features.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -204,18 +206,11 @@ const Tables& tables() {
 // Which of the four maps (the order of MapId).
 int map_index(const Tables& t, const QMap* map) { return int(map - t.first_map); }
 
-bool cpu_has_avx512_codec() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vbmi");
-}
-
 }  // namespace
 
 bool avx512_codec_supported() {
-  static const bool on = !generic_cpu_kernels_requested() && cpu_has_avx512_codec();
-  return on;
+  const CpuFeatures& f = cpu_features();
+  return !f.generic && f.avx512vbmi;
 }
 
 bool avx512_direct8_active() { return avx512_codec_supported() && tables().direct8[0].usable && tables().direct8[1].usable; }

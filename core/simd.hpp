@@ -6,8 +6,6 @@
 // The core is built with -ffp-contract=off, so no clone fuses a multiply-add
 // and every clone gives the same bits.
 #pragma once
-#include <cstdlib>
-#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
     !defined(LOWBIT_NO_CLONES)
@@ -15,18 +13,3 @@
 #else
 #define LOWBIT_VECTOR_CLONES
 #endif
-
-namespace lowbit {
-
-// LOWBIT_CPU_KERNELS=generic in the environment keeps every hand-written SIMD
-// kernel off (the CPU engine's AVX-512 codec, the communicator's host
-// kernels): the portable loops run instead, with the same bits. Read once.
-inline bool generic_cpu_kernels_requested() {
-  static const bool requested = [] {
-    const char* env = std::getenv("LOWBIT_CPU_KERNELS");
-    return env && std::strcmp(env, "generic") == 0;
-  }();
-  return requested;
-}
-
-}  // namespace lowbit
