@@ -1,27 +1,69 @@
 #!/usr/bin/env bash
-# core/ stays below the C boundary: it includes no header of capi/ other than
-# the public lowbit.h / lowbit_comm.h (and the generated lowbit_version.h),
-# and calls no function defined in capi/*.cpp.
-# Usage: check_layering.sh <source dir> <liblowbit_core.a> <dir of the capi objects of liblowbit>
+# The layers of docs/ARCHITECTURE.md point down only:
+#   capi -> distributed -> core, comm;  cuda implements core's engine;
+#   core knows nothing of comm, distributed, cuda or the C boundary;
+#   comm names no optimizer algorithm and knows nothing of distributed or capi;
+#   cuda knows nothing of comm, distributed or capi;
+#   distributed knows nothing of capi.
+# Checked on the sources (#include lines; comm's code for optimizer names)
+# and on the built objects (no undefined symbol of a lower layer's objects
+# is defined by a higher one's).
+# Usage: check_layering.sh <source dir> <liblowbit_core.a> <dir of liblowbit's objects (CMakeFiles/lowbit.dir)>
 set -euo pipefail
-src=$1 core_lib=$2 capi_objs=$3
+src=$1 core_lib=$2 objs=$3
 status=0
 
-bad_includes=$(grep -nE '^\s*#\s*include\s*[<"]' "$src"/core/*.cpp "$src"/core/*.hpp |
-  grep -E 'capi/|"(boundary|comm_handle)\.hpp"' || true)
-if [ -n "$bad_includes" ]; then
-  echo "core/ includes headers of capi/ other than lowbit.h / lowbit_comm.h:"
-  echo "$bad_includes"
+# includes FOLDER FORBIDDEN_REGEX WHY: every #include of FOLDER's sources that
+# names a forbidden path.
+includes() {
+  local folder=$1 forbidden=$2 why=$3 bad
+  bad=$(grep -nE '^\s*#\s*include\s*[<"]' "$src/$folder"/*.cpp "$src/$folder"/*.hpp "$src/$folder"/*.cu* 2>/dev/null |
+    grep -E "$forbidden" || true)
+  if [ -n "$bad" ]; then
+    echo "$folder/ $why:"
+    echo "$bad" | sed "s|$src/||"
+    status=1
+  fi
+}
+# capi/ headers other than the public ones (and the generated version header).
+capi_private='capi/|"(boundary|comm_handle|struct_abi)\.hpp"'
+includes core "comm/|distributed/|cuda/|$capi_private" "includes comm/, distributed/, cuda/ or capi/ internals"
+includes cuda "comm/|distributed/|$capi_private" "includes comm/, distributed/ or capi/ internals"
+includes comm "distributed/|core/optimizer|core/engine|core/pass|$capi_private" \
+  "includes distributed/, core's optimizer or engine, or capi/ internals"
+includes distributed "$capi_private" "includes capi/ internals"
+
+# comm/ names no optimizer algorithm (code and strings; comments aside).
+named=$(for f in "$src"/comm/*.cpp "$src"/comm/*.hpp "$src"/comm/*.cu*; do
+  sed -E 's|//.*$||' "$f" | grep -nE 'Adam|LAMB|Lamb|Lion|SGD|LOWBIT_ALGORITHM_|freeze_step' | sed "s|^|${f#$src/}:|"
+done || true)
+if [ -n "$named" ]; then
+  echo "comm/ names an optimizer algorithm:"
+  echo "$named"
   status=1
 fi
 
-defined=$(nm --defined-only -g "$capi_objs"/*.o | awk 'NF == 3 && $2 ~ /[TW]/ {print $3}' | sort -u)
-undefined=$(nm -u "$core_lib" | awk '{print $NF}' | sort -u)
-calls=$(comm -12 <(echo "$defined") <(echo "$undefined"))
-if [ -n "$calls" ]; then
-  echo "core/ calls functions defined in capi/*.cpp:"
-  echo "$calls" | c++filt
-  status=1
+# Objects: a layer's undefined symbols that a higher layer defines.
+defined() { nm --defined-only -g "$@" 2>/dev/null | awk 'NF == 3 && $2 ~ /[TWVB]/ {print $3}' | sort -u; }
+undefined() { nm -u "$@" 2>/dev/null | awk '{print $NF}' | sort -u; }
+calls_up() {  # calls_up NAME LOWER_SYMBOLS HIGHER_DIR...
+  local name=$1 lower=$2; shift 2
+  local higher=""
+  for d in "$@"; do higher+=$(defined "$objs/$d"/*.o); higher+=$'\n'; done
+  local up
+  up=$(comm -12 <(echo "$lower" | sed '/^$/d') <(echo "$higher" | sed '/^$/d' | sort -u))
+  if [ -n "$up" ]; then
+    echo "$name calls functions of a higher layer:"
+    echo "$up" | c++filt
+    status=1
+  fi
+}
+core_undefined=$(undefined "$core_lib")
+calls_up "core/" "$core_undefined" capi comm distributed
+calls_up "comm/" "$(undefined "$objs"/comm/*.o)" capi distributed
+calls_up "distributed/" "$(undefined "$objs"/distributed/*.o)" capi
+
+if [ "$status" -eq 0 ]; then
+  echo "layers point down: core, cuda, comm and distributed include and call nothing above them, and comm names no optimizer"
 fi
-[ "$status" -eq 0 ] && echo "core/: no capi/ header but the public ones, no call into capi/*.cpp ($(echo "$defined" | wc -l) capi symbols checked)"
 exit "$status"
