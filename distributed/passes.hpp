@@ -96,9 +96,11 @@ struct SyncPack : PassRuleBase {
   }
 };
 
-// 0/1 Adam after the exchange of SyncPack's bucket x: m <- x / (the sum of
-// lr since the last sync) (0 where masked), p <- p_sync - x / D, stored with
-// the param's rounding; y (p_sync) <- p as stored.
+// 0/1 Adam after the exchange of SyncPack's bucket x, masked (0 where the
+// mask is, as DeepSpeed multiplies the synchronised buffer by it, so masked
+// elements stay put): m <- x / (the sum of lr since the last sync),
+// p <- p_sync - x / D, stored with the param's rounding; y (p_sync) <- p as
+// stored.
 struct SyncApply : PassRuleBase {
   static constexpr uint32_t kReads = kIoV | kIoX | kIoY | kIoMask, kWrites = kIoParam | kIoM | kIoYStoredParam;
   const float* group_inv_lrs = nullptr;  // engine memory, per group: 1 / (sum of lr since the last sync)
@@ -107,8 +109,9 @@ struct SyncApply : PassRuleBase {
   };
   LOWBIT_HD Ctx param(const PassParam& pp) const { return {pp.scalars->eps, group_inv_lrs[pp.group]}; }
   LOWBIT_HD void element(const Ctx& c, PassElement& e) const {
-    e.m = e.keep ? e.x * c.inv_lr : 0.f;
-    e.p = zeroone_sync_param(e.y, e.x, e.v, c.eps);
+    const float d = e.keep ? e.x : 0.f;
+    e.m = d * c.inv_lr;
+    e.p = zeroone_sync_param(e.y, d, e.v, c.eps);
   }
 };
 

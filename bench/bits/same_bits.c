@@ -13,6 +13,9 @@
  *
  * Inputs are a fixed pseudo-random sequence; nothing here asserts: the
  * output is compared between builds. */
+/* Built with LOWBIT_NO_INIT_MACROS and the sized inits of lowbit 0.3, so one
+ * binary runs against an older liblowbit as well as the new one. */
+#define LOWBIT_NO_INIT_MACROS 1
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -152,7 +155,7 @@ static uint64_t run_fused(const fused_case_t* c, uint64_t seed) {
   g_rng = seed;
   lowbit_optimizer_config_t cfg;
   lowbit_hparams_t hp;
-  lowbit_optimizer_config_init(&cfg, c->algo);
+  lowbit_optimizer_config_init_sized(&cfg, sizeof cfg, c->algo);
   lowbit_hparams_init(&hp, c->algo);
   cfg.device = g_cuda ? LOWBIT_DEVICE_CUDA : LOWBIT_DEVICE_CPU;
   cfg.state_format = c->f1;
@@ -185,7 +188,7 @@ static uint64_t run_fused(const fused_case_t* c, uint64_t seed) {
     fill(p[k].host, c->pdtype, n, 1.f);
     buf_push(&p[k]);
     lowbit_param_config_t pc;
-    lowbit_param_config_init(&pc);
+    lowbit_param_config_init_sized(&pc, sizeof pc);
     pc.param = tensor(&p[k]);
     pc.grad = tensor(&g[k]);
     pc.group = k == 2 ? g2 : 0;
@@ -275,7 +278,7 @@ static uint64_t run_onebit(const onebit_case_t* c, lowbit_comm_t comm, int rank,
   g_rng = 0x1234567ull + (uint64_t)c->algo * 7919u + (uint64_t)rank;
   lowbit_optimizer_config_t cfg;
   lowbit_hparams_t hp;
-  lowbit_optimizer_config_init(&cfg, c->algo);
+  lowbit_optimizer_config_init_sized(&cfg, sizeof cfg, c->algo);
   lowbit_hparams_init(&hp, c->algo);
   cfg.device = g_cuda ? LOWBIT_DEVICE_CUDA : LOWBIT_DEVICE_CPU;
   cfg.seed = 77;
@@ -313,7 +316,7 @@ static uint64_t run_onebit(const onebit_case_t* c, lowbit_comm_t comm, int rank,
     g_rng = keep;
     buf_push(&p[k]);
     lowbit_param_config_t pc;
-    lowbit_param_config_init(&pc);
+    lowbit_param_config_init_sized(&pc, sizeof pc);
     pc.param = tensor(&p[k]);
     pc.grad = tensor(&g[k]);
     pc.group = k == 1 ? g2 : 0;
