@@ -171,16 +171,9 @@ inline ffi::ErrorCode error_code(lowbit_status_t s) {
 // (no exception may cross into XLA).
 template <class Body>
 ffi::Error guarded(const char* what, Body&& body) {
-  try {
-    body();
-    return ffi::Error::Success();
-  } catch (const Error& e) {
-    return ffi::Error(error_code(e.status()), concat("lowbit ", what, ": ", e.what()));
-  } catch (const std::exception& e) {
-    return ffi::Error(ffi::ErrorCode::kInternal, concat("lowbit ", what, ": internal error: ", e.what()));
-  } catch (...) {
-    return ffi::Error(ffi::ErrorCode::kInternal, concat("lowbit ", what, ": internal error"));
-  }
+  const Failure f = catch_failure(std::forward<Body>(body));
+  if (!f.failed()) return ffi::Error::Success();
+  return ffi::Error(error_code(f.status), concat("lowbit ", what, ": ", f.message));
 }
 
 inline void check_scalar(const ffi::AnyBuffer& b, ffi::DataType dtype, const char* what) {
