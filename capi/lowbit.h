@@ -302,7 +302,7 @@ typedef struct lowbit_optimizer_config {
   int32_t num_threads;         /* CPU engine threads, 0..1024; 0 = all OpenMP threads
                                   (omp_get_max_threads()); larger values are
                                   LOWBIT_ERROR_INVALID_ARGUMENT */
-  int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100) */
+  int64_t freeze_step;         /* 1-bit Adam: first step with frozen variance (default 100; >= 1 for 1-bit Adam and LAMB) */
   /* Since 0.3 (struct_size of 0.2 callers still accepted: both BLOCK). */
   lowbit_normalization_t first_normalization;  /* DEFAULT / BLOCK or RANK1 */
   lowbit_normalization_t second_normalization; /* DEFAULT / BLOCK, RANK1 or FACTORED */

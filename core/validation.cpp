@@ -105,6 +105,9 @@ void check_config(const lowbit_optimizer_config_t& c) {
   LOWBIT_REQUIRE(c.algorithm != LOWBIT_ALGORITHM_ONEBIT_LAMB || c.freeze_step >= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "freeze_step = 0: 1-bit LAMB needs at least one warm-up step (its frozen trust ratio and variance "
                  "come from the warm-up)");
+  LOWBIT_REQUIRE(c.algorithm != LOWBIT_ALGORITHM_ONEBIT_ADAM || c.freeze_step >= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "freeze_step = 0: 1-bit Adam needs at least one warm-up step (its frozen variance comes from the "
+                 "warm-up; without one every update divides by eps)");
   const lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT ? c.second_state_format : c.state_format;
   LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || c.state_format != LOWBIT_STATE_FP8,
                  LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = fp8)");

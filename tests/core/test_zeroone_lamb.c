@@ -228,6 +228,10 @@ static void bad_input(lowbit_comm_t comm) {
   OK(lowbit_optimizer_config_init(&cfg, LOWBIT_ALGORITHM_ONEBIT_LAMB));
   cfg.freeze_step = 0;
   expect_error(lowbit_optimizer_create(&opt, &cfg, &h), LOWBIT_ERROR_INVALID_ARGUMENT, "warm-up", "LAMB freeze 0");
+  OK(lowbit_optimizer_config_init(&cfg, LOWBIT_ALGORITHM_ONEBIT_ADAM));
+  cfg.freeze_step = 0;
+  expect_error(lowbit_optimizer_create(&opt, &cfg, &h), LOWBIT_ERROR_INVALID_ARGUMENT, "1-bit Adam needs at least",
+               "1-bit Adam freeze 0");
 
   static float w[NW], b[OUT], gw[NW], gb[OUT];
   lowbit_onebit_options_t o;

@@ -152,6 +152,8 @@ def test_torch_constructors_check_their_arguments():
         lt.OneBitLamb(p, factor_threshold=1.0, communicator=comm)
     with pytest.raises(ValueError, match="freeze_step=0"):
         lt.OneBitLamb(p, freeze_step=0, communicator=comm)
+    with pytest.raises(ValueError, match=r"freeze_step=0.*1-bit Adam needs at least one warm-up step"):
+        lt.OneBitAdam(p, freeze_step=0, communicator=comm)
     with pytest.raises(ValueError, match="process_group or communicator"):
         lt.ZeroOneAdam(p, communicator=comm, process_group=object())
     with pytest.raises(ValueError, match="bias_correction=True"):
