@@ -92,6 +92,17 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// The magic and the format version at the start of a checkpoint, checked.
+uint32_t read_magic_and_version(Reader& r) {
+  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "not a lowbit checkpoint (bad magic)");
+  const uint32_t version = r.get<uint32_t>("version");
+  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionOneBitExt, LOWBIT_ERROR_VERSION_MISMATCH,
+                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
+                 kVersionOneBitExt, ")");
+  return version;
+}
+
 struct LoadedMoment {
   std::vector<uint8_t> data, scales;
 };
@@ -296,12 +307,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
 
 uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   Reader r(head, kCheckpointHeadBytes);
-  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
-                 "not a lowbit checkpoint (bad magic)");
-  uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionOneBitExt, LOWBIT_ERROR_VERSION_MISMATCH,
-                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionOneBitExt, ")");
+  const uint32_t version = read_magic_and_version(r);
   r.get<uint32_t>("mode");
   r.get<uint32_t>("algorithm");
   const uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -342,12 +348,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
   LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
   Reader r(bytes, size_t(size));
-  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
-                 "not a lowbit checkpoint (bad magic)");
-  uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionOneBitExt, LOWBIT_ERROR_VERSION_MISMATCH,
-                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionOneBitExt, ")");
+  const uint32_t version = read_magic_and_version(r);
   uint32_t mode = r.get<uint32_t>("mode");
   uint32_t algorithm = r.get<uint32_t>("algorithm");
   uint32_t num_groups = r.get<uint32_t>("num_groups");

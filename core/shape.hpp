@@ -64,18 +64,24 @@ LOWBIT_HD int64_t col_chunks(int64_t rows) { return (rows + kColChunkRows - 1) /
 LOWBIT_HD uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 LOWBIT_HD uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
-// min over k < d-1 of r_k[i_k(q)] as float bits, for row q (the dims before
-// the last), vectors at `vecs`.
-LOWBIT_HD uint32_t rank1_row_bits(const Shape& s, const float* vecs, int64_t q) {
-  uint32_t m = 0xFFFFFFFFu;
+// The entries r_k[i_k(q)], k < d-1, of row q (the dims before the last): at(j)
+// for each, j its index in the vectors laid back to back (k = d-2 down to 0).
+template <class At>
+LOWBIT_HD void rank1_row_entries(const Shape& s, int64_t q, const At& at) {
   int64_t off = 0;
   for (int k = 0; k < s.ndim - 1; ++k) off += s.dim[k];
   for (int k = s.ndim - 2; k >= 0; --k) {
     off -= s.dim[k];
     const int64_t i = q % s.dim[k];
     q /= s.dim[k];
-    m = umin(m, float_bits(vecs[off + i]));
+    at(off + i);
   }
+}
+
+// min over k < d-1 of r_k[i_k(q)] as float bits, for row q, vectors at `vecs`.
+LOWBIT_HD uint32_t rank1_row_bits(const Shape& s, const float* vecs, int64_t q) {
+  uint32_t m = 0xFFFFFFFFu;
+  rank1_row_entries(s, q, [&](int64_t j) { m = umin(m, float_bits(vecs[j])); });
   return m;
 }
 
@@ -104,14 +110,7 @@ struct ShapeCursor {
 // called with (vector index, bits).
 template <class Store>
 LOWBIT_HD void rank1_scatter_row(const Shape& s, int64_t q, uint32_t bits, const Store& store) {
-  int64_t off = 0;
-  for (int k = 0; k < s.ndim - 1; ++k) off += s.dim[k];
-  for (int k = s.ndim - 2; k >= 0; --k) {
-    off -= s.dim[k];
-    const int64_t i = q % s.dim[k];
-    q /= s.dim[k];
-    store(off + i, bits);
-  }
+  rank1_row_entries(s, q, [&](int64_t j) { store(j, bits); });
 }
 
 // The factored v of element (q, c): (row[q] / mean[b]) * col[b, c], 0 where
