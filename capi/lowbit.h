@@ -587,7 +587,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_write_moment(lowbit_optimizer_t opt,
 
 /* Sets the number of steps applied to a param (param_id -1: every param), as
  * the next step's bias correction and stochastic-rounding bits see it.
- * step >= 0. Blocking, after the work on `stream`. */
+ * 0 <= step <= 2^53, else LOWBIT_ERROR_INVALID_ARGUMENT (checkpoints: counts up to 2^62, else CORRUPT_DATA).
+ * Blocking, after the work on `stream`. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_step(lowbit_optimizer_t opt, int64_t param_id, int64_t step,
                                                      void* stream);
 

@@ -417,7 +417,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     LOWBIT_REQUIRE(out.group >= 0 && uint32_t(out.group) < num_groups, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ",
                    i, " names group ", out.group, " of ", num_groups);
     out.step = r.get<int64_t>("step");
-    LOWBIT_REQUIRE(out.step >= 0, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has step ", out.step);
+    LOWBIT_REQUIRE(out.step >= 0 && out.step <= kMaxCheckpointStep, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
+                   " has step ", out.step, " (a step count is 0 .. 2^62 = ", kMaxCheckpointStep, ")");
     r.get<uint32_t>("rounding");
     uint32_t num_moments = r.get<uint32_t>("num_moments");
     LOWBIT_REQUIRE(num_moments == uint32_t(p.num_moments), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i,
