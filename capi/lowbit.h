@@ -581,7 +581,8 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, 
  * does; see lowbit_state_format_t). Values must be finite, and a second moment
  * (Adam's variance) >= 0; otherwise LOWBIT_ERROR_NONFINITE /
  * LOWBIT_ERROR_INVALID_ARGUMENT name the first bad element and nothing
- * changes. Blocking, after the work on `stream`. */
+ * changes. A BF16 moment stores a finite value beyond bf16's range as +-3.3895e38 (its largest), never Inf.
+ * Blocking, after the work on `stream`. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_write_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
                                                          const float* values, int64_t numel, void* stream);
 
