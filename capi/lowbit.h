@@ -210,7 +210,8 @@ typedef enum lowbit_algorithm {
  * smallest scale s with 448 s >= the largest |x|, in float): the signed maps
  * have no -1, and with absmax = |x| each materialise / load cycle would
  * shrink such a block. So a state materialised (fp32 or bf16) and loaded
- * again keeps its codes and scales from the first load on. */
+ * again keeps its codes and scales from the first load on (rank-1 vectors and
+ * factored accumulators too: those encodings are cycled until they reproduce). */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
