@@ -21,7 +21,7 @@ void min_row(uint32_t row, const float* __restrict last, int n, float* __restric
 
 LOWBIT_VECTOR_CLONES
 void scale_row(float factor, const float* __restrict col, int n, float* __restrict out) {
-  for (int i = 0; i < n; ++i) out[i] = factor * col[i];
+  for (int i = 0; i < n; ++i) out[i] = factored_v(factor, col[i]);
 }
 
 // Elements [base, base + n) row by row: row_fn(q, c, i, len) for the len

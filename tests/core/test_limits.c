@@ -1,10 +1,17 @@
-/* Issue 32, defect 6: the bounds of step counts.
+/* Issue 32, defects 6 and 7: the bounds of step counts and of gradients.
  *
  * Step counts: lowbit_optimizer_set_step takes 0 .. 2^53 and a checkpoint
  * may carry counts up to 2^62; anything larger is refused with a message
  * naming the value, and nothing changes. Steps from the largest accepted
  * counts keep params finite (an INT64_MAX count used to wrap and make them
  * NaN).
+ *
+ * Gradients: every finite gradient, however large, leaves params and
+ * moments finite in every state format and normalisation: the second moments
+ * saturate at 3.3895e38 (the largest bf16). A factored second moment used to
+ * overflow g^2 above ~1.8e19 and turn the whole param NaN; 8-bit and FP8
+ * second moments, blocks and rank-1, went NaN once (1 - beta2) g^2 passed
+ * 3.4e38 (0 * Inf in the decode); fp32 and bf16 ones went Inf.
  */
 #include "state_util.h"
 
@@ -147,12 +154,96 @@ static void test_checkpoint_step_bound(void** state) {
   su_destroy(&f);
 }
 
+typedef struct {
+  lowbit_state_format_t fm, fv;
+  lowbit_normalization_t nm, nv;
+} fcase_t;
+
+/* Four steps of one case (a materialised save / load after the second),
+ * then params and both moments must be finite. */
+static void huge_gradient_case(const fcase_t* fc, lowbit_algorithm_t algo, float huge, int columns, uint64_t rng,
+                               const char* label) {
+  su_fixture_t f;
+  su_make(&f, algo, fc->fm, fc->fv, fc->nm, fc->nv, kShapes, 2, g_seed);
+  if (columns) {
+    lowbit_hparams_t hp;
+    hp.struct_size = sizeof hp;
+    SU_CHECK(f.opt, lowbit_optimizer_get_hparams(f.opt, 0, &hp));
+    hp.beta2 = 0.f;
+    SU_CHECK(f.opt, lowbit_optimizer_set_hparams(f.opt, 0, &hp));
+  }
+  for (int t = 0; t < 4; ++t) {
+    for (int i = 0; i < 2; ++i) {
+      const int64_t C = kShapes[i].dim[kShapes[i].ndim - 1];
+      for (int64_t e = 0; e < f.numel[i]; ++e) {
+        const float u = su_uniform(&rng);
+        const int64_t q = e / C, col = e % C;
+        /* scattered: a tenth of the elements huge, another twentieth every other step */
+        const int at = columns ? col % 10 == 0 || (col % 10 == 1 && q % 2 == 0) : e % 10 == 0;
+        f.g[i][e] = at ? (u < 0.f ? -huge : huge) : (!columns && e % 20 == 5 && t % 2) ? huge : u;
+      }
+    }
+    SU_CHECK(f.opt, lowbit_optimizer_step(f.opt, NULL));
+    if (t == 1) {
+      int64_t size;
+      uint8_t* buf = su_save(f.opt, LOWBIT_CHECKPOINT_MATERIALIZED_FP32, &size);
+      SU_CHECK(f.opt, lowbit_optimizer_load(f.opt, buf, size, NULL));
+      free(buf);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (!all_finite(f.p[i], f.numel[i])) fail_msg("%s: param %d is not finite", label, i);
+    float* x = malloc((size_t)f.numel[i] * 4);
+    for (int m = 0; m < 2; ++m) {
+      SU_CHECK(f.opt, lowbit_optimizer_read_moment(f.opt, i, m, x, f.numel[i], NULL));
+      if (!all_finite(x, f.numel[i])) fail_msg("%s: param %d moment %d is not finite", label, i, m);
+    }
+    free(x);
+  }
+  su_destroy(&f);
+}
+
+/* Gradients with some elements at 1e19 .. FLT_MAX (either sign), the others
+ * ordinary, for AdamW and Adam in every format and normalisation: steps
+ * succeed, params and both moments stay finite, and a materialised save /
+ * load keeps them so. The huge elements are scattered, or (with beta2 = 0)
+ * fill every 10th column and, in even rows, every 10th + 1 too: then factored
+ * columns saturate and v^ = row / mean * col overflows unless it saturates. */
+static void test_huge_gradients_stay_finite(void** state) {
+  (void)state;
+  const fcase_t cases[] = {
+      {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
+      {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
+      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
+      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
+      {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
+      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
+      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
+      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
+      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_FACTORED},
+      {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
+  };
+  const float huge[] = {1e19f, 2e19f, 1e21f, 1e30f, 3e38f, 3.4028235e38f};
+  const lowbit_algorithm_t algos[] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM};
+  for (int columns = 0; columns < 2; ++columns)
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
+      for (int a = 0; a < 2; ++a)
+        for (size_t h = 0; h < sizeof huge / sizeof huge[0]; ++h) {
+          char label[96];
+          snprintf(label, sizeof label, "case %zu algo %d grads %g%s", c, a, (double)huge[h],
+                   columns ? " in columns, beta2 0" : "");
+          huge_gradient_case(&cases[c], algos[a], huge[h], columns,
+                             g_seed + 1000 * c + 10 * h + (uint64_t)a + 100000 * (uint64_t)columns, label);
+        }
+}
+
 int main(void) {
   g_seed = lowbit_test_seed("test_limits");
   if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_set_step_bound),
       cmocka_unit_test(test_checkpoint_step_bound),
+      cmocka_unit_test(test_huge_gradients_stay_finite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
