@@ -195,7 +195,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
         data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
         scales.clear();
         MomentView out = lowbit::moment_view(out_format, m, data.data(), nullptr);
-        encode_moment(out, p.param.numel, values.data());
+        reencode_moment(out, p.shape, p.param.numel, values.data());  // bf16: saturating
       }
       w.put<uint32_t>(uint32_t(out_format));
       w.put<uint32_t>(uint32_t(out_norm));

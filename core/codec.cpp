@@ -137,7 +137,7 @@ void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* 
     case LOWBIT_STATE_FP32: std::memcpy(static_cast<float*>(mv.data) + base, in, sizeof(float) * n); return;
     case LOWBIT_STATE_BF16: {
       uint16_t* d = static_cast<uint16_t*>(mv.data) + base;
-      for (int i = 0; i < n; ++i) d[i] = float_to_bf16_saturate(in[i]);
+      for (int i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
       return;
     }
     case LOWBIT_STATE_8BIT: {

@@ -2,6 +2,7 @@
 // checkpoint, another format or layout, read_moment) so that decoding and
 // encoding again is a fixed point: reencode_moment (state.hpp).
 //  - Blocks: one pass; a block's scale is fitted to its extreme (fitted_scale).
+//    BF16 saturates at its largest value rather than round to Inf.
 //  - Rank-1: each vector entry is fitted to both extremes of its slice, then
 //    the codes. An entry can still drop once more when its slice's extremes
 //    sit in elements whose scales other dims' entries set.
@@ -90,7 +91,12 @@ void reencode_blocks(const MomentView& mv, int64_t numel, const float* values) {
     }
     return;
   }
-  encode_moment(mv, numel, values);  // fp32, bf16: exact or round to nearest, nothing to fit
+  if (mv.format == LOWBIT_STATE_BF16) {  // round to nearest; beyond bf16's range its largest, never Inf
+    uint16_t* out = static_cast<uint16_t*>(mv.data);
+    for (int64_t i = 0; i < numel; ++i) out[i] = float_to_bf16_saturate(values[i]);
+    return;
+  }
+  encode_moment(mv, numel, values);  // fp32: exact
 }
 
 // The stored bytes of a rank-1 or factored moment: codes or accumulators, then

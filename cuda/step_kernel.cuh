@@ -243,7 +243,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       break;
     case LOWBIT_STATE_BF16:
 #pragma unroll
-      for (int j = 0; j < 8; ++j) r.w[j >> 1] |= uint32_t(float_to_bf16_saturate(x[j])) << (16 * (j & 1));
+      for (int j = 0; j < 8; ++j) r.w[j >> 1] |= uint32_t(float_to_bf16(x[j])) << (16 * (j & 1));
       store_elems(mr.data, false, e0, n, true, r);
       break;
     case LOWBIT_STATE_8BIT: {
