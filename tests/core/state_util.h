@@ -17,6 +17,12 @@
 #include "lowbit.h"
 #include "../common/test_seed.h"
 
+/* The suite's seed (LOWBIT_TEST_SEED), and LOWBIT_TEST_FILTER as cmocka's test filter. */
+static uint64_t su_init(const char* suite) {
+  if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
+  return lowbit_test_seed(suite);
+}
+
 static uint64_t su_next(uint64_t* s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -14,6 +14,7 @@
  * 3.4e38 (0 * Inf in the decode); fp32 and bf16 ones went Inf.
  */
 #include "state_util.h"
+#include "../common/state_cases.h"
 
 #define MAX_SET_STEP ((int64_t)1 << 53)
 #define MAX_CHECKPOINT_STEP ((int64_t)1 << 62)
@@ -154,14 +155,9 @@ static void test_checkpoint_step_bound(void** state) {
   su_destroy(&f);
 }
 
-typedef struct {
-  lowbit_state_format_t fm, fv;
-  lowbit_normalization_t nm, nv;
-} fcase_t;
-
 /* Four steps of one case (a materialised save / load after the second),
  * then params and both moments must be finite. */
-static void huge_gradient_case(const fcase_t* fc, lowbit_algorithm_t algo, float huge, int columns, uint64_t rng,
+static void huge_gradient_case(const state_case_t* fc, lowbit_algorithm_t algo, float huge, int columns, uint64_t rng,
                                const char* label) {
   su_fixture_t f;
   su_make(&f, algo, fc->fm, fc->fv, fc->nm, fc->nv, kShapes, 2, g_seed);
@@ -211,35 +207,22 @@ static void huge_gradient_case(const fcase_t* fc, lowbit_algorithm_t algo, float
  * columns saturate and v^ = row / mean * col overflows unless it saturates. */
 static void test_huge_gradients_stay_finite(void** state) {
   (void)state;
-  const fcase_t cases[] = {
-      {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-      {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-      {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
-      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
-      {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
-      {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_FACTORED},
-      {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
-  };
   const float huge[] = {1e19f, 2e19f, 1e21f, 1e30f, 3e38f, 3.4028235e38f};
   const lowbit_algorithm_t algos[] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM};
   for (int columns = 0; columns < 2; ++columns)
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
+    for (int c = 0; c < NUM_STATE_CASES; ++c)
       for (int a = 0; a < 2; ++a)
         for (size_t h = 0; h < sizeof huge / sizeof huge[0]; ++h) {
           char label[96];
-          snprintf(label, sizeof label, "case %zu algo %d grads %g%s", c, a, (double)huge[h],
+          snprintf(label, sizeof label, "case %d algo %d grads %g%s", c, a, (double)huge[h],
                    columns ? " in columns, beta2 0" : "");
-          huge_gradient_case(&cases[c], algos[a], huge[h], columns,
-                             g_seed + 1000 * c + 10 * h + (uint64_t)a + 100000 * (uint64_t)columns, label);
+          huge_gradient_case(&kStateCases[c], algos[a], huge[h], columns,
+                             g_seed + 1000 * (uint64_t)c + 10 * h + (uint64_t)a + 100000 * (uint64_t)columns, label);
         }
 }
 
 int main(void) {
-  g_seed = lowbit_test_seed("test_limits");
-  if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
+  g_seed = su_init("test_limits");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_set_step_bound),
       cmocka_unit_test(test_checkpoint_step_bound),

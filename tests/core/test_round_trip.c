@@ -250,8 +250,7 @@ static void test_bf16_saturates(void** state) {
 }
 
 int main(void) {
-  g_seed = lowbit_test_seed("test_round_trip");
-  if (getenv("LOWBIT_TEST_FILTER")) cmocka_set_test_filter(getenv("LOWBIT_TEST_FILTER"));
+  g_seed = su_init("test_round_trip");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stepped_state_is_fixed_point),
       cmocka_unit_test(test_written_state_is_fixed_point),

@@ -11,29 +11,12 @@
  * Built twice: on the host emulation of the kernels (cuda.extremes_emulated)
  * and against a GPU (cuda.extremes, skipped without one). */
 #include "cuda_test_util.h"
+#include "../common/state_cases.h"
 
 #define NPARAMS 3
 #define STEPS 4
 static const int kNdim[NPARAMS] = {2, 3, 0};
 static const int64_t kDims[NPARAMS][3] = {{7, 129, 0}, {3, 5, 257}, {1000, 0, 0}};
-
-typedef struct {
-  lowbit_state_format_t fm, fv;
-  lowbit_normalization_t nm, nv;
-} xcase_t;
-
-static const xcase_t kCases[] = {
-    {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-    {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-    {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-    {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-    {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
-    {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
-    {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
-    {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
-    {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_FACTORED},
-};
-#define NCASES (int)(sizeof kCases / sizeof kCases[0])
 
 static uint64_t g_rng;
 
@@ -53,7 +36,7 @@ static uint8_t* save(lowbit_optimizer_t opt, void* stream, int64_t* size) {
 }
 
 /* `columns`: beta2 = 0 and the huge elements in whole columns. */
-static void run_case(lowbit_algorithm_t algo, const xcase_t* x, int columns, const char* label) {
+static void run_case(lowbit_algorithm_t algo, const state_case_t* x, int columns, const char* label) {
   lowbit_optimizer_config_t cfg;
   lowbit_hparams_t h;
   assert_int_equal(lowbit_optimizer_config_init(&cfg, algo), LOWBIT_SUCCESS);
@@ -145,14 +128,14 @@ static void test_huge_gradients(void** state) {
   const lowbit_algorithm_t algos[2] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM};
   for (int columns = 0; columns < 2; ++columns)
     for (int a = 0; a < 2; ++a)
-      for (int c = 0; c < NCASES; ++c) {
+      for (int c = 0; c < NUM_STATE_CASES; ++c) {
         char label[128];
         snprintf(label, sizeof label, "%s formats %d/%d normalisations %d/%d%s", a ? "adam" : "adamw",
-                 (int)kCases[c].fm, (int)kCases[c].fv, (int)kCases[c].nm, (int)kCases[c].nv,
+                 (int)kStateCases[c].fm, (int)kStateCases[c].fv, (int)kStateCases[c].nm, (int)kStateCases[c].nv,
                  columns ? " columns, beta2 0" : "");
-        run_case(algos[a], &kCases[c], columns, label);
+        run_case(algos[a], &kStateCases[c], columns, label);
       }
-  printf("huge gradients: %d cases bit-identical\n", 4 * NCASES);
+  printf("huge gradients: %d cases bit-identical\n", 4 * NUM_STATE_CASES);
 }
 
 int main(void) {
