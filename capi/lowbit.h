@@ -68,6 +68,10 @@
  *     propagate into params and state, as in plain PyTorch optimizers; in a
  *     quantized state a NaN makes its block's scale, and so the whole block,
  *     NaN (CPU and CUDA alike).
+ *   - A finite gradient never makes a second moment Inf or NaN: v, the
+ *     factored statistics and v^ saturate at 3.3895e38 (the largest bf16)
+ *     where they used to overflow (|g| above ~5.8e20 at beta2 = 0.999, or
+ *     ~1.8e19 for the factored g^2).
  */
 #ifndef LOWBIT_H
 #define LOWBIT_H
@@ -571,13 +575,15 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_read_moment(lowbit_optimizer_t opt, 
  * does; see lowbit_state_format_t). Values must be finite, and a second moment
  * (Adam's variance) >= 0; otherwise LOWBIT_ERROR_NONFINITE /
  * LOWBIT_ERROR_INVALID_ARGUMENT name the first bad element and nothing
- * changes. Blocking, after the work on `stream`. */
+ * changes. A BF16 moment stores a finite value beyond bf16's range as
+ * +-3.3895e38 (its largest), never Inf. Blocking, after the work on `stream`. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_write_moment(lowbit_optimizer_t opt, int64_t param_id, int32_t moment,
                                                          const float* values, int64_t numel, void* stream);
 
 /* Sets the number of steps applied to a param (param_id -1: every param), as
  * the next step's bias correction and stochastic-rounding bits see it.
- * step >= 0. Blocking, after the work on `stream`. */
+ * 0 <= step <= 2^53, else LOWBIT_ERROR_INVALID_ARGUMENT (a checkpoint's counts:
+ * up to 2^62, else CORRUPT_DATA). Blocking, after the work on `stream`. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_step(lowbit_optimizer_t opt, int64_t param_id, int64_t step,
                                                      void* stream);
 

@@ -53,6 +53,17 @@ constexpr uint32_t kVersionWithSection = 3;  // kVersion plus the extension's se
 using Writer = CheckpointWriter;
 using Reader = CheckpointReader;
 
+// The magic and the format version at the start of a checkpoint, checked.
+uint32_t read_magic_and_version(Reader& r) {
+  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
+                 "not a lowbit checkpoint (bad magic)");
+  const uint32_t version = r.get<uint32_t>("version");
+  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
+                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
+                 kVersionWithSection, ")");
+  return version;
+}
+
 struct LoadedMoment {
   std::vector<uint8_t> data, scales;
 };
@@ -63,94 +74,8 @@ struct LoadedParam {
   std::vector<uint8_t> ecc;
 };
 
-// min { t >= 0 : fl(v t) >= a }, for a >= 0 and 0 < v: the smallest scale
-// whose map value v decodes (v * scale, in float, as the codecs do) to at
-// least a. a / v is within an ulp or two of it; the loops settle the rest.
-float fit_scale(float a, float v) {
-  if (!(a > 0.f)) return 0.f;
-  float t = a / v;
-  if (!std::isfinite(t)) return t;
-  while (v * t < a) t = std::nextafter(t, INFINITY);
-  for (float d = std::nextafter(t, 0.f); t > 0.f && v * d >= a; d = std::nextafter(t, 0.f)) t = d;
-  return t;
-}
-
-// The scale of one block for reencode_moment(), from the map's largest and
-// most negative values (`vmax`, `vmin`; vmin >= 0 for a map without negative
-// values): the smallest that reaches the block's extreme with the map value
-// of its sign. Blocks with non-finite values keep the step encoder's scale:
-// the largest |x| (its bits, so NaN wins) / `absmax_divisor` (FP8: 448).
-float fitted_block_scale(const float* x, int n, float vmax, float vmin, float absmax_divisor = 1.f) {
-  float pos = 0.f, neg = 0.f;
-  uint32_t absmax_bits = 0;
-  for (int i = 0; i < n; ++i) {
-    pos = x[i] > pos ? x[i] : pos;
-    neg = -x[i] > neg ? -x[i] : neg;
-    const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
-    absmax_bits = a > absmax_bits ? a : absmax_bits;
-  }
-  const float absmax = bits_float(absmax_bits);
-  if (!std::isfinite(absmax)) return absmax / absmax_divisor;
-  // A block whose largest magnitude is positive keeps the step's scale (its
-  // extreme decodes exactly with the map's largest value 1). Otherwise the
-  // negative extreme, ties included, sets it: e.g. a bf16 checkpoint rounds
-  // a positive vmax-coded value and a negative vmin-coded one apart, and a
-  // rule that looked at both would let that rounding move the scale again
-  // at the next cycle.
-  const float s = pos > neg ? fit_scale(pos, vmax)
-                            : std::max(fit_scale(pos, vmax), vmin < 0.f ? fit_scale(neg, -vmin) : neg);
-  return std::isfinite(s) ? s : absmax / absmax_divisor;
-}
 
 }  // namespace
-
-void reencode_moment(const MomentView& mv, const Shape& shape, int64_t numel, const float* values) {
-  if (mv.norm != Norm::Block) {  // rank-1 vectors / factored accumulators are computed from the values
-    encode_moment(mv, shape, numel, values);
-    return;
-  }
-  if (mv.format == LOWBIT_STATE_8BIT || mv.format == LOWBIT_STATE_4BIT) {
-    const QMap& map = *mv.map;
-    const int block = int(block_size(mv.format));
-    const float vmax = map.values[map.n - 1], vmin = map.values[0];
-    uint8_t* out = static_cast<uint8_t*>(mv.data);
-    for (int64_t b = 0; b < numel; b += block) {
-      const int n = int(std::min<int64_t>(block, numel - b));
-      const float scale = fitted_block_scale(values + b, n, vmax, vmin);
-      mv.scales[b / block] = scale;
-      for (int i = 0; i < n; ++i) {  // the code search of the codecs, given the scale
-        const float xn = normalize(values[b + i], scale);
-        int c = bucket_code(map, xn);
-        if (mv.second) c = floor_positive(map, c, xn);
-        if (mv.format == LOWBIT_STATE_8BIT) {
-          out[b + i] = uint8_t(c);
-        } else {
-          const int64_t e = b + i;
-          uint8_t& byte = out[e / 2];
-          byte = (e & 1) ? uint8_t((byte & 0x0F) | (c << 4)) : uint8_t((byte & 0xF0) | c);
-        }
-      }
-      if (mv.format == LOWBIT_STATE_4BIT && (n & 1)) out[(b + n) / 2] &= 0x0F;  // odd tail: high nibble 0
-    }
-    return;
-  }
-  if (mv.format == LOWBIT_STATE_FP8) {
-    uint8_t* out = static_cast<uint8_t*>(mv.data);
-    for (int64_t b = 0; b < numel; b += kBlock8) {
-      const int n = int(std::min<int64_t>(kBlock8, numel - b));
-      // 448 (either sign) is the extreme code: fitted, 448 s reaches the
-      // block's largest |x|; a non-finite block keeps the codec's absmax / 448.
-      const float s = fitted_block_scale(values + b, n, kFp8Max, -kFp8Max, kFp8Max);
-      mv.scales[b / kBlock8] = s;
-      for (int i = 0; i < n; ++i) {
-        uint8_t c = s > 0.f ? float_to_e4m3(values[b + i] / s) : uint8_t(0);
-        out[b + i] = mv.second ? floor_positive_e4m3(c, values[b + i]) : c;
-      }
-    }
-    return;
-  }
-  encode_moment(mv, numel, values);  // fp32, bf16: exact or round to nearest, nothing to fit
-}
 
 std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream) const {
   LOWBIT_REQUIRE(mode >= LOWBIT_CHECKPOINT_COMPRESSED && mode <= LOWBIT_CHECKPOINT_MATERIALIZED_BF16,
@@ -205,7 +130,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
         data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
         scales.clear();
         MomentView out = lowbit::moment_view(out_format, m, data.data(), nullptr);
-        encode_moment(out, p.param.numel, values.data());
+        reencode_moment(out, p.shape, p.param.numel, values.data());  // bf16: saturating
       }
       w.put<uint32_t>(uint32_t(out_format));
       w.put<uint32_t>(uint32_t(out_norm));
@@ -230,12 +155,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
 
 uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   Reader r(head, kCheckpointHeadBytes);
-  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
-                 "not a lowbit checkpoint (bad magic)");
-  uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
-                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionWithSection, ")");
+  const uint32_t version = read_magic_and_version(r);
   r.get<uint32_t>("mode");
   r.get<uint32_t>("algorithm");
   const uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -272,12 +192,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
   LOWBIT_REQUIRE(bytes != nullptr, LOWBIT_ERROR_NULL_POINTER, "buffer is NULL");
   LOWBIT_REQUIRE(size >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "size = ", size, " must be >= 0");
   Reader r(bytes, size_t(size));
-  LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
-                 "not a lowbit checkpoint (bad magic)");
-  uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
-                 "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionWithSection, ")");
+  const uint32_t version = read_magic_and_version(r);
   uint32_t mode = r.get<uint32_t>("mode");
   uint32_t algorithm = r.get<uint32_t>("algorithm");
   uint32_t num_groups = r.get<uint32_t>("num_groups");
@@ -347,7 +262,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
     LOWBIT_REQUIRE(out.group >= 0 && uint32_t(out.group) < num_groups, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ",
                    i, " names group ", out.group, " of ", num_groups);
     out.step = r.get<int64_t>("step");
-    LOWBIT_REQUIRE(out.step >= 0, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i, " has step ", out.step);
+    LOWBIT_REQUIRE(out.step >= 0 && out.step <= kMaxCheckpointStep, LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,
+                   " has step ", out.step, " (a step count is 0 .. 2^62 = ", kMaxCheckpointStep, ")");
     r.get<uint32_t>("rounding");
     uint32_t num_moments = r.get<uint32_t>("num_moments");
     LOWBIT_REQUIRE(num_moments == uint32_t(p.num_moments), LOWBIT_ERROR_STATE_MISMATCH, "checkpoint param ", i,
@@ -412,7 +328,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       target.scales = reinterpret_cast<float*>(out.moment[m].scales.data());
       if (dst.norm != Norm::Block && m == 1)
         for (float& x : values) x = x < 0.f ? 0.f : x;  // a second moment from a checkpoint of another layout
-      reencode_moment(target, p.shape, numel, values.data());
+      reencode_moment(target, p.shape, numel, values.data(), format == LOWBIT_STATE_BF16);
     }
     uint64_t ecc_bytes = r.get<uint64_t>("ecc_bytes");
     LOWBIT_REQUIRE(ecc_bytes == 0 || ecc_bytes == uint64_t(numel), LOWBIT_ERROR_CORRUPT_DATA, "checkpoint param ", i,

@@ -31,6 +31,22 @@ void decode_shaped_tile(const MomentView& mv, const Shape& s, int64_t numel, int
 void encode_rank1_tile(const MomentView& mv, const Shape& s, int64_t base, int n, const float* in);
 void decode_moment(const MomentView& mv, const Shape& s, int64_t numel, float* out);
 void encode_moment(const MomentView& mv, const Shape& s, int64_t numel, const float* in);
+// A whole rank-1 moment: the vectors from the values, then the codes. Each
+// vector entry is, from the largest |x| bits of its slice's values with the
+// sign bit clear (pos) and set (neg): `fitted` ? fitted_scale(pos, neg, the
+// map's largest and smallest values, both extremes) : the largest |x| (the
+// step's rule).
+void encode_rank1_moment(const MomentView& mv, const Shape& s, int64_t numel, const float* in, bool fitted);
+
+// The scale that reencode_moment (state.hpp) gives a block or a rank-1 slice
+// whose largest |x| bits are `pos_bits` among its values >= 0 (sign bit clear)
+// and `neg_bits` among the others, for a map from `vmin` (>= 0: no negative
+// values) to `vmax`: the smallest with which the extreme of the larger
+// magnitude (`largest_decides`: blocks) or both extremes (rank-1 slices)
+// decode to themselves or beyond; non-finite extremes keep the step's largest
+// |x| / `absmax_divisor`.
+float fitted_scale(uint32_t pos_bits, uint32_t neg_bits, float vmax, float vmin, float absmax_divisor,
+                   bool largest_decides);
 
 // Tests: the portable codec everywhere, even where the AVX-512 one
 // (codec_avx512.hpp) would run; both give the same bits.

@@ -40,6 +40,16 @@ LOWBIT_HD uint16_t float_to_bf16(float f) {
   return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
 
+// Moments given as fp32 values (write_moment, checkpoints) stored as bf16: as
+// float_to_bf16, except that a finite f beyond bf16's range (|f| >= 3.3961e38,
+// which rounds to Inf) saturates to the largest bf16 of its sign (+-3.3895e38);
+// Inf and NaN stay. (A step's second moments never pass 3.3895e38:
+// kMomentMax in update_rules.hpp.)
+LOWBIT_HD uint16_t float_to_bf16_saturate(float f) {
+  const uint16_t h = float_to_bf16(f);
+  return uint16_t(h - uint16_t(((h & 0x7FFFu) == 0x7F80u) & is_finite_bits(float_bits(f))));
+}
+
 LOWBIT_HD float fp16_to_float(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;

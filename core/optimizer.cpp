@@ -286,7 +286,8 @@ void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_
 void Optimizer::set_step(int64_t id, int64_t step, void* stream) {
   LOWBIT_REQUIRE(id == -1 || (id >= 0 && id < num_params()), LOWBIT_ERROR_INVALID_ARGUMENT, "param_id = ", id,
                  " does not exist (", num_params(), " params registered; -1 sets them all)");
-  LOWBIT_REQUIRE(step >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "step = ", step, " must be >= 0");
+  LOWBIT_REQUIRE(step >= 0 && step <= kMaxSetStep, LOWBIT_ERROR_INVALID_ARGUMENT, "step = ", step,
+                 " is outside 0 .. 2^53 = ", kMaxSetStep);
   if (params_.empty()) return;
   std::vector<int64_t> s = steps(stream);
   if (id == -1)

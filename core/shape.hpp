@@ -64,18 +64,24 @@ LOWBIT_HD int64_t col_chunks(int64_t rows) { return (rows + kColChunkRows - 1) /
 LOWBIT_HD uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 LOWBIT_HD uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
-// min over k < d-1 of r_k[i_k(q)] as float bits, for row q (the dims before
-// the last), vectors at `vecs`.
-LOWBIT_HD uint32_t rank1_row_bits(const Shape& s, const float* vecs, int64_t q) {
-  uint32_t m = 0xFFFFFFFFu;
+// The entries r_k[i_k(q)], k < d-1, of row q (the dims before the last): at(j)
+// for each, j its index in the vectors laid back to back (k = d-2 down to 0).
+template <class At>
+LOWBIT_HD void rank1_row_entries(const Shape& s, int64_t q, const At& at) {
   int64_t off = 0;
   for (int k = 0; k < s.ndim - 1; ++k) off += s.dim[k];
   for (int k = s.ndim - 2; k >= 0; --k) {
     off -= s.dim[k];
     const int64_t i = q % s.dim[k];
     q /= s.dim[k];
-    m = umin(m, float_bits(vecs[off + i]));
+    at(off + i);
   }
+}
+
+// min over k < d-1 of r_k[i_k(q)] as float bits, for row q, vectors at `vecs`.
+LOWBIT_HD uint32_t rank1_row_bits(const Shape& s, const float* vecs, int64_t q) {
+  uint32_t m = 0xFFFFFFFFu;
+  rank1_row_entries(s, q, [&](int64_t j) { m = umin(m, float_bits(vecs[j])); });
   return m;
 }
 
@@ -104,14 +110,7 @@ struct ShapeCursor {
 // called with (vector index, bits).
 template <class Store>
 LOWBIT_HD void rank1_scatter_row(const Shape& s, int64_t q, uint32_t bits, const Store& store) {
-  int64_t off = 0;
-  for (int k = 0; k < s.ndim - 1; ++k) off += s.dim[k];
-  for (int k = s.ndim - 2; k >= 0; --k) {
-    off -= s.dim[k];
-    const int64_t i = q % s.dim[k];
-    q /= s.dim[k];
-    store(off + i, bits);
-  }
+  rank1_row_entries(s, q, [&](int64_t j) { store(j, bits); });
 }
 
 // The factored v of element (q, c): (row[q] / mean[b]) * col[b, c], 0 where
@@ -128,17 +127,22 @@ LOWBIT_HD const float* factored_col(const Shape& s, const float* f, int64_t nume
 }
 
 // The squared gradient the factored statistics average (Adam: after L2 decay).
+// It, the accumulators' EMAs and v^ saturate at kMomentMax (update_rules.hpp):
+// a finite gradient leaves the statistics and v^ finite.
 template <Algo A>
 LOWBIT_HD float factored_g2(const StepScalars& s, float p, float g) {
   if (A == Algo::Adam) g = l2_decayed_grad(s, p, g);
-  return g * g;
+  return saturate_moment(g * g, g);
 }
 
 // An EMA of a mean (the accumulators' update), in float as the moments are.
 LOWBIT_HD float factored_ema(const StepScalars& s, float acc, double sum, int64_t count) {
   const float mean = float(sum / double(count));
-  return s.beta2 * acc + (1.f - s.beta2) * mean;
+  return saturate_moment(s.beta2 * acc + (1.f - s.beta2) * mean, mean);
 }
+
+// v^ of one element from its row factor and column accumulator.
+LOWBIT_HD float factored_v(float row_factor, float col) { return saturate_moment(row_factor * col, col); }
 
 // The CPU form of the warp reduction: part[0..32) combined pairwise.
 inline double lane_tree(double* part) {

@@ -1,6 +1,7 @@
 // The CPU forms of the rank-1 and factored layouts (core/shape.hpp): tiles
 // for the engine's second pass, whole moments for read_moment / write_moment
 // and checkpoints.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -20,7 +21,7 @@ void min_row(uint32_t row, const float* __restrict last, int n, float* __restric
 
 LOWBIT_VECTOR_CLONES
 void scale_row(float factor, const float* __restrict col, int n, float* __restrict out) {
-  for (int i = 0; i < n; ++i) out[i] = factor * col[i];
+  for (int i = 0; i < n; ++i) out[i] = factored_v(factor, col[i]);
 }
 
 // Elements [base, base + n) row by row: row_fn(q, c, i, len) for the len
@@ -126,31 +127,38 @@ void encode_moment(const MomentView& mv, const Shape& s, int64_t numel, const fl
     const int64_t R = shape_batch_rows(s), B = rows / R;
     float* f = static_cast<float*>(mv.data);
     for (int64_t q = 0; q < rows; ++q) f[q] = lane_mean(C, [&](int64_t c) { return in[q * C + c]; });
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t c = 0; c < C; ++c) {
-        double sum = 0;
-        for (int64_t r = 0; r < R; ++r) sum += double(in[(b * R + r) * C + c]);
-        f[rows + b * C + c] = float(sum / double(R));
-      }
+    std::vector<double> sum(static_cast<size_t>(C));  // each column's sum in row order, a row at a time
+    for (int64_t b = 0; b < B; ++b) {
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) sum[size_t(c)] += double(in[(b * R + r) * C + c]);
+      for (int64_t c = 0; c < C; ++c) f[rows + b * C + c] = float(sum[size_t(c)] / double(R));
+    }
     for (int64_t b = 0; b < B; ++b)
       f[rows + B * C + b] = lane_mean(R, [&](int64_t r) { return f[b * R + r]; });
     return;
   }
-  // Rank-1: the vectors of |in|, then the codes; the workspace half is zero.
-  const int64_t S = shape_dim_sum(s);
-  std::vector<uint32_t> vec(size_t(S), 0u);
-  const int64_t last = rank1_last_offset(s);
+  encode_rank1_moment(mv, s, numel, in, false);
+}
+
+void encode_rank1_moment(const MomentView& mv, const Shape& s, int64_t numel, const float* in, bool fitted) {
+  const int64_t C = shape_cols(s), rows = numel / C, S = shape_dim_sum(s), last = rank1_last_offset(s);
+  std::vector<uint32_t> extreme[2] = {std::vector<uint32_t>(size_t(S), 0u), std::vector<uint32_t>(size_t(S), 0u)};
   for (int64_t q = 0; q < rows; ++q) {
-    uint32_t row = 0;
+    uint32_t row[2] = {0u, 0u};  // the row's largest |x| bits by sign
     for (int64_t c = 0; c < C; ++c) {
-      const uint32_t a = float_bits(in[q * C + c]) & 0x7FFFFFFFu;
-      row = umax(row, a);
-      vec[size_t(last + c)] = umax(vec[size_t(last + c)], a);
+      const uint32_t u = float_bits(in[q * C + c]), a = u & 0x7FFFFFFFu, neg = u >> 31;
+      row[neg] = umax(row[neg], a);
+      extreme[neg][size_t(last + c)] = umax(extreme[neg][size_t(last + c)], a);
     }
-    rank1_scatter_row(s, q, row, [&](int64_t k, uint32_t bits) { vec[size_t(k)] = umax(vec[size_t(k)], bits); });
+    rank1_row_entries(s, q, [&](int64_t j) {
+      for (int k = 0; k < 2; ++k) extreme[k][size_t(j)] = umax(extreme[k][size_t(j)], row[k]);
+    });
   }
-  for (int64_t k = 0; k < S; ++k) {
-    mv.scales[S + k] = bits_float(vec[size_t(k)]);  // the new vectors, as a step leaves them before moving them
+  const float vmax = mv.map->values[mv.map->n - 1], vmin = mv.map->values[0];
+  for (int64_t k = 0; k < S; ++k) {  // the new vectors, as a step leaves them before moving them
+    const uint32_t pos = extreme[0][size_t(k)], neg = extreme[1][size_t(k)];
+    mv.scales[S + k] = fitted ? fitted_scale(pos, neg, vmax, vmin, 1.f, false) : bits_float(umax(pos, neg));
     mv.scales[k] = 0.f;
   }
   for (int64_t base = 0; base < numel; base += kTile)

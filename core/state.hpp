@@ -73,14 +73,16 @@ inline Norm from_c_norm(lowbit_normalization_t n) {
 
 // Encodes fp32 values that came from a stored moment (a materialised
 // checkpoint, another format, read_moment) into `mv` so that decoding and
-// re-encoding is a fixed point (checkpoint.cpp). Like a step's encoder except
+// re-encoding is a fixed point (reencode.cpp). Like a step's encoder except
 // for the scale of a quantized block whose largest magnitude is a negative x:
 // the smallest scale with which the map's most negative value decodes to x
 // or beyond. A step's scale |x| decodes x as vmin * |x| (the signed maps have
 // no -1: 8-bit x0.99297, 4-bit x0.8875), so each materialise / load cycle
-// shrank such blocks by that factor. Rank-1 and factored moments are encoded
-// as encode_moment(mv, shape, ...) does (their vectors / accumulators follow
-// from the values).
-void reencode_moment(const MomentView& mv, const Shape& shape, int64_t numel, const float* values);
+// shrank such blocks by that factor. Rank-1 vector entries are fitted to
+// their slices the same way; rank-1 and factored moments are then cycled
+// (decode, encode) until a cycle leaves them unchanged. `via_bf16`: the values
+// passed through bf16 (a bf16 checkpoint), and so does each such cycle.
+void reencode_moment(const MomentView& mv, const Shape& shape, int64_t numel, const float* values,
+                     bool via_bf16 = false);
 
 }  // namespace lowbit

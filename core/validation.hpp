@@ -12,6 +12,17 @@ namespace lowbit {
 // inside the runtime and INT32_MAX makes it exit(1).
 constexpr int32_t kMaxNumThreads = 1024;
 
+// Step counts. lowbit_optimizer_set_step takes 0 .. kMaxSetStep = 2^53: every
+// such count is exact as a double (Python floats, torch's step tensors, JSON)
+// and lies 2^63 - 2^53 steps below INT64_MAX, so no computation on a count
+// (t = step + 1, the bias corrections' powers by repeated squaring, the
+// stochastic-rounding key, the 1-bit schedules' step + issued and step %
+// interval) can overflow in any run. A checkpoint may carry up to
+// kMaxCheckpointStep = 2^62: what steps from 2^53 reach only after 2^62 - 2^53
+// steps, with 2^62 steps of headroom still left below INT64_MAX.
+constexpr int64_t kMaxSetStep = int64_t(1) << 53;
+constexpr int64_t kMaxCheckpointStep = int64_t(1) << 62;
+
 // That a struct has its current size. Caller structs never reach the core
 // otherwise: the C boundary (capi/struct_abi.hpp, the one table of released
 // sizes) reads each, of any released size, into a current one.

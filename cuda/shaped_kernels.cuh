@@ -191,7 +191,7 @@ __device__ __forceinline__ void shaped_lane(const DevParam& P, int k, int64_t e0
     const float* col = factored_col(sh, f, P.numel, pos.q);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      cur[j] = j < n ? rf * col[pos.c] : 0.f;
+      cur[j] = j < n ? factored_v(rf, col[pos.c]) : 0.f;
       nxt[j] = 0.f;
       if (j < n && pos.next() && j + 1 < n) {
         rf = factored_row_factor(sh, f, P.numel, pos.q);
