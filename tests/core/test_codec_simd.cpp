@@ -27,6 +27,7 @@ extern "C" {
 #include "core/quant.hpp"
 #include "core/state.hpp"
 #include "../common/test_seed.h"
+#include "../common/test_select.h"
 
 using namespace lowbit;
 
@@ -242,7 +243,9 @@ void test_fp8(void**) {
 
 }  // namespace
 
-int main() {
+// `test_codec_simd [--skip] PATTERN...` runs part of the suite (test_select.h):
+// CTest runs the every-float sweeps (test_every_float*) as their own entry.
+int main(int argc, char** argv) {
   rng.seed(lowbit_test_seed("test_codec_simd"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_8bit),
@@ -251,5 +254,5 @@ int main() {
       cmocka_unit_test(test_every_float),
       cmocka_unit_test(test_every_float_8bit),
   };
-  return cmocka_run_group_tests(tests, nullptr, nullptr);
+  return LOWBIT_RUN_SELECTED(tests, argc, argv, nullptr, nullptr);
 }

@@ -24,8 +24,13 @@
  *     index, FP8 / bf16 neighbouring value; fp32 moments: 4 ulps);
  *   - scales (absmax, FP8 absmax / 448): every one within 1 ulp;
  *   - step counts: identical.
- * Totals of what was not bit-identical are printed at the end of each test. */
+ * Totals of what was not bit-identical are printed at the end of each test.
+ *
+ * Each algorithm is one cmocka test with its own random stream (from the run's
+ * seed), so the tests can run alone (`test_cuda_vs_cpu test_lion`,
+ * tests/common/test_select.h): CTest runs them as separate entries. */
 #include "cuda_test_util.h"
+#include "../common/test_select.h"
 
 #define NPARAMS 4
 #define STEPS 22
@@ -85,7 +90,7 @@ static const char* fmt_name(lowbit_state_format_t f) {
   }
 }
 
-static uint64_t g_rng;
+static uint64_t g_seed, g_rng;
 static cudaStream_t g_stream;
 
 static void run_case(const acase_t* a, const fcase_t* f, const dcase_t* d, int registered, int skip_nonfinite,
@@ -239,6 +244,7 @@ static int quick_skip(int fi, int di) {
 }
 
 static void run_algo(const acase_t* a, int all_formats) {
+  g_rng = g_seed; /* the same inputs whether this test runs alone or after the others */
   ct_stats_t st;
   memset(&st, 0, sizeof st);
   for (int fi = 0; fi < (all_formats ? NFORMATS : 1); ++fi) {
@@ -286,15 +292,15 @@ static void test_sgd_plain(void** state) {
   run_algo(&a, 0); /* no state: one format entry */
 }
 
-int main(void) {
+int main(int argc, char** argv) {
   if (!ct_gpu_available()) return CT_SKIP;
-  g_rng = ct_seed();
+  g_seed = ct_seed();
   if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) return 1;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = LOWBIT_RUN_SELECTED(tests, argc, argv, NULL, NULL);
   cudaStreamDestroy(g_stream);
   return failed;
 }

@@ -26,7 +26,7 @@ needs_mpi = pytest.mark.skipif(not lowbit.has_mpi(), reason="liblowbit was built
 
 
 @needs_mpi
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+@pytest.mark.parametrize("ranks", [1, 2] + [pytest.param(n, marks=pytest.mark.exhaustive) for n in (3, 4)])
 def test_mpi_ranks(ranks):
     mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
     if mpirun is None:

@@ -2,7 +2,11 @@
 with DDP and lowbit.torch.onebit_ddp_comm_hook: training against DDP +
 torch.optim.Adam, parameters identical on every rank, resume, bad sizes and
 non-finite gradients on one rank (torch_onebit_worker.py does the work;
-every launch is bounded by a timeout)."""
+every launch is bounded by a timeout).
+
+The training comparisons and the 3-rank variants are marked exhaustive
+(scripts/test.sh runs them with --all; its fast set has every case at 2 ranks
+but the training run)."""
 import json
 from pathlib import Path
 
@@ -17,12 +21,37 @@ from torchrun_launch import launch as _launch  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_onebit_worker.py")
 TIMEOUT = 180
+# 2 ranks, and 3 under the exhaustive marker
+RANKS = [2, pytest.param(3, marks=pytest.mark.exhaustive)]
 
 
 def launch(nproc, case, seed):
     return _launch(WORKER, nproc, case, seed, TIMEOUT)
 
 
+# The short cases share one launch per world size (each launch costs about 6 s
+# of torchrun and torch imports); the training comparison has its own.
+SHARED_CASES = {2: "resume,nonfinite,bad_sizes,local_error", 3: "bad_sizes,local_error"}
+_shared = {}
+
+
+def result(nproc, case, seed):
+    """`case`'s results from the shared launch at `nproc` ranks (run once, by
+    the first test that asks; a failed launch fails the others without
+    running again)."""
+    key = (nproc, seed)
+    if key not in _shared:
+        try:
+            _shared[key] = launch(nproc, SHARED_CASES[nproc], seed)
+        except BaseException as e:  # pytest.fail() included
+            _shared[key] = e
+            raise
+    if isinstance(_shared[key], BaseException):
+        pytest.fail(f"the launch of {SHARED_CASES[nproc]} on {nproc} ranks failed (see the first of its tests)")
+    return _shared[key][case]
+
+
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_ddp_onebit_adam_trains_like_adam(nproc, seed):
     out = launch(nproc, "train", seed)
@@ -42,34 +71,34 @@ def test_ddp_onebit_adam_trains_like_adam(nproc, seed):
 
 @pytest.mark.parametrize("nproc", [2])
 def test_onebit_adam_resume_is_bit_identical(nproc, seed):
-    out = launch(nproc, "resume", seed)
+    out = result(nproc, "resume", seed)
     assert all(v for k, v in out.items() if k.startswith("resume_equal")), out
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", RANKS)
 def test_mismatched_sizes_fail_on_every_rank(nproc, seed):
-    out = launch(nproc, "bad_sizes", seed)
+    out = result(nproc, "bad_sizes", seed)
     assert all(e is not None and "numel" in e for e in out["errors"]), out["errors"]
     assert all(out["unchanged"]), out
 
 
 @pytest.mark.parametrize("nproc", [2])
 def test_nan_on_one_rank_skips_on_every_rank(nproc, seed):
-    out = launch(nproc, "nonfinite", seed)
+    out = result(nproc, "nonfinite", seed)
     assert out["same"] and out["finite"], out
     assert all(all(f) and len(f) == 2 for f in out["skipped_unchanged"]), out
     steps = set(out["steps"])
     assert steps == {out["freeze_step"] + 5 - 2}, out  # freeze_step + 5 steps, two of them skipped
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("nproc", RANKS)
 def test_local_error_on_one_rank_fails_every_rank_at_once(nproc, seed):
     """OneBitAdam, ZeroOneAdam, OneBitLamb: an error raised by lowbit.torch
     on the last rank before the library's step (a NaN lr, a param whose
     .data was replaced) makes every rank fail that step at once, with that
     rank's reason, nothing changed, instead of leaving the others waiting
     for the process group's timeout (60 s in the worker, 30 min by default)."""
-    out = {k: v for k, v in launch(nproc, "local_error", seed).items() if "/" in k}
+    out = {k: v for k, v in result(nproc, "local_error", seed).items() if "/" in k}
     reasons = {"nan_lr": "lr = nan", "moved_param": "moved in memory"}
     assert len(out) == 6, out
     for key, rows in out.items():

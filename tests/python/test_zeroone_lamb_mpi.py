@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.skipif(not lowbit.has_mpi(), reason="liblowbit was built without MPI")
-@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, pytest.param(3, marks=pytest.mark.exhaustive)])
 def test_zeroone_lamb_ranks(ranks):
     mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
     if mpirun is None:

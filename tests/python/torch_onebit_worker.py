@@ -3,8 +3,11 @@ OneBitAdam against DDP + torch.optim.Adam on the same model and data, on
 CPU with gloo. Rank 0 prints one JSON line of results; every rank checks
 what it can (params identical on all ranks) and exits non-zero on failure.
 
-    torchrun --nproc-per-node N torch_onebit_worker.py <case> <seed>
+    torchrun --nproc-per-node N torch_onebit_worker.py <case>[,<case>...] <seed>
 case: train | resume | bad_sizes | nonfinite | local_error
+Several cases, comma-separated, run one after the other in one launch (a
+launch costs seconds of torchrun and torch imports); the JSON line then holds
+each case's results under its name.
 """
 import datetime
 import json
@@ -231,13 +234,14 @@ def case_local_error(seed):
 
 
 def main():
-    case, seed = sys.argv[1], int(sys.argv[2])
+    cases, seed = sys.argv[1].split(","), int(sys.argv[2])
     # A rank that waits for one that gave up waits this long (instead of the
     # default 30 minutes) before the process group gives up too.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
-    out = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
-           "nonfinite": case_nonfinite, "local_error": case_local_error}[case](seed)
+    run = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
+           "nonfinite": case_nonfinite, "local_error": case_local_error}
+    out = run[cases[0]](seed) if len(cases) == 1 else {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
