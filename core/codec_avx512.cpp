@@ -40,8 +40,8 @@ using avx512::map_index;
 using avx512::tables;
 
 bool avx512_codec_supported() {
-  const CpuFeatures& f = cpu_features();
-  return !f.generic && f.avx512vbmi;
+  static const bool on = !cpu_features().generic && cpu_features().avx512vbmi;  // asked per tile
+  return on;
 }
 
 bool avx512_direct8_active() { return avx512_codec_supported() && tables().direct8[0].usable && tables().direct8[1].usable; }

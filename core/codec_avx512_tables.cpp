@@ -94,42 +94,38 @@ void fill_planes(const float* table, BytePlanes& bp) {
 
 }  // namespace
 
-const Tables& tables() {
-  static const Tables t = [] {
-    Tables x{};
-    const MapId ids[4] = {MapId::SignedDynamic8, MapId::UnsignedDynamic8, MapId::SignedDynamic4, MapId::UnsignedLinear4};
-    for (int m = 0; m < 2; ++m) {
-      const QMap& q = qmap(ids[m]);
-      fill_planes(q.values, x.values8[m]);
-      Search8& s = x.search8[m];
-      float* levels[7] = {s.t64, s.t32, s.t16, s.t8, s.t4, s.t2, s.t1};
-      for (int lv = 0; lv < 7; ++lv) {
-        const int step = 64 >> lv, count = 128 / step;
-        for (int j = 0; j < count; ++j) levels[lv][j] = q.midpoints[j * 2 * step + step - 1];
-        for (int j = count; j < 16; ++j) levels[lv][j] = INFINITY;  // never indexed
-      }
-      s.m127 = q.midpoints[127];
-      build_direct8(q, dynamic_spec(ids[m]), qmap_wide(q).zero_code, x.direct8[m]);
+Tables build_tables() {
+  Tables x{};
+  const MapId ids[4] = {MapId::SignedDynamic8, MapId::UnsignedDynamic8, MapId::SignedDynamic4, MapId::UnsignedLinear4};
+  for (int m = 0; m < 2; ++m) {
+    const QMap& q = qmap(ids[m]);
+    fill_planes(q.values, x.values8[m]);
+    Search8& s = x.search8[m];
+    float* levels[7] = {s.t64, s.t32, s.t16, s.t8, s.t4, s.t2, s.t1};
+    for (int lv = 0; lv < 7; ++lv) {
+      const int step = 64 >> lv, count = 128 / step;
+      for (int j = 0; j < count; ++j) levels[lv][j] = q.midpoints[j * 2 * step + step - 1];
+      for (int j = count; j < 16; ++j) levels[lv][j] = INFINITY;  // never indexed
     }
-    for (int m = 0; m < 2; ++m) {
-      const QMap& q = qmap(ids[2 + m]);
-      for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
-      for (int lv = 0; lv < 4; ++lv)
-        for (int i = 0; i < 16; ++i) x.map4[m].at_step[lv][i] = q.midpoints[std::min(i + (8 >> lv) - 1, 15)];
-      bool linear = q.n == 16;
-      for (int k = 1; k <= 15; ++k) linear = linear && q.midpoints[k - 1] == float(2 * k + 1) / 32.f;
-      x.map4[m].linear = linear;
-    }
-    float e4m3[256];
-    for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
-    fill_planes(e4m3, x.e4m3);
-    for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
-    x.first_map = &qmap(MapId::SignedDynamic8);
-    return x;
-  }();
-  return t;
+    s.m127 = q.midpoints[127];
+    build_direct8(q, dynamic_spec(ids[m]), qmap_wide(q).zero_code, x.direct8[m]);
+  }
+  for (int m = 0; m < 2; ++m) {
+    const QMap& q = qmap(ids[2 + m]);
+    for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
+    for (int lv = 0; lv < 4; ++lv)
+      for (int i = 0; i < 16; ++i) x.map4[m].at_step[lv][i] = q.midpoints[std::min(i + (8 >> lv) - 1, 15)];
+    bool linear = q.n == 16;
+    for (int k = 1; k <= 15; ++k) linear = linear && q.midpoints[k - 1] == float(2 * k + 1) / 32.f;
+    x.map4[m].linear = linear;
+  }
+  float e4m3[256];
+  for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
+  fill_planes(e4m3, x.e4m3);
+  for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
+  x.first_map = &qmap(MapId::SignedDynamic8);
+  return x;
 }
-
 
 }  // namespace avx512
 }  // namespace lowbit

@@ -66,7 +66,12 @@ struct Tables {
   const QMap* first_map;  // &qmap(SignedDynamic8): map_index() without a call per tile
 };
 
-const Tables& tables();
+Tables build_tables();
+// Built once; inline, so the per-tile callers pay only the guard's check.
+inline const Tables& tables() {
+  static const Tables t = build_tables();
+  return t;
+}
 
 // Which of the four maps (the order of MapId).
 inline int map_index(const Tables& t, const QMap* map) { return int(map - t.first_map); }
