@@ -132,17 +132,17 @@ LOWBIT_HD const float* factored_col(const Shape& s, const float* f, int64_t nume
 template <Algo A>
 LOWBIT_HD float factored_g2(const StepScalars& s, float p, float g) {
   if (A == Algo::Adam) g = l2_decayed_grad(s, p, g);
-  return saturate_moment(g * g, g);
+  return saturate_moment(g * g);
 }
 
 // An EMA of a mean (the accumulators' update), in float as the moments are.
 LOWBIT_HD float factored_ema(const StepScalars& s, float acc, double sum, int64_t count) {
   const float mean = float(sum / double(count));
-  return saturate_moment(s.beta2 * acc + (1.f - s.beta2) * mean, mean);
+  return saturate_moment(s.beta2 * acc + (1.f - s.beta2) * mean);
 }
 
 // v^ of one element from its row factor and column accumulator.
-LOWBIT_HD float factored_v(float row_factor, float col) { return saturate_moment(row_factor * col, col); }
+LOWBIT_HD float factored_v(float row_factor, float col) { return saturate_moment(row_factor * col); }
 
 // The CPU form of the warp reduction: part[0..32) combined pairwise.
 inline double lane_tree(double* part) {

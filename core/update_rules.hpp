@@ -33,19 +33,16 @@ enum class Algo { AdamW, Adam, Lion, Sgd };
 // col as Inf / Inf. Results up to kMomentMax keep their bits.
 constexpr float kMomentMax = 0x1.FEp+127f;
 
-// min(r, kMomentMax), unless x is Inf or NaN: then r as it is (so a
-// non-finite gradient still propagates, and NaN always does). Branch-free:
-// kMomentMax + 0 * x is NaN for such an x, and a compare with NaN keeps r.
-LOWBIT_HD float saturate_moment(float r, float x) {
-  const float bound = kMomentMax + 0.f * x;
-  return bound < r ? bound : r;
-}
+// min(r, kMomentMax), NaN kept (a NaN gradient still propagates; an
+// infinite one leaves kMomentMax in v, and its m and param go non-finite as
+// before). One compare and one select: a cost of the step's inner loop.
+LOWBIT_HD float saturate_moment(float r) { return r > kMomentMax ? kMomentMax : r; }
 
 // The moments' updates, each written once: the rules below, the 1-bit
 // rules and update_moments() (the shaped params' first pass) share them.
 LOWBIT_HD float adam_first_moment(const StepScalars& s, float m, float g) { return s.beta1 * m + (1.f - s.beta1) * g; }
 LOWBIT_HD float adam_second_moment(const StepScalars& s, float v, float g) {
-  return saturate_moment(s.beta2 * v + (1.f - s.beta2) * g * g, g);
+  return saturate_moment(s.beta2 * v + (1.f - s.beta2) * g * g);
 }
 LOWBIT_HD float lion_momentum(const StepScalars& s, float m, float g) { return s.beta2 * m + (1.f - s.beta2) * g; }
 LOWBIT_HD float sgd_momentum(const StepScalars& s, float m, float g) {
