@@ -74,7 +74,7 @@ class ArrayRef:
     (a torch tensor: ``t.data = ...``, ``t.resize_()``), a function giving
     the owner's (address, numel) now; None for arrays that cannot move."""
 
-    __slots__ = ("desc", "numel", "shape", "owner", "dtype", "device", "device_index", "probe")
+    __slots__ = ("desc", "numel", "shape", "owner", "dtype", "device", "device_index", "probe", "_registered")
 
     def __init__(self, data, shape, dtype, device, device_index, owner, probe=None):
         numel = 1
@@ -88,6 +88,7 @@ class ArrayRef:
         self.device_index = int(device_index)
         self.owner = owner
         self.probe = probe
+        self._registered = (int(_cast("uintptr_t", self.desc.data)), numel)  # what moved() compares probe() with
 
     @property
     def tensor(self):
@@ -100,10 +101,11 @@ class ArrayRef:
         was replaced or resized since), or None while it does."""
         if self.probe is None:
             return None
-        data, numel = self.probe()
-        registered = int(_cast("uintptr_t", self.desc.data))
-        if data == registered and numel == self.numel:
+        now = self.probe()
+        if now == self._registered:
             return None
+        data, numel = now
+        registered = self._registered[0]
         return (f"it held {self.numel} elements at {registered:#x} when registered and now holds {numel} at "
                 f"{data:#x} (its storage was replaced or resized, e.g. `t.data = ...` or `t.resize_()`)")
 
@@ -376,7 +378,7 @@ def _pin(obj):
     data_ptr, numel = getattr(obj, "data_ptr", None), getattr(obj, "numel", None)
     if not (callable(storage) and callable(data_ptr) and callable(numel)):
         return (), None
-    return (storage(),), lambda: (int(data_ptr()), int(numel()))
+    return (storage(),), lambda: (data_ptr(), numel())
 
 
 def _dl_device(role, obj, dev_type, dev_id):
