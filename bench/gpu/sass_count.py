@@ -104,6 +104,8 @@ def die(msg):
 def find_tool(name, env):
     """$ENV, PATH, the CUDA toolkit beside nvcc, then the PyPI package (nvidia-cuda-<name>)."""
     if os.environ.get(env):
+        if not os.access(os.environ[env], os.X_OK):
+            die("$%s=%s is not an executable" % (env, os.environ[env]))
         return os.environ[env]
     p = shutil.which(name)
     if p:
