@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""How far each optimizer-state format's final validation loss falls behind
+fp32 AdamW on char_lm's task, at a short and a 5x longer horizon, over seeds
+(issue 37). Every run is one process-pool task on one thread; the table gives
+the gap in percent, the mean over seeds and each seed's.
+
+  python3 bench/convergence/run_gap.py                       # the default table (about 8 min on 2 cores)
+  python3 bench/convergence/run_gap.py --formats fp32 4bit 4bit-v --steps 600 --seeds 0
+  python3 bench/convergence/run_gap.py --json out.json       # the raw losses too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+ROOT = HERE.parents[1]
+if not os.environ.get("LOWBIT_LIBRARY") and (ROOT / "build" / "liblowbit.so").exists():
+    os.environ["LOWBIT_LIBRARY"] = str(ROOT / "build" / "liblowbit.so")
+sys.path.insert(0, str(ROOT / "bindings"))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_DATA = None
+
+
+def _run(job):
+    global _DATA
+    import torch
+    import char_lm
+    from gap_formats import FORMATS
+    torch.set_num_threads(1)
+    if _DATA is None:
+        _DATA = char_lm.dataset()
+    fmt, steps, seed = job
+    t = time.time()
+    loss = char_lm.train(FORMATS[fmt], steps, seed, _DATA)
+    return job, loss, time.time() - t
+
+
+def main(argv=None):
+    from gap_formats import FORMATS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--formats", nargs="+", default=["fp32", "8bit", "4bit", "4bit-rank1", "4bit-factor"],
+                    choices=sorted(FORMATS))
+    ap.add_argument("--steps", nargs="+", type=int, default=[600, 3000])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", help="write every run's loss here")
+    args = ap.parse_args(argv)
+    formats = args.formats if "fp32" in args.formats else ["fp32"] + args.formats
+    jobs = [(f, s, seed) for s in args.steps for seed in args.seeds for f in formats]
+    jobs.sort(key=lambda j: -j[1])  # long runs first: the pool ends together
+    losses, t0 = {}, time.time()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for (f, s, seed), loss, secs in pool.map(_run, jobs):
+            losses[(f, s, seed)] = loss
+            print(f"  {f:14s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
+    print(f"\n{len(jobs)} runs in {time.time() - t0:.0f} s\n")
+    print(table(losses, formats, args.steps, args.seeds))
+    if args.json:
+        Path(args.json).write_text(json.dumps([dict(format=f, steps=s, seed=seed, loss=l)
+                                               for (f, s, seed), l in sorted(losses.items())], indent=1))
+
+
+def gap(losses, fmt, steps, seed):
+    ref = losses[("fp32", steps, seed)]
+    return 100.0 * (losses[(fmt, steps, seed)] - ref) / ref
+
+
+def table(losses, formats, steps_list, seeds):
+    head = "| format | " + " | ".join(f"{s} steps: gap (per seed)" for s in steps_list) + " |"
+    rows = [head, "|---|" + "---|" * len(steps_list)]
+    for f in formats:
+        cells = []
+        for s in steps_list:
+            if f == "fp32":
+                cells.append("loss " + ", ".join(f"{losses[(f, s, seed)]:.4f}" for seed in seeds))
+                continue
+            g = [gap(losses, f, s, seed) for seed in seeds]
+            cells.append(f"{sum(g) / len(g):+.2f}% (" + ", ".join(f"{x:+.2f}" for x in g) + ")")
+        rows.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
