@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
     int ecc;
     int check;
     int preset; /* 0, or a lowbit_preset_t: tensors get a 2-D shape */
+    lowbit_state_format_t fmt2; /* the second moment's format (DEFAULT: fmt) */
   } cases[] = {
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_BF16, LOWBIT_DTYPE_BFLOAT16, 0, 0},
@@ -112,13 +113,15 @@ int main(int argc, char** argv) {
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_FLOAT32, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 1, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0, LOWBIT_STATE_4BIT},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_FP8, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_LPMM_ADAMW_4BIT},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_ADAMW_4BIT_FACTOR},
       {LOWBIT_ALGORITHM_LION, "lion", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_SGD, "sgd", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
   };
-  const char* fmt_names[] = {"", "fp32", "bf16", "8bit", "4bit", "fp8"};
+  const char* fmt_names[] = {"", "fp32", "bf16", "8bit", "4bit", "fp8", "4b-sr2"};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
     lowbit_optimizer_config_t c;
     lowbit_hparams_t h;
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
     lowbit_hparams_init(&h, cases[k].algo);
     if (cases[k].algo == LOWBIT_ALGORITHM_SGD) h.momentum = 0.9f;
     c.state_format = cases[k].fmt;
+    c.second_state_format = cases[k].fmt2;  /* 4b-sr: m 4BIT_SR, v 4BIT; 4b-sr2: both 4BIT_SR */
     c.error_correction = cases[k].ecc;
     c.num_threads = threads;
     c.skip_nonfinite = cases[k].check;
@@ -176,7 +180,10 @@ int main(int argc, char** argv) {
     const double bytes = (3.0 + cases[k].check) * (double)es * (double)n + 2.0 * (double)state + pass1;
     const double frac = bytes / (ms * 1e-3) / bw.ref;
     printf("%-6s %-6s %-6s %-5s %-4s %10.2f %9.3f %10.3f %7.1f%%\n", cases[k].name,
-           cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? "4b-r1" : cases[k].preset ? "4b-fac" : fmt_names[cases[k].fmt],
+           cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? "4b-r1"
+           : cases[k].preset                               ? "4b-fac"
+           : cases[k].fmt2                                 ? "4b-sr"
+                                                           : fmt_names[cases[k].fmt],
            es == 4 ? "fp32" : "bf16", cases[k].ecc ? "yes" : "no", cases[k].check ? "yes" : "no", ms,
            ms * 1e6 / (double)n, bytes / (double)n, 100 * frac);
     lowbit_optimizer_destroy(opt);

@@ -218,7 +218,12 @@ typedef enum lowbit_algorithm {
  * with one fp32 scale each (8BIT: 256 uint8 codes on the dynamic maps; 4BIT:
  * 128 codes, two per byte, the second moment on {k/16, k = 1..16}; FP8: 256
  * e4m3 bytes). Codes, ties, scales and the re-encoding of fp32 values (a
- * materialise / load cycle is a fixed point): docs/ALGORITHMS.md, section 1. */
+ * materialise / load cycle is a fixed point): docs/ALGORITHMS.md, section 1.
+ * 4BIT_SR (since 0.5): 4BIT's layout, maps and decoding, but a step rounds
+ * each code stochastically between its two neighbouring map values (unbiased,
+ * counter-based bits as for weights), which keeps long runs at fp32's loss
+ * where nearest codes fall behind (bench/NOTES.md, issue 37); BLOCK
+ * normalisation only. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -226,6 +231,7 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_8BIT = 3,
   LOWBIT_STATE_4BIT = 4,
   LOWBIT_STATE_FP8 = 5,
+  LOWBIT_STATE_4BIT_SR = 6,
   LOWBIT_STATE_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;
@@ -336,10 +342,14 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_
  *                     dynamic map), v 4-bit rank-1 (linear map without zero).
  *   ADAMW_4BIT_FACTOR: lpmm's "4-bit Factor": m 4-bit blocks, v factored
  *                     (fp32 row and column accumulators; 4-bit blocks for
- *                     params with fewer than 2 dims). */
+ *                     params with fewer than 2 dims).
+ *   ADAMW_4BIT_SR:    (since 0.5) m 4BIT_SR, v 4BIT, both in blocks: the
+ *                     4-bit preset that keeps fp32's loss over long runs
+ *                     (bench/NOTES.md, issue 37; about 1.06 B/param). */
 typedef enum lowbit_preset {
   LOWBIT_PRESET_LPMM_ADAMW_4BIT = 1,
   LOWBIT_PRESET_ADAMW_4BIT_FACTOR = 2,
+  LOWBIT_PRESET_ADAMW_4BIT_SR = 3,
   LOWBIT_PRESET_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_PRESET_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_preset_t;

@@ -11,14 +11,16 @@ namespace abi = lowbit::abi;
 namespace {
 
 lowbit_optimizer_config_t preset_config(lowbit_preset_t preset) {
-  LOWBIT_REQUIRE(preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR,
+  LOWBIT_REQUIRE(preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR ||
+                     preset == LOWBIT_PRESET_ADAMW_4BIT_SR,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "preset = ", int(preset), " is not a lowbit_preset_t value");
   lowbit_optimizer_config_t out = lowbit::default_config(LOWBIT_ALGORITHM_ADAMW);
-  out.state_format = LOWBIT_STATE_4BIT;
+  out.state_format = preset == LOWBIT_PRESET_ADAMW_4BIT_SR ? LOWBIT_STATE_4BIT_SR : LOWBIT_STATE_4BIT;
   out.second_state_format = LOWBIT_STATE_4BIT;
   out.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
-  out.second_normalization =
-      preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? LOWBIT_NORMALIZATION_RANK1 : LOWBIT_NORMALIZATION_FACTORED;
+  out.second_normalization = preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT     ? LOWBIT_NORMALIZATION_RANK1
+                             : preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR ? LOWBIT_NORMALIZATION_FACTORED
+                                                                         : LOWBIT_NORMALIZATION_BLOCK;
   return out;
 }
 

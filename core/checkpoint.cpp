@@ -278,7 +278,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       uint32_t block = r.get<uint32_t>("block");
       uint64_t data_bytes = r.get<uint64_t>("data_bytes");
       uint64_t scale_bytes = r.get<uint64_t>("scale_bytes");
-      LOWBIT_REQUIRE(raw_format >= LOWBIT_STATE_FP32 && raw_format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_CORRUPT_DATA,
+      LOWBIT_REQUIRE(raw_format >= LOWBIT_STATE_FP32 && raw_format <= kLastStateFormat, LOWBIT_ERROR_CORRUPT_DATA,
                      "checkpoint param ", i, " moment ", m, " has unknown format ", raw_format);
       auto format = lowbit_state_format_t(raw_format);
       const Norm norm = Norm(raw_norm <= 2 ? raw_norm : 0);

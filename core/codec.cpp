@@ -68,6 +68,23 @@ void encode_codes4(const QMap& map, bool second, const float* x, int n, uint8_t*
   for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
 }
 
+// 4BIT_SR: the codes of a 4-bit block rounded stochastically (quant.hpp
+// stochastic_code) with the bits of elements first .. first + n - 1.
+LOWBIT_VECTOR_CLONES
+void encode_codes4_sr(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale,
+                      uint64_t key, int64_t first) {
+  float absmax = block_absmax(x, n);
+  *scale = absmax;
+  int32_t c[kBlock4 + 1];
+  for (int i = 0; i < n; ++i) {
+    const float xn = normalize(x[i], absmax);
+    const int code = stochastic_code(map, xn, random_bits(key, uint64_t(first + i)));
+    c[i] = second ? floor_positive(map, code, xn) : code;
+  }
+  c[n] = 0;  // an odd tail leaves the last high nibble zero
+  for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
+}
+
 LOWBIT_VECTOR_CLONES
 void encode_fp8(bool second, const float* x, int n, uint8_t* codes, float* scale) {
   float s = block_absmax(x, n) / kFp8Max;
@@ -160,6 +177,13 @@ void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* 
     }
     default: return;
   }
+}
+
+void encode_moment_tile_stochastic(const MomentView& mv, int64_t base, int n, const float* in, uint64_t key) {
+  uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
+  for (int b = 0; b < n; b += kBlock4)
+    encode_codes4_sr(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2,
+                     &mv.scales[(base + b) / kBlock4], key, base + b);
 }
 
 LOWBIT_VECTOR_CLONES

@@ -10,6 +10,11 @@ namespace lowbit {
 
 void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out);
 void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in);
+// A step's encoding of a 4BIT_SR moment (mv.stochastic, Block): codes rounded
+// stochastically with state_rounding_key `key` (rounding.hpp) and the
+// elements' indices in the tensor. Everything else encodes to nearest codes
+// (encode_moment_tile: values given as fp32, checkpoints).
+void encode_moment_tile_stochastic(const MomentView& mv, int64_t base, int n, const float* in, uint64_t key);
 
 void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out);
 // Param value as the optimizer sees it: the 16-bit weight plus its

@@ -107,7 +107,7 @@ class CpuEngine final : public Engine {
       keys_[i] = rounding_key(ctl.seed, uint64_t(i), uint64_t(t + 1));
       if (ctl.layout) {
         const ParamView& v = params_[i];
-        const int32_t formats[2] = {int32_t(v.moment[0].format), int32_t(v.moment[1].format)};
+        const int32_t formats[2] = {int32_t(public_format(v.moment[0])), int32_t(public_format(v.moment[1]))};
         const int32_t norms[2] = {int32_t(v.moment[0].norm), int32_t(v.moment[1].norm)};
         skip |= !layout_matches(ctl.layout + int64_t(kLayoutColumns) * int64_t(i), v.num_moments, formats, norms,
                                 int32_t(v.rounding), v.shape);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "codec.hpp"
+#include "rounding.hpp"
 #include "simd.hpp"
 
 namespace lowbit {
@@ -126,12 +127,16 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
     if (code_m) {
       if (shaped_m)
         encode_rank1_tile(pv.moment[0], pv.shape, base, n, t.m);
+      else if (pv.moment[0].stochastic)
+        encode_moment_tile_stochastic(pv.moment[0], base, n, t.m, state_rounding_key(key, 0));
       else
         encode_moment_tile(pv.moment[0], base, n, t.m);
     }
     if (code_v && !factored) {
       if (shaped_v)
         encode_rank1_tile(pv.moment[1], pv.shape, base, n, t.v);
+      else if (pv.moment[1].stochastic)
+        encode_moment_tile_stochastic(pv.moment[1], base, n, t.v, state_rounding_key(key, 1));
       else
         encode_moment_tile(pv.moment[1], base, n, t.v);
     }

@@ -67,6 +67,24 @@ LOWBIT_HD int bucket_code(const QMap& map, const Int (&below)[2][kQBuckets], flo
 
 LOWBIT_HD int bucket_code(const QMap& map, float x) { return bucket_code(map, map.below, x); }
 
+// The code of x (divided by absmax) rounded stochastically (4BIT_SR): between
+// the map values a <= x < b around it, b with probability (x - a) / (b - a),
+// so the decoded value is x in expectation. `bits`: the element's random bits
+// (rounding.hpp random_bits); their top 24 make u in [0, 1), and b is taken
+// when u * (b - a) < x - a in float. x below the smallest value or at the
+// largest takes that end's code (the block's extreme is exact or, below a
+// signed map's smallest value, as its nearest code); NaN gives 0, as
+// bucket_code. A linear count of the values <= x: for 16-code maps.
+LOWBIT_HD int stochastic_code(const QMap& map, float x, uint32_t bits) {
+  int lo = 0;
+  for (int k = 1; k < 16; ++k) lo += map.values[k] <= x;
+  const int hi = lo + int(lo < 15);
+  const float a = map.values[lo], gap = map.values[hi] - a;
+  const float u = float(bits >> 8) * 5.9604644775390625e-8f;  // 2^-24
+  const int c = (gap > 0.f) & (u * gap < x - a) ? hi : lo;
+  return c & -int((float_bits(x) & 0x7FFFFFFFu) <= 0x7F800000u);
+}
+
 // Second moments never store a positive value as zero: it takes the next
 // (smallest positive) code instead, so an Adam denominator cannot collapse to
 // eps while the first moment of the same element is non-zero.

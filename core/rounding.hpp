@@ -28,6 +28,12 @@ LOWBIT_HD uint64_t rounding_key(uint64_t seed, uint64_t param_id, uint64_t step)
   return mix64(seed ^ mix64(param_id * 0x9E3779B97F4A7C15ull ^ mix64(step + 0x632BE59BD9B4E019ull)));
 }
 
+// The key of a step's state-code rounding (4BIT_SR) of moment 0 or 1, apart
+// from the weights' bits of the same step (`key`: rounding_key()).
+LOWBIT_HD uint64_t state_rounding_key(uint64_t key, int moment) {
+  return mix64(key ^ (0x243F6A8885A308D3ull + uint64_t(moment)));
+}
+
 LOWBIT_HD uint32_t random_bits(uint64_t key, uint64_t i) {
   return uint32_t(mix64(key + (i + 1) * 0xD1B54A32D192ED03ull) >> 32);
 }

@@ -5,11 +5,12 @@
 namespace lowbit {
 
 bool is_quantized(lowbit_state_format_t format) {
+  format = storage_format(format);
   return format == LOWBIT_STATE_8BIT || format == LOWBIT_STATE_4BIT || format == LOWBIT_STATE_FP8;
 }
 
 int64_t block_size(lowbit_state_format_t format) {
-  switch (format) {
+  switch (storage_format(format)) {
     case LOWBIT_STATE_8BIT:
     case LOWBIT_STATE_FP8: return kBlock8;
     case LOWBIT_STATE_4BIT: return kBlock4;
@@ -42,7 +43,7 @@ int64_t num_blocks(lowbit_state_format_t format, int64_t numel) {
 int64_t moment_data_bytes(lowbit_state_format_t format, int64_t numel) {
   check_numel(numel);
   int64_t bytes = 0;
-  switch (format) {
+  switch (storage_format(format)) {
     case LOWBIT_STATE_FP32:
       if (__builtin_mul_overflow(numel, int64_t(4), &bytes)) too_large(format, numel);
       return bytes;
@@ -75,6 +76,7 @@ const char* format_name(lowbit_state_format_t format) {
     case LOWBIT_STATE_8BIT: return "8bit";
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
+    case LOWBIT_STATE_4BIT_SR: return "4bit-sr";
     default: return "unknown";
   }
 }
@@ -91,6 +93,7 @@ const char* dtype_name(lowbit_dtype_t dtype) {
 int64_t dtype_bytes(lowbit_dtype_t dtype) { return dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
 
 const QMap* moment_map(lowbit_state_format_t format, int moment) {
+  format = storage_format(format);
   if (format == LOWBIT_STATE_8BIT) return &qmap(moment == 0 ? MapId::SignedDynamic8 : MapId::UnsignedDynamic8);
   if (format == LOWBIT_STATE_4BIT) return &qmap(moment == 0 ? MapId::SignedDynamic4 : MapId::UnsignedLinear4);
   return nullptr;
@@ -118,7 +121,8 @@ const char* norm_name(Norm norm) {
 
 MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales) {
   MomentView v;
-  v.format = format;
+  v.format = storage_format(format);
+  v.stochastic = format == LOWBIT_STATE_4BIT_SR;
   v.data = data;
   v.scales = scales;
   v.map = moment_map(format, moment);

@@ -20,6 +20,7 @@ struct MomentView {
   float* scales = nullptr;
   const QMap* map = nullptr;  // 8BIT / 4BIT only
   bool second = false;        // a second moment: positive values never encode to 0 (floor_positive)
+  bool stochastic = false;    // codes rounded stochastically (4BIT_SR, stored as 4BIT: quant.hpp stochastic_code)
   // Block: `scales` per block. Rank1 (8BIT / 4BIT, ParamView::shape has >= 2
   // dims): `scales` holds the current vectors r_k, then as many floats of
   // step workspace. Factored (format FP32): `data` holds the accumulators
@@ -45,6 +46,20 @@ struct ParamView {
   WeightRounding rounding = WeightRounding::Nearest;
   Shape shape{};  // ndim 0: flat (only Rank1 / Factored moments read it)
 };
+
+// The last value of lowbit_state_format_t.
+constexpr lowbit_state_format_t kLastStateFormat = LOWBIT_STATE_4BIT_SR;
+// How a format's moment is laid out and decoded: 4BIT_SR as 4BIT (only its
+// encoding differs, MomentView::stochastic); every other format as itself.
+inline lowbit_state_format_t storage_format(lowbit_state_format_t f) {
+  return f == LOWBIT_STATE_4BIT_SR ? LOWBIT_STATE_4BIT : f;
+}
+
+// The lowbit_state_format_t a view was made from (moment_view): its format,
+// or 4BIT_SR for a stochastic one.
+inline lowbit_state_format_t public_format(const MomentView& v) {
+  return v.stochastic ? LOWBIT_STATE_4BIT_SR : v.format;
+}
 
 int64_t block_size(lowbit_state_format_t format);
 int64_t num_blocks(lowbit_state_format_t format, int64_t numel);

@@ -111,8 +111,9 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
         plan.format[m] = LOWBIT_STATE_FP32;  // the accumulators
       }
     } else if (want == LOWBIT_NORMALIZATION_RANK1 && shaped && is_quantized(plan.format[m])) {
-      LOWBIT_REQUIRE(plan.format[m] != LOWBIT_STATE_FP8, LOWBIT_ERROR_UNSUPPORTED, field[m],
-                     " = rank1 needs the 8bit or 4bit format (moment ", m, " is fp8)");
+      LOWBIT_REQUIRE(plan.format[m] != LOWBIT_STATE_FP8 && plan.format[m] != LOWBIT_STATE_4BIT_SR,
+                     LOWBIT_ERROR_UNSUPPORTED, field[m], " = rank1 needs the 8bit or 4bit format (moment ", m, " is ",
+                     format_name(plan.format[m]), ")");
       plan.norm[m] = Norm::Rank1;
     }
   }

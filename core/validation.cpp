@@ -4,6 +4,7 @@
 
 #include "defaults.hpp"
 #include "error.hpp"
+#include "state.hpp"
 
 namespace lowbit {
 
@@ -62,7 +63,7 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
 }
 
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default) {
-  bool known = (f >= LOWBIT_STATE_FP32 && f <= LOWBIT_STATE_FP8) || (allow_default && f == LOWBIT_STATE_DEFAULT);
+  bool known = (f >= LOWBIT_STATE_FP32 && f <= kLastStateFormat) || (allow_default && f == LOWBIT_STATE_DEFAULT);
   LOWBIT_REQUIRE(known, LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", int(f), " is not a lowbit_state_format_t value");
 }
 
@@ -109,10 +110,13 @@ void check_config(const lowbit_optimizer_config_t& c) {
                  "freeze_step = 0: 1-bit Adam needs at least one warm-up step (its frozen variance comes from the "
                  "warm-up; without one every update divides by eps)");
   const lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT ? c.second_state_format : c.state_format;
-  LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || c.state_format != LOWBIT_STATE_FP8,
-                 LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = fp8)");
-  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_RANK1 || second != LOWBIT_STATE_FP8,
-                 LOWBIT_ERROR_UNSUPPORTED, "second_normalization = rank1 needs the 8bit or 4bit format (fp8)");
+  const auto rank1_format = [](lowbit_state_format_t f) { return f != LOWBIT_STATE_FP8 && f != LOWBIT_STATE_4BIT_SR; };
+  LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_format(c.state_format),
+                 LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = ",
+                 format_name(c.state_format), ")");
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_format(second),
+                 LOWBIT_ERROR_UNSUPPORTED, "second_normalization = rank1 needs the 8bit or 4bit format (",
+                 format_name(second), ")");
 }
 
 void check_tensor_bytes(int64_t numel, lowbit_dtype_t dtype, const char* what) {

@@ -75,7 +75,7 @@ DevParam describe(const ParamView& v, int64_t id, int32_t group) {
                    LOWBIT_ERROR_INTERNAL, "param ", id, ": moment ", k, " has format ", int(m.format),
                    m.data ? "" : " and no data");
     d.format[k] = uint8_t(m.format);
-    d.second[k] = m.second ? 1 : 0;
+    d.coding[k] = uint8_t((m.second ? kCodeSecond : 0) | (m.stochastic ? kCodeStochastic : 0));
     d.norm[k] = uint8_t(m.norm);
     if (m.norm != Norm::Block) {
       LOWBIT_REQUIRE(v.shape.ndim >= 2, LOWBIT_ERROR_INTERNAL, "param ", id, ": a ", norm_name(m.norm),

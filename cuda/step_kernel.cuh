@@ -230,9 +230,11 @@ __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int fi
 }
 
 // `second`: a second moment, whose positive values never encode to 0 (floor_positive in core/quant.hpp).
+// `stochastic`: a 4BIT_SR moment: codes rounded stochastically with the
+// bits of state_rounding_key `sr_key` (core/codec.cpp encode_moment_tile_stochastic).
 __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, bool second,
                                                     const float (&x)[8], int64_t e0, int64_t tile_off, int n,
-                                                    int lane) {
+                                                    int lane, bool stochastic = false, uint64_t sr_key = 0) {
   Raw r;
   zero(r);
   switch (mr.format) {
@@ -266,7 +268,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       for (int j = 0; j < 8; ++j) {
         // Past the end of the tensor the high nibble of the last byte is 0.
         float xn = normalize(x[j], absmax);
-        int code = bucket_code(sm, xn);
+        int code = stochastic ? stochastic_code(sm, xn, random_bits(sr_key, uint64_t(e0 + j))) : bucket_code(sm, xn);
         uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, xn) : code) : 0u;
         r.w[0] |= c << (4 * j);
       }
@@ -416,7 +418,7 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
   uint8_t* const ecc_bytes = P.ecc;
   const uint8_t rounding = P.rounding;
   const bool ecc = !wide && rounding == kEcc;
-  const bool second0 = P.second[0] != 0, second1 = P.second[1] != 0;
+  const bool second0 = (P.coding[0] & kCodeSecond) != 0, second1 = (P.coding[1] & kCodeSecond) != 0;
   const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
   const MomentRef mom1{NM > 1 ? F : uint8_t(0), P.mdata[1], P.mscale[1]};
   for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
@@ -455,6 +457,7 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
       dyn.gdtype != P.pdtype)
     return false;
   if (NM > 1 && (P.norm[1] != uint8_t(Norm::Block) || P.format[1] != P.format[0])) return false;
+  if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
 #define LOWBIT_FAST_CASE(pd, f)                                                               \
   case (pd) * 8 + (f):                                                                        \
     fast_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
@@ -593,14 +596,17 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
       for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
     }
 
+    const bool second0 = (P.coding[0] & kCodeSecond) != 0, second1 = (P.coding[1] & kCodeSecond) != 0;
     if (r1m)
-      encode_store_rank1(mom0, smap[0], P.second[0] != 0, m, mnew, e0, n);
+      encode_store_rank1(mom0, smap[0], second0, m, mnew, e0, n);
     else
-      encode_store_moment(mom0, smap[0], P.second[0] != 0, m, e0, tile_off, n, lane);
+      encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, n, lane, (P.coding[0] & kCodeStochastic) != 0,
+                          state_rounding_key(key, 0));
     if (r1v)
-      encode_store_rank1(mom1, smap[1], P.second[1] != 0, v, vnew, e0, n);
+      encode_store_rank1(mom1, smap[1], second1, v, vnew, e0, n);
     else
-      encode_store_moment(mom1, smap[1], P.second[1] != 0, v, e0, tile_off, n, lane);
+      encode_store_moment(mom1, smap[1], second1, v, e0, tile_off, n, lane, (P.coding[1] & kCodeStochastic) != 0,
+                          state_rounding_key(key, 1));
     store_param(P, p, e0, n, key);
   }
 }

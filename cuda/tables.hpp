@@ -28,6 +28,10 @@ constexpr uint8_t kNoMap = 255;
 
 // Static description of one parameter: changes only when the engine is bound
 // again (registration, checkpoint loads, new JAX buffers).
+// DevParam::coding bits.
+constexpr uint8_t kCodeSecond = 1;      // positive values never encode to 0
+constexpr uint8_t kCodeStochastic = 2;  // 4BIT_SR: a step rounds the codes stochastically
+
 struct DevParam {
   void* param;
   uint8_t* ecc;
@@ -41,7 +45,7 @@ struct DevParam {
   uint8_t param_al16;   // param base is 16-byte aligned
   uint8_t format[2];    // lowbit_state_format_t of each moment
   uint8_t map[2];       // MapId of each quantized moment or kNoMap
-  uint8_t second[2];    // MomentView::second: positive values never encode to 0
+  uint8_t coding[2];    // kCodeSecond | kCodeStochastic: MomentView::second, MomentView::stochastic
   uint8_t norm[2];      // Norm of each moment (Rank1: scales = vectors + workspace; Factored: data = accumulators)
   Shape shape;          // read by Rank1 / Factored moments only
 };

@@ -9,7 +9,7 @@ from the same weights and fed the same mini-batches, is trained with
   AdamW, fp32 state (the full-precision baseline)
   AdamW, bf16 state
   AdamW, 8-bit blockwise state
-  AdamW, 4-bit blockwise state
+  AdamW, 4-bit blockwise state (and lpmm's rank-1 / Factor presets, and 4bit-sr)
   AdamW, FP8 (e4m3) state
   Lion,  8-bit state
 
@@ -59,6 +59,7 @@ RUNS = [
     ("AdamW 4-bit", "adamw", "4bit", 3e-3, 1e-4),
     ("4-bit rank-1", "adamw", "4bit-rank1", 3e-3, 1e-4),  # lpmm's 4-bit AdamW: v rank-1 normalised
     ("4-bit Factor", "adamw", "4bit-factor", 3e-3, 1e-4),  # lpmm's 4-bit Factor: v factored
+    ("4-bit SR", "adamw", "4bit-sr", 3e-3, 1e-4),  # m with stochastic 4-bit codes: keeps fp32's loss on long runs
     ("AdamW fp8", "adamw", "fp8", 3e-3, 1e-4),
     ("Lion 8-bit", "lion", "8bit", 1e-3, 1e-3),
 ]

@@ -9,6 +9,8 @@ All are AdamW with char_lm's hyper-parameters; only the state differs.
   4bit-m        diagnosis: m 4-bit, v fp32
   4bit-v        diagnosis: m fp32, v 4-bit
   4bit-m8bit-v  m 4-bit, v 8-bit (about 1.6 B/param)
+  4bit-sr       m 4BIT_SR (4-bit codes rounded stochastically), v 4-bit: the preset of issue 37
+  4bit-sr-mv    both moments 4BIT_SR
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ FORMATS = {
     "4bit-m": _lowbit("4bit", second_state="fp32"),
     "4bit-v": _lowbit("fp32", second_state="4bit"),
     "4bit-m8bit-v": _lowbit("4bit", second_state="8bit"),
+    "4bit-sr": _lowbit("4bit-sr", second_state="4bit"),
+    "4bit-sr-mv": _lowbit("4bit-sr"),
 }
 
 
@@ -71,6 +75,7 @@ def _candidates():
         "sim-m-block32": (replace(m4, block=32), v4),
         "sim-m-pow": (s.Store(s.signed_power_map(0.5)), v4),
         "sim-m-sr-block64": (replace(m4, stochastic=True, block=64), v4),
+        "sim-mv-sr": (replace(m4, stochastic=True), replace(v4, stochastic=True)),
     }
 
 

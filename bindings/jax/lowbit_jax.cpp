@@ -71,7 +71,7 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
 ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi::AnyBuffer> out, int32_t format,
                      int32_t moment, int32_t normalization) {
   return guarded("decode_moment", [&] {
-    LOWBIT_REQUIRE(format >= LOWBIT_STATE_FP32 && format <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT,
+    LOWBIT_REQUIRE(format >= LOWBIT_STATE_FP32 && format <= kLastStateFormat, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "format = ", format, " is not a lowbit_state_format_t value");
     LOWBIT_REQUIRE(moment == 0 || moment == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "moment = ", moment,
                    " must be 0 or 1");

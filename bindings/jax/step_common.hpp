@@ -431,7 +431,7 @@ class StepDecoder {
         check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, why);
         continue;
       }
-      LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= LOWBIT_STATE_FP8, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+      LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= kLastStateFormat, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                      name(i), ": formats[", 2 * i + m, "] = ", f[m], " is not a lowbit_state_format_t value");
       const lowbit_state_format_t fmt = lowbit_state_format_t(f[m]);
       Norm norm = Norm::Block;

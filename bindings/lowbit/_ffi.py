@@ -194,10 +194,11 @@ def _camel(cname: str) -> str:
 
 def python_member_name(cname: str, prefix: str) -> str:
     """LOWBIT_DTYPE_FLOAT32 -> FLOAT32; a name that would start with a digit
-    moves the digits to the end (LOWBIT_STATE_8BIT -> BIT8)."""
+    moves the digits to the end of its first word (LOWBIT_STATE_8BIT -> BIT8,
+    LOWBIT_STATE_4BIT_SR -> BIT4_SR)."""
     name = cname[len(prefix):]
-    m = re.fullmatch(r"(\d+)(\w*)", name)
-    return m.group(2) + m.group(1) if m else name
+    m = re.fullmatch(r"(\d+)([A-Z0-9]*)(\w*)", name)
+    return m.group(2) + m.group(1) + m.group(3) if m else name
 
 
 def _build_enums() -> dict:

@@ -19,7 +19,7 @@ from ._errors import InvalidArgumentError
 from ._ffi import ENUMS, Algorithm, CheckpointMode, Device, Normalization, StateFormat, ffi
 from ._lib import call
 
-Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR
+Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR, ADAMW_4BIT_SR
 
 # ----------------------------------------------------------------- integers for the C types
 
@@ -110,6 +110,8 @@ STATE_FORMATS = {
     "int4": StateFormat.BIT4,
     "fp8": StateFormat.FP8,
     "e4m3": StateFormat.FP8,
+    "4bit-sr": StateFormat.BIT4_SR,  # 4bit with stochastically rounded codes (issue 37)
+    "int4-sr": StateFormat.BIT4_SR,
 }
 STATE_FORMAT_NAMES = {
     StateFormat.DEFAULT: "default",
@@ -118,6 +120,7 @@ STATE_FORMAT_NAMES = {
     StateFormat.BIT8: "8bit",
     StateFormat.BIT4: "4bit",
     StateFormat.FP8: "fp8",
+    StateFormat.BIT4_SR: "4bit-sr",
 }
 # How a moment's quantized values are scaled (lowbit.h, "Shaped parameters").
 NORMALIZATIONS = {
@@ -139,6 +142,7 @@ STATE_PRESETS = {
     "4bit-rank1": Preset.LPMM_ADAMW_4BIT,  # lpmm's 4-bit AdamW: m 4-bit blocks, v 4-bit rank-1
     "lpmm-4bit": Preset.LPMM_ADAMW_4BIT,
     "4bit-factor": Preset.ADAMW_4BIT_FACTOR,  # lpmm's 4-bit Factor: m 4-bit blocks, v factored
+    "4bit-sr": Preset.ADAMW_4BIT_SR,  # m 4bit-sr (stochastic codes), v 4-bit blocks (issue 37)
 }
 
 
@@ -201,6 +205,9 @@ def parse_state_option(state, second_state=None, first_normalization=None, secon
     PRESET_ALGORITHMS, when `algorithm` is given); a second format or a
     normalisation given explicitly (not None / "default") wins over the
     preset's."""
+    if is_preset(state) and state.lower() in STATE_FORMATS and algorithm is not None and \
+            algorithm not in PRESET_ALGORITHMS:
+        state = STATE_FORMATS[state.lower()]  # "4bit-sr" for Lion / SGD: their one moment in that format
     if is_preset(state):
         if algorithm is not None and algorithm not in PRESET_ALGORITHMS:
             raise InvalidArgumentError(f"{arg}={state!r} is a preset of AdamW / Adam (adamw, adam); "

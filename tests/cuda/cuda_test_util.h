@@ -262,7 +262,8 @@ static inline int64_t ct_code_distance(uint32_t format, const uint8_t* a, const 
       return llabs(ct_ordered(x, 16) - ct_ordered(y, 16));
     }
     case LOWBIT_STATE_8BIT: return llabs((int64_t)a[i] - (int64_t)b[i]);
-    case LOWBIT_STATE_4BIT: {
+    case LOWBIT_STATE_4BIT:
+    case LOWBIT_STATE_4BIT_SR: {
       int sh = 4 * (int)(i & 1);
       return llabs((int64_t)((a[i / 2] >> sh) & 0xF) - (int64_t)((b[i / 2] >> sh) & 0xF));
     }

@@ -43,7 +43,7 @@ def _moments(rng):
     return out
 
 
-@pytest.mark.parametrize("state", ["fp32", "bf16", "8bit", "4bit", "fp8"])
+@pytest.mark.parametrize("state", ["fp32", "bf16", "8bit", "4bit", "fp8", "4bit-sr"])
 def test_write_moment_equals_loading_a_materialized_checkpoint(state, rng):
     params = [rng.standard_normal(n).astype(np.float32) for n in SIZES]
     moments = _moments(rng)

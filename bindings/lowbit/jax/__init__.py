@@ -33,6 +33,7 @@ API as ``state_format`` of ``adamw`` / ``adam``:
 
     ljax.adamw(1e-3, state_format="4bit-rank1")   # lpmm 4-bit AdamW: m 4-bit blocks, v 4-bit rank-1
     ljax.adamw(1e-3, state_format="4bit-factor")  # lpmm 4-bit Factor: m 4-bit blocks, v factored
+    ljax.adamw(1e-3, state_format="4bit-sr")      # m 4-bit blocks with stochastic codes, v 4-bit blocks
 
 1-D leaves (and leaves of more than 8 dims) keep blocks; leaves under
 ``min_quantized_numel`` keep fp32 state, as in the C API. The state is a
@@ -128,12 +129,14 @@ def _num_threads(num_threads) -> int:
 
 
 _COMMON_DOC = """
-    state_format: "fp32" (default), "bf16", "8bit", "4bit" or "fp8", of both
-        moments unless ``second_state_format`` is given. AdamW / Adam also
-        take the presets of the C API (lowbit_preset_t): "4bit-rank1" (alias
-        "lpmm-4bit": m 4-bit blocks, v 4-bit rank-1) and "4bit-factor" (m
-        4-bit blocks, v factored); explicit formats and normalisations given
-        with a preset win over its own.
+    state_format: "fp32" (default), "bf16", "8bit", "4bit", "fp8" or
+        "4bit-sr" (4bit with stochastically rounded codes), of both moments
+        unless ``second_state_format`` is given. AdamW / Adam also take the
+        presets of the C API (lowbit_preset_t): "4bit-rank1" (alias
+        "lpmm-4bit": m 4-bit blocks, v 4-bit rank-1), "4bit-factor" (m 4-bit
+        blocks, v factored) and "4bit-sr" (m 4bit-sr, v 4bit: the 4-bit
+        state that keeps fp32's loss over long runs); explicit formats and
+        normalisations given with a preset win over its own.
     first_normalization / second_normalization: "block" (default), "rank1"
         (8bit / 4bit moments of leaves with >= 2 dims: one max vector per dim)
         or "factored" (second moment of AdamW / Adam only: fp32 row and column

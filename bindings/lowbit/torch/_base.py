@@ -52,7 +52,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             resolve_num_threads(num_threads)  # validate now; None is resolved when the CPU handle is created
         # state: a format, or "4bit-rank1" / "4bit-factor" (lpmm's 4-bit AdamW
         # and 4-bit Factor: rank-1 or factored second moments of params with
-        # 2+ dims, whose shapes the library takes from the tensors)
+        # 2+ dims, whose shapes the library takes from the tensors), or
+        # "4bit-sr" (AdamW / Adam: m with stochastic 4-bit codes, v 4bit)
         self._state_format, self._second_state, n1, n2 = parse_state_option(
             state, second_state, first_normalization, second_normalization, algorithm=self._algorithm)
         self._config = dict(
