@@ -23,6 +23,9 @@ bool avx512_direct8_active();
 // format has no AVX-512 form (FP32, BF16): the caller takes the portable path.
 bool avx512_decode_tile(const MomentView& mv, int64_t base, float* out);
 bool avx512_encode_tile(const MomentView& mv, int64_t base, const float* in);
+// A step's 4BIT_SR encoding of one tile (codec.cpp
+// encode_moment_tile_stochastic, the same bits); false for other formats.
+bool avx512_encode_tile_sr(const MomentView& mv, int64_t base, const float* in, uint64_t key);
 
 // Rank-1 tiles (8BIT / 4BIT, any base and n): elements [base, base + n) with
 // a scale per element, as rank1_code() and the portable decode give them.

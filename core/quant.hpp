@@ -67,22 +67,36 @@ LOWBIT_HD int bucket_code(const QMap& map, const Int (&below)[2][kQBuckets], flo
 
 LOWBIT_HD int bucket_code(const QMap& map, float x) { return bucket_code(map, map.below, x); }
 
-// The code of x (divided by absmax) rounded stochastically (4BIT_SR): between
-// the map values a <= x < b around it, b with probability (x - a) / (b - a),
-// so the decoded value is x in expectation. `bits`: the element's random bits
-// (rounding.hpp random_bits); their top 24 make u in [0, 1), and b is taken
-// when u * (b - a) < x - a in float. x below the smallest value or at the
-// largest takes that end's code (the block's extreme is exact or, below a
-// signed map's smallest value, as its nearest code); NaN gives 0, as
-// bucket_code. A linear count of the values <= x: for 16-code maps.
-LOWBIT_HD int stochastic_code(const QMap& map, float x, uint32_t bits) {
-  int lo = 0;
-  for (int k = 1; k < 16; ++k) lo += map.values[k] <= x;
-  const int hi = lo + int(lo < 15);
-  const float a = map.values[lo], gap = map.values[hi] - a;
+// The code of x rounded stochastically (4BIT_SR), in the decoded domain:
+// `decoded` holds the 16 values the codes of x's block decode to (the map's
+// sorted values times the block's absmax, in float, as decoding computes
+// them). Between the decoded values a <= x < b around x, b is taken with
+// probability (x - a) / (b - a), so the decoded value is x in expectation:
+// b when u * (b - a) < x - a in float, u the top 24 bits of `bits` (rounding.hpp
+// state_bits) over 2^24. x below the smallest decoded value or at the largest
+// takes that end's code (a block's negative extreme, below a signed map's
+// smallest value, takes it as its nearest code does); NaN gives 0, as
+// bucket_code. No division and, with selects only (no branch, no indexed
+// load), CPU loops over it vectorise.
+LOWBIT_HD int stochastic_code16(const float* decoded, float x, uint32_t bits) {
+  int count = 0;  // decoded values <= x
+  float a = decoded[0], b = decoded[15];
+  for (int k = 0; k < 16; ++k) {
+    const bool le = decoded[k] <= x;
+    count += int(le);
+    a = le ? decoded[k] : a;  // the largest decoded value <= x (sorted)
+  }
+  for (int k = 15; k >= 0; --k) b = decoded[k] > x ? decoded[k] : b;  // the smallest one > x
+  const bool inside = (count > 0) & (count < 16);
+  const int lo = count > 0 ? count - 1 : 0;
   const float u = float(bits >> 8) * 5.9604644775390625e-8f;  // 2^-24
-  const int c = (gap > 0.f) & (u * gap < x - a) ? hi : lo;
+  const int c = inside & (u * (b - a) < x - a) ? lo + 1 : lo;
   return c & -int((float_bits(x) & 0x7FFFFFFFu) <= 0x7F800000u);
+}
+
+// The 16 values a 4-bit block with this absmax decodes to.
+LOWBIT_HD void decoded_values16(const QMap& map, float absmax, float (&out)[16]) {
+  for (int k = 0; k < 16; ++k) out[k] = map.values[k] * absmax;
 }
 
 // Second moments never store a positive value as zero: it takes the next

@@ -38,6 +38,21 @@ LOWBIT_HD uint32_t random_bits(uint64_t key, uint64_t i) {
   return uint32_t(mix64(key + (i + 1) * 0xD1B54A32D192ED03ull) >> 32);
 }
 
+// The bits of element i of a step's state-code rounding (4BIT_SR; `key`:
+// state_rounding_key): murmur3's 32-bit finaliser of the element index
+// spread by an odd constant plus the key's low half, then its high half
+// xored in. Only 32-bit multiplies, so vector units take 16 lanes at a time
+// (random_bits' 64-bit ones cost the encoder more than the rest of it).
+LOWBIT_HD uint32_t state_bits(uint64_t key, uint64_t i) {
+  uint32_t h = uint32_t(i) * 0x9E3779B1u + uint32_t(key) + uint32_t(i >> 32) * 0x85EBCA77u;
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h ^ uint32_t(key >> 32);
+}
+
 // bf16 stochastic rounding: P(round away from zero) = dropped bits / 2^16.
 // Selects, no early return, so loops over it vectorise.
 LOWBIT_HD uint16_t float_to_bf16_sr(float f, uint32_t bits) {

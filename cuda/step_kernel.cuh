@@ -264,11 +264,23 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
     case LOWBIT_STATE_4BIT: {
       float absmax = block_absmax(x, n, 8);
       if ((lane & 15) == 0 && n > 0) mr.scales[tile_off / kBlock4 + (lane >> 4)] = absmax;
+      if (stochastic) {
+        float decoded[16];
+        decoded_values16(sm, absmax, decoded);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          int code = stochastic_code16(decoded, x[j], state_bits(sr_key, uint64_t(e0 + j)));
+          uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, x[j]) : code) : 0u;
+          r.w[0] |= c << (4 * j);
+        }
+        if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
+        break;
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         // Past the end of the tensor the high nibble of the last byte is 0.
         float xn = normalize(x[j], absmax);
-        int code = stochastic ? stochastic_code(sm, xn, random_bits(sr_key, uint64_t(e0 + j))) : bucket_code(sm, xn);
+        int code = bucket_code(sm, xn);
         uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, xn) : code) : 0u;
         r.w[0] |= c << (4 * j);
       }
