@@ -2,7 +2,7 @@
 All are AdamW with char_lm's hyper-parameters; only the state differs.
 
   fp32          torch.optim.AdamW, the reference
-  8bit          lowbit 8-bit blocks
+  bf16, 8bit, fp8   lowbit's formats, both moments
   4bit          lowbit 4-bit blocks (m signed dynamic map, v linear map without zero)
   4bit-rank1    lowbit's lpmm preset (v rank-1 normalised)
   4bit-factor   lowbit's 4-bit Factor preset (v factored)
@@ -34,7 +34,9 @@ def _lowbit(state, **options):
 
 FORMATS = {
     "fp32": _torch_adamw,
+    "bf16": _lowbit("bf16"),
     "8bit": _lowbit("8bit"),
+    "fp8": _lowbit("fp8"),
     "4bit": _lowbit("4bit"),
     "4bit-rank1": _lowbit("4bit-rank1"),
     "4bit-factor": _lowbit("4bit-factor"),
