@@ -19,16 +19,8 @@ share scaled below 0.5 (for r_m: held with the wrong sign or zero included).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-ROOT = HERE.parents[1]
-if not os.environ.get("LOWBIT_LIBRARY") and (ROOT / "build" / "liblowbit.so").exists():
-    os.environ["LOWBIT_LIBRARY"] = str(ROOT / "build" / "liblowbit.so")
-sys.path.insert(0, str(ROOT / "bindings"))
+import _paths  # noqa: F401,E402  (sys.path and LOWBIT_LIBRARY, before lowbit)
 
 import torch  # noqa: E402
 

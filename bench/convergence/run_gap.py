@@ -14,17 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-ROOT = HERE.parents[1]
-if not os.environ.get("LOWBIT_LIBRARY") and (ROOT / "build" / "liblowbit.so").exists():
-    os.environ["LOWBIT_LIBRARY"] = str(ROOT / "build" / "liblowbit.so")
-sys.path.insert(0, str(ROOT / "bindings"))
+import _paths  # noqa: F401,E402  (sys.path and LOWBIT_LIBRARY, before lowbit)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _DATA = None
