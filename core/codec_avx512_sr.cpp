@@ -66,6 +66,7 @@ void encode_block_sr(const QMap& map, bool second, const float* x, uint8_t* pack
   for (int k = 0; k < 16; ++k) zero = map.values[k] == 0.f && second ? k : zero;
   const __m512 dec = _mm512_loadu_ps(decoded);
   const __m512i one = _mm512_set1_epi32(1), fifteen = _mm512_set1_epi32(15);
+#pragma GCC unroll 8  // eight independent chains of dependent permutes
   for (int v = 0; v < 8; ++v) {
     const __m512 xv = _mm512_loadu_ps(x + 16 * v);
     // count of decoded values <= x: the upper bound by binary search, then the last one

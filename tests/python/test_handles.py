@@ -35,7 +35,9 @@ def test_a_param_whose_torch_storage_moved_is_refused(move):
     after = p.clone()
     with pytest.raises(lowbit.InvalidStateError, match=r"param 0 no longer holds the memory registered"):
         opt.step()
-    assert torch.equal(p, after)  # nothing written
+    # nothing written: the bits (resize_grow's new elements are uninitialised
+    # memory, which may hold NaNs, so a float compare would fail on them)
+    assert torch.equal(p.view(torch.int32), after.view(torch.int32))
     assert opt.param_info(0).step == 1
     opt.close()
 
