@@ -68,21 +68,18 @@ void encode_codes4(const QMap& map, bool second, const float* x, int n, uint8_t*
   for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
 }
 
-}  // namespace
-
 // 4BIT_SR: the codes of a 4-bit block rounded stochastically (quant.hpp
 // stochastic_code16 against the block's decoded values) with the bits of
 // elements first .. first + n - 1: the bits, then the codes, in loops the
 // compiler vectorises. codec_avx512_sr.cpp's whole tiles give the same bits.
 LOWBIT_VECTOR_CLONES
-void encode_codes4_sr_portable(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale,
+void encode_codes4_sr(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale,
                       uint64_t key, int64_t first) {
   const float absmax = block_absmax(x, n);
   *scale = absmax;
   float decoded[16];
   decoded_values16(map, absmax, decoded);
-  int zero = -1;  // floor_positive(): a positive second moment never takes the code of 0
-  for (int k = 0; k < 16; ++k) zero = map.values[k] == 0.f && second ? k : zero;
+  const int zero = floor_positive_code(map, second);
   uint32_t bits[kBlock4];
   uint8_t c[kBlock4 + 2];
   for (int i = 0; i < n; ++i) bits[i] = state_bits(key, uint64_t(first + i));
@@ -97,8 +94,6 @@ void encode_codes4_sr_portable(const QMap& map, bool second, const float* x, int
     packed[j] = uint8_t((w & 0xFu) | ((w >> 4) & 0xF0u));
   }
 }
-
-namespace {
 
 LOWBIT_VECTOR_CLONES
 void encode_fp8(bool second, const float* x, int n, uint8_t* codes, float* scale) {
@@ -198,7 +193,7 @@ void encode_moment_tile_stochastic(const MomentView& mv, int64_t base, int n, co
   if (simd_tile(n) && avx512_encode_tile_sr(mv, base, in, key)) return;
   uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
   for (int b = 0; b < n; b += kBlock4)
-    encode_codes4_sr_portable(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2,
+    encode_codes4_sr(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2,
                      &mv.scales[(base + b) / kBlock4], key, base + b);
 }
 

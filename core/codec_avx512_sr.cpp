@@ -3,8 +3,8 @@
 // rule's bits (quant.hpp stochastic_code16, rounding.hpp state_bits) with the
 // count of decoded values <= x found by a branch-free binary search over a
 // register of the 16 decoded values and the neighbours by permutes, instead
-// of 32 compares and selects per element. A block whose absmax is not finite
-// (its decoded values are not sorted) takes the portable rule.
+// of 32 compares and selects per element. A tile with a block whose absmax is
+// not finite (its decoded values are not sorted) is left to the portable rule.
 #include <immintrin.h>
 
 #include <cmath>
@@ -15,9 +15,6 @@
 #include "rounding.hpp"
 
 namespace lowbit {
-
-void encode_codes4_sr_portable(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale,
-                               uint64_t key, int64_t first);
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
@@ -52,18 +49,13 @@ inline __m512i bits16(uint64_t key, int64_t first) {
   return _mm512_xor_si512(h, _mm512_set1_epi32(int(uint32_t(key >> 32))));
 }
 
-void encode_block_sr(const QMap& map, bool second, const float* x, uint8_t* packed, float* scale, uint64_t key,
-                     int64_t first) {
-  const float absmax = absmax128(x);
-  if (!std::isfinite(absmax)) {
-    encode_codes4_sr_portable(map, second, x, kBlock4, packed, scale, key, first);
-    return;
-  }
+// One block with a finite absmax.
+void encode_block_sr(const QMap& map, bool second, const float* x, float absmax, uint8_t* packed, float* scale,
+                     uint64_t key, int64_t first) {
   *scale = absmax;
   float decoded[16];
   decoded_values16(map, absmax, decoded);
-  int zero = -1;
-  for (int k = 0; k < 16; ++k) zero = map.values[k] == 0.f && second ? k : zero;
+  const int zero = floor_positive_code(map, second);
   const __m512 dec = _mm512_loadu_ps(decoded);
   const __m512i one = _mm512_set1_epi32(1), fifteen = _mm512_set1_epi32(15);
 #pragma GCC unroll 8  // eight independent chains of dependent permutes
@@ -104,9 +96,16 @@ void encode_block_sr(const QMap& map, bool second, const float* x, uint8_t* pack
 
 bool avx512_encode_tile_sr(const MomentView& mv, int64_t base, const float* in, uint64_t key) {
   if (mv.format != LOWBIT_STATE_4BIT || (base & 1) != 0) return false;
+  float absmax[kTile / kBlock4];
+  for (int k = 0; k < kTile / kBlock4; ++k) {
+    absmax[k] = absmax128(in + k * kBlock4);
+    if (!std::isfinite(absmax[k])) return false;
+  }
   uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
-  for (int b = 0; b < kTile; b += kBlock4)
-    encode_block_sr(*mv.map, mv.second, in + b, c + b / 2, &mv.scales[(base + b) / kBlock4], key, base + b);
+  for (int k = 0; k < kTile / kBlock4; ++k) {
+    const int b = k * kBlock4;
+    encode_block_sr(*mv.map, mv.second, in + b, absmax[k], c + b / 2, &mv.scales[(base + b) / kBlock4], key, base + b);
+  }
   return true;
 }
 

@@ -105,6 +105,14 @@ LOWBIT_HD void decoded_values16(const QMap& map, float absmax, float (&out)[16])
 LOWBIT_HD int floor_positive(const QMap& map, int code, float x) {
   return code + int((map.values[code] == 0.f) & (x > 0.f));
 }
+// The code floor_positive() moves a positive value off, as an index a vector
+// loop compares each code with (no table load per element): the map's code
+// of 0 for a second moment, else -1 (none).
+LOWBIT_HD int floor_positive_code(const QMap& map, bool second) {
+  int zero = -1;
+  for (int k = 0; k < map.n; ++k) zero = map.values[k] == 0.f && second ? k : zero;
+  return zero;
+}
 LOWBIT_HD uint8_t floor_positive_e4m3(uint8_t code, float x) { return uint8_t(code | uint8_t((code == 0) & (x > 0.f))); }
 
 // Scaled input of the code search; an all-zero block (absmax 0) maps to 0.

@@ -90,8 +90,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
   a.dyn[i].scalar_idx = int32_t(i);
   if (a.layout) {
-    const int32_t formats[2] = {(P.coding[0] & kCodeStochastic) ? int32_t(LOWBIT_STATE_4BIT_SR) : int32_t(P.format[0]),
-                                (P.coding[1] & kCodeStochastic) ? int32_t(LOWBIT_STATE_4BIT_SR) : int32_t(P.format[1])};
+    const int32_t formats[2] = {public_format(P, 0), public_format(P, 1)};
     const int32_t norms[2] = {int32_t(P.norm[0]), int32_t(P.norm[1])};
     if (!layout_matches(a.layout + int64_t(kLayoutColumns) * i, int(P.num_moments), formats, norms,
                         int32_t(P.rounding), P.shape))

@@ -49,6 +49,11 @@ struct DevParam {
   uint8_t norm[2];      // Norm of each moment (Rank1: scales = vectors + workspace; Factored: data = accumulators)
   Shape shape;          // read by Rank1 / Factored moments only
 };
+// The lowbit_state_format_t moment k was bound with (core/state.hpp
+// public_format): its format, or 4BIT_SR for stochastic codes.
+LOWBIT_HD int32_t public_format(const DevParam& P, int k) {
+  return (P.coding[k] & kCodeStochastic) ? int32_t(LOWBIT_STATE_4BIT_SR) : int32_t(P.format[k]);
+}
 static_assert(sizeof(DevParam) == 144, "DevParam layout (no implicit padding: tables are compared bytewise)");
 
 // Pass 1 of the shaped parameters (core/shape.hpp): rows [a, b) of a
