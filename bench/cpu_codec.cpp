@@ -64,5 +64,21 @@ int main() {
       use_portable_codec(false);
       std::printf("%-6s %-7s %12.3f %12.3f %12.3f %12.3f\n", format_name(f), moment ? "second" : "first", t[0], t[1], t[2], t[3]);
     }
+  // 4BIT_SR: a step's tile-by-tile stochastic encoding (decoding is 4BIT's)
+  for (int moment = 0; moment < 2; ++moment) {
+    std::vector<uint8_t> data(size_t(moment_data_bytes(LOWBIT_STATE_4BIT_SR, kElements)));
+    std::vector<float> scales(size_t(num_blocks(LOWBIT_STATE_4BIT_SR, kElements)));
+    const MomentView mv = moment_view(LOWBIT_STATE_4BIT_SR, moment, data.data(), scales.data());
+    const float* x = moment ? v.data() : m.data();
+    double t[2] = {NAN, NAN};
+    for (int path = 0; path < (simd ? 2 : 1); ++path) {
+      use_portable_codec(path == 0);
+      t[path] = best_ns_per_element([&] {
+        for (int64_t b = 0; b < kElements; b += kTile) encode_moment_tile_stochastic(mv, b, kTile, x + b, 0x1234567u);
+      });
+    }
+    use_portable_codec(false);
+    std::printf("%-6s %-7s %12.3f %12.3f\n", "4b-sr", moment ? "second" : "first", t[0], t[1]);
+  }
   return 0;
 }

@@ -3,6 +3,7 @@
 // reference's choice except at a tie of u * (b - a) with x - a; the decoded
 // value is unbiased; the block encoder uses the element's own bits, and a
 // 4BIT_SR moment is laid out as 4BIT.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -174,43 +175,63 @@ void test_block_encoder(void**) {
 
 // Whole tiles take the AVX-512 form where the CPU has it: the same bytes and
 // scales as the portable rule, for ordinary blocks and for blocks with zeros
-// only, a NaN, an Inf, denormal magnitudes and a negative extreme.
+// only, a NaN, an Inf, denormal magnitudes, a negative extreme, negative
+// values under the unsigned map, elements exactly on decoded values, and
+// element indices on both sides of a multiple of 2^32.
 void test_simd_tiles_equal_the_portable_rule(void**) {
   if (!simd_codec_active()) {
     std::printf("  no AVX-512 codec on this CPU: nothing to compare\n");
     return;
   }
   std::normal_distribution<float> normal(0.f, 1.f);
+  constexpr int kCases = 8;
   for (int moment = 0; moment < 2; ++moment)
-    for (int t = 0; t < 200; ++t) {
+    for (int t = 0; t < 30 * kCases; ++t) {
       std::vector<float> x(kTile);
       for (float& v : x) v = normal(rng) * std::exp(3.f * normal(rng));
       if (moment == 1)
         for (float& v : x) v = std::fabs(v);
-      switch (t % 6) {
+      switch (t % kCases) {
         case 1: std::fill(x.begin(), x.begin() + kBlock4, 0.f); break;
         case 2: x[5] = std::nanf(""); break;
         case 3: x[200] = -INFINITY; break;
         case 4: for (float& v : x) v *= 1e-41f; break;
         case 5: x[17] = moment == 0 ? -1e4f : 1e4f; break;
+        case 6:
+          for (int i = 0; i < kTile; i += 3) x[size_t(i)] = -x[size_t(i)];
+          break;
+        case 7: {
+          const QMap& map = *moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr).map;
+          for (int b = 0; b < kTile; b += kBlock4) {
+            float absmax = 0.f;
+            for (int i = b; i < b + kBlock4; ++i) absmax = std::max(absmax, std::fabs(x[size_t(i)]));
+            float decoded[16];
+            decoded_values16(map, absmax, decoded);
+            for (int i = b; i < b + kBlock4; i += 2) x[size_t(i)] = decoded[rng() % 16];
+          }
+          break;
+        }
         default: break;
       }
-      const int64_t base = kTile * int64_t(rng() % 1000);
-      std::vector<uint8_t> a(base / 2 + kTile / 2), b(a.size());
-      std::vector<float> sa(base / kBlock4 + 2), sb(sa.size());
+      // a tile near a multiple of 2^32 every fourth time: the views point
+      // `base` elements before small buffers, so only the tile is touched
+      const int64_t base = t % 4 == 3 ? (int64_t(1 + t % 3) << 32) + kTile * (int64_t(rng() % 5) - 2)
+                                      : kTile * int64_t(rng() % 1000);
+      std::vector<uint8_t> a(kTile / 2), b(kTile / 2);
+      std::vector<float> sa(2), sb(2);
       const uint64_t key = rng();
+      const auto view = [&](std::vector<uint8_t>& codes, std::vector<float>& scales) {
+        return moment_view(LOWBIT_STATE_4BIT_SR, moment, codes.data() - base / 2, scales.data() - base / kBlock4);
+      };
       use_portable_codec(true);
-      encode_moment_tile_stochastic(moment_view(LOWBIT_STATE_4BIT_SR, moment, a.data(), sa.data()), base, kTile,
-                                    x.data(), key);
+      encode_moment_tile_stochastic(view(a, sa), base, kTile, x.data(), key);
       use_portable_codec(false);
-      encode_moment_tile_stochastic(moment_view(LOWBIT_STATE_4BIT_SR, moment, b.data(), sb.data()), base, kTile,
-                                    x.data(), key);
+      encode_moment_tile_stochastic(view(b, sb), base, kTile, x.data(), key);
       for (int i = 0; i < kTile / 2; ++i)
-        if (a[base / 2 + i] != b[base / 2 + i])
-          fail_msg("moment %d case %d byte %d: portable %02x, AVX-512 %02x", moment, t % 6, i, a[base / 2 + i],
-                   b[base / 2 + i]);
-      for (int k = 0; k < 2; ++k)
-        assert_memory_equal(&sa[base / kBlock4 + k], &sb[base / kBlock4 + k], sizeof(float));
+        if (a[size_t(i)] != b[size_t(i)])
+          fail_msg("moment %d case %d base %lld byte %d: portable %02x, AVX-512 %02x", moment, t % kCases,
+                   (long long)base, i, a[size_t(i)], b[size_t(i)]);
+      assert_memory_equal(sa.data(), sb.data(), 2 * sizeof(float));
     }
 }
 
