@@ -644,6 +644,131 @@ LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config
                                                    const lowbit_hparams_t* hparams,
                                                    const lowbit_param_config_t* param, lowbit_state_plan_t* out);
 
+/* ---------------------------------------------------------------- functional step */
+
+/* (Since 0.6.) A step over buffers the caller owns and passes at every call,
+ * for frameworks whose buffers change from call to call (XLA custom calls,
+ * TensorFlow, ONNX Runtime training, Rust or Julia trainers). lowbit.jax is
+ * built on it alone.
+ *
+ * State. Each parameter's state is the buffers its lowbit_state_plan_t
+ * describes (lowbit_plan_param_state): per moment `data_bytes` of codes or
+ * values and `scale_count` fp32 scales (rank-1 vectors or factored
+ * accumulators for those normalisations), and `ecc_bytes` error-correction
+ * bytes, all zero-filled before the first step, plus a state record: the
+ * LOWBIT_STATE_RECORD_INT32 int32 values lowbit_state_record writes once,
+ * kept with the state (and checkpointed with it) so that a step can tell
+ * that the buffers were made for another format, normalisation, rounding or
+ * shape. Alignment: params, grads and fp32 / bf16 moments to their element
+ * size, scales to 4 bytes; codes and ecc bytes have none. A buffer may be
+ * larger than its plan's size, never smaller.
+ *
+ * Steps. The caller passes the hyper-parameters of every group (host
+ * values) and, optionally, lr in engine memory; the count of steps applied
+ * so far as a host value, as a pointer into engine memory (host memory for a
+ * CPU context, device memory for CUDA) that the step reads and writes in
+ * stream order, or both: then they must agree (the state's count against
+ * the caller's, e.g. after restoring two checkpoints). One count serves every
+ * parameter of the call. A parameter's rounding key is its index in the
+ * call, so a call over the params of a handle optimizer in registration
+ * order gives the handle's bits (lowbit_optimizer_step).
+ *
+ * Checks. Everything the host can check is checked before anything is
+ * written: a bad argument returns its status and changes nothing. What only
+ * the device can see (a CUDA context's lr, count and state records) is
+ * checked in stream order: a bad value makes the step change nothing (count
+ * included) and lowbit_step_context_last_step_skipped report 1, as for a
+ * non-finite gradient (skip_nonfinite). On CUDA a step only enqueues work:
+ * no host wait, and no allocation after the first call with a given number
+ * of parameters. */
+
+#define LOWBIT_STATE_RECORD_INT32 14
+
+typedef struct lowbit_step_context* lowbit_step_context_t;
+
+/* One parameter of a functional step. */
+typedef struct lowbit_param_buffers {
+  size_t struct_size;
+  lowbit_tensor_t param;             /* updated in place */
+  lowbit_tensor_t grad;              /* param's numel; data NULL: the param is not stepped */
+  int32_t group;                     /* index into lowbit_step_args_t.hparams */
+  int32_t ndim;                      /* the shape the state was planned with (lowbit_param_config_t) */
+  int64_t shape[LOWBIT_MAX_DIMS];
+  const lowbit_state_plan_t* plan;   /* host memory: lowbit_plan_param_state's answer for this param */
+  void* moment[2];                   /* plan->data_bytes[m] bytes (NULL where 0) */
+  int64_t moment_bytes[2];           /* the sizes of those buffers */
+  float* scales[2];                  /* plan->scale_count[m] floats */
+  int64_t scale_count[2];
+  uint8_t* ecc;                      /* plan->ecc_bytes bytes */
+  int64_t ecc_bytes;
+} lowbit_param_buffers_t;
+
+/* Zeroes the struct and sets struct_size (lowbit_param_buffers_init: the 0.6 struct). */
+LOWBIT_API lowbit_status_t lowbit_param_buffers_init_sized(lowbit_param_buffers_t* p, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_param_buffers_init(lowbit_param_buffers_t* p);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_param_buffers_init(p) lowbit_param_buffers_init_sized((p), sizeof(*(p)))
+#endif
+
+/* The per-call values of a functional step. */
+typedef struct lowbit_step_args {
+  size_t struct_size;
+  const lowbit_hparams_t* hparams; /* host memory: one per group, each of a released size */
+  int32_t num_groups;              /* >= 1 */
+  int32_t reserved0;               /* 0 */
+  const float* lr;                 /* engine memory or NULL: replaces every group's lr */
+  int64_t step;                    /* steps applied so far (t - 1), in [0, 2^31 - 1); -1: not given */
+  const int32_t* count;            /* engine memory or NULL: the state's count of steps applied */
+  int32_t* count_out;              /* engine memory or NULL: *count + 1 (or step + 1) unless skipped; may alias count */
+  const int32_t* records;          /* engine memory: num_params x LOWBIT_STATE_RECORD_INT32, row i the state record of params[i] */
+} lowbit_step_args_t;
+
+/* Zeroes the struct, sets struct_size and step = -1 (lowbit_step_args_init: the 0.6 struct). */
+LOWBIT_API lowbit_status_t lowbit_step_args_init_sized(lowbit_step_args_t* args, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_step_args_init(lowbit_step_args_t* args);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_step_args_init(args) lowbit_step_args_init_sized((args), sizeof(*(args)))
+#endif
+
+/* A reusable context of functional steps: config's algorithm (AdamW, Adam,
+ * Lion or SGD), device and device_index, seed, skip_nonfinite and
+ * num_threads (its formats and thresholds are the plans' business). */
+LOWBIT_API lowbit_status_t lowbit_step_context_create(lowbit_step_context_t* out,
+                                                      const lowbit_optimizer_config_t* config);
+LOWBIT_API lowbit_status_t lowbit_step_context_destroy(lowbit_step_context_t ctx);
+/* Message of the last failed call on this context; for NULL, lowbit_last_error(). */
+LOWBIT_API const char* lowbit_step_context_last_error(lowbit_step_context_t ctx);
+
+/* Writes the state record of a param planned as `plan` with shape
+ * (ndim, shape) (ndim 0: flat) into out[0, LOWBIT_STATE_RECORD_INT32), host
+ * memory. */
+LOWBIT_API lowbit_status_t lowbit_state_record(const lowbit_state_plan_t* plan, int32_t ndim, const int64_t* shape,
+                                               int32_t* out, int64_t capacity);
+
+/* One step of the context's algorithm over params[0, num_params), on
+ * `stream` (CUDA; NULL: the legacy default stream). */
+LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, const lowbit_param_buffers_t* params,
+                                                  int64_t num_params, const lowbit_step_args_t* args, void* stream);
+
+/* 1 if the context's last step changed nothing (a non-finite gradient, or
+ * on CUDA a bad lr, count or record). CUDA: valid once the stream has passed
+ * that step; does not wait. */
+LOWBIT_API lowbit_status_t lowbit_step_context_last_step_skipped(lowbit_step_context_t ctx, int32_t* out);
+
+/* Checks hyper-parameters for `algorithm` as lowbit_optimizer_create and
+ * lowbit_optimizer_set_hparams do (the message in lowbit_last_error()). */
+LOWBIT_API lowbit_status_t lowbit_hparams_check(const lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm);
+
+/* Decodes moment `moment` (0 or 1) of a param's state on the host into
+ * out[0, numel) fp32: the buffers as lowbit_param_buffers_t holds them, the
+ * plan and shape as the param was planned with. */
+LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan, int32_t moment, int32_t ndim,
+                                                const int64_t* shape, const void* data, int64_t data_bytes,
+                                                const float* scales, int64_t scale_count, float* out, int64_t numel);
+
+/* "fp32", "bf16", "8bit", "4bit", "fp8", "4bit-sr"; "unknown" for other values. */
+LOWBIT_API const char* lowbit_state_format_name(lowbit_state_format_t format);
+
 /* ---------------------------------------------------------------- checkpoints */
 
 typedef enum lowbit_checkpoint_mode {

@@ -55,6 +55,8 @@ LOWBIT_STRUCT_ABI(lowbit_param_info_t, "lowbit_param_info_init",
                   rel(200, offsetof(lowbit_param_info_t, first_normalization)), rel(300, sizeof(lowbit_param_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_state_plan_t, "lowbit_state_plan_init",
                   rel(200, offsetof(lowbit_state_plan_t, normalization)), rel(300, sizeof(lowbit_state_plan_t)))
+LOWBIT_STRUCT_ABI(lowbit_param_buffers_t, "lowbit_param_buffers_init", rel(600, sizeof(lowbit_param_buffers_t)))
+LOWBIT_STRUCT_ABI(lowbit_step_args_t, "lowbit_step_args_init", rel(600, sizeof(lowbit_step_args_t)))
 // lowbit_comm.h
 LOWBIT_STRUCT_ABI(lowbit_comm_config_t, "lowbit_comm_config_init",
                   rel(200, offsetof(lowbit_comm_config_t, timeout_ms)), rel(400, sizeof(lowbit_comm_config_t)))

@@ -50,7 +50,8 @@ const StructAbi& abi_of();
 #define LOWBIT_ABI_STRUCTS(X)                                                                    \
   X(lowbit_build_info_t) X(lowbit_hparams_t) X(lowbit_optimizer_config_t) X(lowbit_param_config_t) \
   X(lowbit_onebit_options_t) X(lowbit_onebit_status_t) X(lowbit_param_info_t) X(lowbit_state_plan_t) \
-  X(lowbit_comm_config_t) X(lowbit_comm_info_t) X(lowbit_comm_stats_t) X(lowbit_comm_transport_t)
+  X(lowbit_param_buffers_t) X(lowbit_step_args_t) X(lowbit_comm_config_t) X(lowbit_comm_info_t)               \
+  X(lowbit_comm_stats_t) X(lowbit_comm_transport_t)
 #define LOWBIT_ABI_DECLARE(T) \
   template <>               \
   const StructAbi& abi_of<T>();

@@ -95,8 +95,8 @@ class CpuEngine final : public Engine {
 
   void step(Algo algo, const GradView* grads, int64_t num_params, const StepControl& ctl, void*) override {
     check_count(num_params, "step");
-    const int64_t shared = ctl.shared_count ? int64_t(*ctl.shared_count) : -1;
-    bool skip = false;
+    const int64_t shared = ctl.shared_count ? int64_t(*ctl.shared_count) : ctl.host_count;
+    bool skip = ctl.shared_count && ctl.host_count >= 0 && int64_t(*ctl.shared_count) != ctl.host_count;
     for (size_t i = 0; i < params_.size(); ++i) {
       grads_[i] = grads[i];
       if (!grads[i].data) continue;

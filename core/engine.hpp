@@ -53,6 +53,11 @@ struct StepControl {
   // was skipped (count_out may alias count).
   const int32_t* shared_count = nullptr;
   int32_t* shared_count_out = nullptr;
+  // The shared count as a host value (>= 0) instead of, or besides,
+  // shared_count: with both, a step whose *shared_count differs changes
+  // nothing (a state restored from another step). *shared_count_out =
+  // host_count + 1 when only the value is given.
+  int64_t host_count = -1;
   const float* lr = nullptr;  // when set, replaces hparams.lr of every group
   // When set: N x kLayoutColumns int32 recorded with the state
   // (core/layout_record.hpp); a parameter whose entry differs from how it is bound

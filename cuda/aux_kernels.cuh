@@ -82,9 +82,10 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   const DevParam P = a.params[i];
   lowbit_hparams_t h = a.hparams[P.group];
   if (a.lr) h.lr = *a.lr;
-  const int64_t step = a.shared_count ? int64_t(*a.shared_count) : a.steps[i];
+  const int64_t step = a.shared_count ? int64_t(*a.shared_count) : a.host_count >= 0 ? a.host_count : a.steps[i];
   // Values the host could not check (JAX buffers): a bad one skips the step.
   if (!(h.lr >= 0.f && h.lr <= 3.40282347e38f) || step < 0) *a.flag = 1;
+  if (a.shared_count && a.host_count >= 0 && step != a.host_count) *a.flag = 1;
   a.scalars[i] = a.frozen_step >= 0 ? make_frozen_scalars(h, step, a.frozen_step)
                                     : make_step_scalars(h, a.bias_correction_allowed != 0, step);
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
@@ -107,8 +108,9 @@ __global__ void skip_if_positive_kernel(const float* value, int32_t* flag) {
 __global__ void __launch_bounds__(kThreads) finalize_kernel(const FinalizeArgs a) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const bool skipped = *a.skip_flag != 0;
-  if (a.shared_count) {
-    if (i == 0) *a.shared_count_out = *a.shared_count + (skipped ? 0 : 1);
+  if (a.shared_count || a.host_count >= 0) {
+    if (i == 0 && a.shared_count_out)
+      *a.shared_count_out = (a.shared_count ? *a.shared_count : int32_t(a.host_count)) + (skipped ? 0 : 1);
     return;
   }
   if (i >= a.num_params || skipped) return;

@@ -538,6 +538,7 @@ void CudaEngine::prepare(Algo algo, const StepControl& ctl, int64_t frozen_step,
   p.hparams = hparams_;
   p.steps = steps_;
   p.shared_count = ctl.shared_count;
+  p.host_count = ctl.host_count;
   p.lr = ctl.lr;
   p.layout = ctl.layout;
   p.flag = flag_;
@@ -550,7 +551,7 @@ void CudaEngine::prepare(Algo algo, const StepControl& ctl, int64_t frozen_step,
 }
 
 void CudaEngine::finalize(const StepControl& ctl, void* stream) {
-  launch_finalize(FinalizeArgs{dyn_, steps_, flag_, ctl.shared_count, ctl.shared_count_out,
+  launch_finalize(FinalizeArgs{dyn_, steps_, flag_, ctl.shared_count, ctl.shared_count_out, ctl.host_count,
                                int64_t(bound_params_.size())},
                   stream);
   check(cudaGetLastError(), "launching the step-count update");

@@ -134,6 +134,7 @@ struct PrepareArgs {
   const lowbit_hparams_t* hparams;
   const int64_t* steps;
   const int32_t* shared_count;  // non-null: the step count of every parameter (JAX)
+  int64_t host_count;           // >= 0: that count as a host value (StepControl::host_count)
   const float* lr;              // non-null: replaces hparams.lr
   const int32_t* layout;        // non-null: N x kLayoutColumns records (core/layout_record.hpp); a mismatch sets *flag
   int32_t* flag;
@@ -177,13 +178,15 @@ struct CheckArgs {
 };
 
 // +1 on the step count of every updated parameter unless the step was
-// skipped; with a shared count, *shared_count_out = *shared_count + 1 instead.
+// skipped; with a shared count, *shared_count_out = *shared_count (or
+// host_count) + 1 instead.
 struct FinalizeArgs {
   const DevDyn* dyn;
   int64_t* steps;
   const int32_t* skip_flag;
   const int32_t* shared_count;
   int32_t* shared_count_out;
+  int64_t host_count;
   int64_t num_params;
 };
 

@@ -1,0 +1,188 @@
+// The functional step's entry points (lowbit.h, "functional step"): callers'
+// structs of any released size read into current ones, then
+// lowbit::FunctionalStepper.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "boundary.hpp"
+#include "core/codec.hpp"
+#include "core/defaults.hpp"
+#include "core/functional_step.hpp"
+#include "core/state.hpp"
+#include "core/validation.hpp"
+#include "struct_abi.hpp"
+
+struct lowbit_step_context {
+  std::unique_ptr<lowbit::FunctionalStepper> impl;
+  std::string last_error;
+  // The current-size copies of a call's structs (kept: no allocation once
+  // they have the capacity).
+  std::vector<lowbit_param_buffers_t> params;
+  std::vector<lowbit_state_plan_t> plans;
+  std::vector<lowbit_hparams_t> hparams;
+};
+
+using lowbit::guarded;
+namespace abi = lowbit::abi;
+
+namespace {
+
+// A plan of 0.2 (no normalisations) has blocks.
+lowbit_state_plan_t default_plan() {
+  lowbit_state_plan_t p{};
+  p.normalization[0] = p.normalization[1] = LOWBIT_NORMALIZATION_BLOCK;
+  return p;
+}
+
+lowbit_step_args_t default_step_args() {
+  lowbit_step_args_t a{};
+  a.struct_size = sizeof(a);
+  a.step = -1;
+  return a;
+}
+
+// The shape of a param as its caller planned it (ndim 0: flat).
+lowbit::Shape read_shape(int32_t ndim, const int64_t* shape) {
+  LOWBIT_REQUIRE(ndim >= 0 && ndim <= LOWBIT_MAX_DIMS, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", ndim,
+                 " must be in 0..", LOWBIT_MAX_DIMS);
+  lowbit::Shape s{};
+  if (ndim == 0) return s;
+  LOWBIT_REQUIRE_PTR(shape, "shape");
+  s.ndim = ndim;
+  for (int k = 0; k < ndim; ++k) {
+    LOWBIT_REQUIRE(shape[k] >= 1 && shape[k] <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "shape[", k, "] = ",
+                   shape[k], " must be in [1, 2^31)");
+    s.dim[k] = shape[k];
+  }
+  return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_param_buffers_t, lowbit_param_buffers_init, 600, "p", lowbit_param_buffers_t{})
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_step_args_t, lowbit_step_args_init, 600, "args", default_step_args())
+
+LOWBIT_API lowbit_status_t lowbit_step_context_create(lowbit_step_context_t* out,
+                                                      const lowbit_optimizer_config_t* config) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, [&] {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    const lowbit_optimizer_config_t full =
+        abi::read_struct(config, lowbit::default_config(LOWBIT_ALGORITHM_ADAMW), "config");
+    auto ctx = std::make_unique<lowbit_step_context>();
+    ctx->impl = std::make_unique<lowbit::FunctionalStepper>(full);
+    *out = ctx.release();
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_step_context_destroy(lowbit_step_context_t ctx) {
+  delete ctx;
+  return LOWBIT_SUCCESS;
+}
+
+LOWBIT_API const char* lowbit_step_context_last_error(lowbit_step_context_t ctx) { return lowbit::last_error_of(ctx); }
+
+LOWBIT_API lowbit_status_t lowbit_state_record(const lowbit_state_plan_t* plan, int32_t ndim, const int64_t* shape,
+                                               int32_t* out, int64_t capacity) {
+  return guarded(nullptr, [&] {
+    const lowbit_state_plan_t p = abi::read_struct(plan, default_plan(), "plan");
+    const lowbit::Shape s = read_shape(ndim, shape);
+    LOWBIT_REQUIRE_PTR(out, "out");
+    LOWBIT_REQUIRE(capacity >= LOWBIT_STATE_RECORD_INT32, LOWBIT_ERROR_BUFFER_TOO_SMALL, "capacity = ", capacity,
+                   " but a state record has ", LOWBIT_STATE_RECORD_INT32, " int32 values");
+    lowbit::make_state_record(p, s, out);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, const lowbit_param_buffers_t* params,
+                                                  int64_t num_params, const lowbit_step_args_t* args, void* stream) {
+  return lowbit::on_handle(ctx, "ctx (the step context)", [&](lowbit::FunctionalStepper& f) {
+    LOWBIT_REQUIRE_PTR(params, "params");
+    const lowbit_step_args_t a = abi::read_struct(args, default_step_args(), "args");
+    LOWBIT_REQUIRE(num_params >= 1 && num_params <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "num_params = ",
+                   num_params, " must be in [1, 2^31)");
+    LOWBIT_REQUIRE_PTR(a.hparams, "args.hparams");
+    LOWBIT_REQUIRE(a.num_groups >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "args.num_groups = ", a.num_groups,
+                   " must be >= 1");
+    ctx->hparams.resize(size_t(a.num_groups));
+    for (int32_t g = 0; g < a.num_groups; ++g)
+      ctx->hparams[size_t(g)] = abi::read_struct(&a.hparams[g], lowbit_hparams_t{}, "args.hparams[g]");
+    ctx->params.resize(size_t(num_params));
+    ctx->plans.resize(size_t(num_params));
+    // Each element of the caller's array has the size of its first (an
+    // array holds one struct type).
+    const size_t stride = abi::struct_size_of(params);
+    const char* base = reinterpret_cast<const char*>(params);
+    for (int64_t i = 0; i < num_params; ++i) {
+      const auto* p = reinterpret_cast<const lowbit_param_buffers_t*>(base + stride * size_t(i));
+      ctx->params[size_t(i)] = abi::read_struct(p, lowbit_param_buffers_t{}, "params[i]");
+      ctx->plans[size_t(i)] = abi::read_struct(ctx->params[size_t(i)].plan, default_plan(), "params[i].plan");
+    }
+    lowbit::FunctionalCount count;
+    count.step = a.step;
+    count.count = a.count;
+    count.count_out = a.count_out;
+    f.step(ctx->params.data(), ctx->plans.data(), num_params, ctx->hparams.data(), a.num_groups, a.lr, count,
+           a.records, stream);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_step_context_last_step_skipped(lowbit_step_context_t ctx, int32_t* out) {
+  return lowbit::on_handle(ctx, "ctx (the step context)", [&](lowbit::FunctionalStepper& f) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = f.last_step_skipped() ? 1 : 0;
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_hparams_check(const lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm) {
+  return guarded(nullptr, [&] {
+    lowbit::check_algorithm(algorithm);
+    lowbit::check_hparams(abi::read_struct(hparams, lowbit::default_hparams(algorithm), "hparams"), algorithm);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan, int32_t moment, int32_t ndim,
+                                                const int64_t* shape, const void* data, int64_t data_bytes,
+                                                const float* scales, int64_t scale_count, float* out, int64_t numel) {
+  return guarded(nullptr, [&] {
+    const lowbit_state_plan_t p = abi::read_struct(plan, default_plan(), "plan");
+    LOWBIT_REQUIRE(moment >= 0 && moment < p.num_moments && moment < 2, LOWBIT_ERROR_INVALID_ARGUMENT, "moment = ",
+                   moment, " but the plan has ", p.num_moments, " moments");
+    LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel, " must be >= 0");
+    const lowbit_state_format_t f = p.format[moment];
+    lowbit::check_state_format(f, "plan->format[moment]", false);
+    const lowbit::Norm norm = lowbit::from_c_norm(p.normalization[moment]);
+    const lowbit::Shape s = norm == lowbit::Norm::Block ? lowbit::Shape{} : read_shape(ndim, shape);
+    LOWBIT_REQUIRE(norm == lowbit::Norm::Block || s.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "a ",
+                   lowbit::norm_name(norm), " moment needs the param's shape (ndim >= 2), got ndim = ", ndim);
+    int64_t product = 1;
+    for (int k = 0; k < s.ndim; ++k) product *= s.dim[k];
+    LOWBIT_REQUIRE(s.ndim == 0 || product == numel, LOWBIT_ERROR_INVALID_ARGUMENT, "the shape has ", product,
+                   " elements but numel = ", numel);
+    const int64_t need_data = lowbit::moment_data_bytes(f, norm, s, numel);
+    const int64_t need_scales = lowbit::moment_scale_bytes(f, norm, s, numel) / 4;
+    LOWBIT_REQUIRE(need_data == p.data_bytes[moment] && need_scales == p.scale_count[moment],
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "the plan gives ", p.data_bytes[moment], " bytes and ",
+                   p.scale_count[moment], " scales but ", numel, " elements of its format need ", need_data, " and ",
+                   need_scales);
+    LOWBIT_REQUIRE(data_bytes >= need_data && scale_count >= need_scales, LOWBIT_ERROR_BUFFER_TOO_SMALL,
+                   "the buffers hold ", data_bytes, " bytes and ", scale_count, " scales but the moment needs ",
+                   need_data, " and ", need_scales);
+    LOWBIT_REQUIRE(need_data == 0 || data, LOWBIT_ERROR_NULL_POINTER, "data is NULL");
+    LOWBIT_REQUIRE(need_scales == 0 || scales, LOWBIT_ERROR_NULL_POINTER, "scales is NULL");
+    LOWBIT_REQUIRE(numel == 0 || out, LOWBIT_ERROR_NULL_POINTER, "out is NULL");
+    lowbit::MomentView mv = lowbit::moment_view(f, moment, const_cast<void*>(data), const_cast<float*>(scales));
+    mv.norm = norm;
+    lowbit::decode_moment(mv, s, numel, out);
+  });
+}
+
+LOWBIT_API const char* lowbit_state_format_name(lowbit_state_format_t format) {
+  return format == LOWBIT_STATE_DEFAULT ? "unknown" : lowbit::format_name(format);
+}
+
+}  // extern "C"

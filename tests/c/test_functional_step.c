@@ -1,0 +1,512 @@
+/* The functional step (lowbit.h, "functional step") against the handle API:
+ * the same bits for every algorithm x state format x normalisation x
+ * param/grad dtype and rounding, over 3 steps on fresh random inputs (the
+ * count given as a host value, as engine memory, or both), a non-finite
+ * gradient skipped by both, and bad input that gets a status and changes
+ * nothing: a state buffer one byte short, a plan of another format (the state
+ * record), a misaligned buffer, a step count that differs from the state's.
+ *
+ * Built twice: for the CPU engine (liblowbit) and, with LOWBIT_TEST_CUDA, for
+ * the CUDA engine under the host emulation (tests/cuda): the buffers are then
+ * device memory, and the record and count checks are the device's (a
+ * mismatch skips the step). Seed: LOWBIT_TEST_SEED (tests/common/test_seed.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "lowbit.h"
+#include "../common/test_seed.h"
+
+#ifdef LOWBIT_TEST_CUDA
+#include <cuda_runtime.h>
+#define DEVICE LOWBIT_DEVICE_CUDA
+static void* dev_alloc(size_t bytes) {
+  void* p = NULL;
+  if (bytes == 0) return NULL;
+  assert_int_equal(cudaMalloc(&p, bytes), cudaSuccess);
+  assert_int_equal(cudaMemset(p, 0, bytes), cudaSuccess);
+  return p;
+}
+static void dev_free(void* p) { cudaFree(p); }
+static void to_dev(void* dst, const void* src, size_t bytes) {
+  if (bytes) assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+}
+static void to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes) assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+static void sync_all(void) { assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); }
+#else
+#define DEVICE LOWBIT_DEVICE_CPU
+static void* dev_alloc(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
+static void dev_free(void* p) { free(p); }
+static void to_dev(void* dst, const void* src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+static void to_host(void* dst, const void* src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
+static void sync_all(void) {}
+#endif
+
+#define NP 3
+#define STEPS 3
+static const int64_t kShape[NP][2] = {{1000, 0}, {48, 40}, {7, 0}};
+
+static uint64_t rng_state;
+static uint32_t next_u32(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (uint32_t)(rng_state >> 32);
+}
+static float uniform_pm1(void) { return (float)((double)next_u32() / 2147483648.0 - 1.0); }
+
+static size_t dtype_size(lowbit_dtype_t d) { return d == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
+
+/* fp32 -> bf16 / fp16 by truncation of random values: any bits will do. */
+static void fill_random(void* out, lowbit_dtype_t d, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = uniform_pm1() * scale;
+    if (d == LOWBIT_DTYPE_FLOAT32) {
+      ((float*)out)[i] = x;
+    } else if (d == LOWBIT_DTYPE_BFLOAT16) {
+      uint32_t u;
+      memcpy(&u, &x, 4);
+      ((uint16_t*)out)[i] = (uint16_t)(u >> 16);
+    } else {
+      /* a random fp16 in about [-1, 1]: sign, exponent 5..15, mantissa */
+      uint16_t h = (uint16_t)(((next_u32() & 1u) << 15) | ((5u + next_u32() % 10u) << 10) | (next_u32() & 0x3FFu));
+      ((uint16_t*)out)[i] = h;
+    }
+  }
+}
+
+typedef struct {
+  lowbit_algorithm_t algo;
+  float momentum;
+  int32_t nesterov;
+  lowbit_state_format_t f0, f1;
+  lowbit_normalization_t n0, n1;
+  lowbit_dtype_t pdt, gdt;
+  int32_t sr, ecc;
+} case_t;
+
+/* One param's functional state. */
+typedef struct {
+  lowbit_state_plan_t plan;
+  lowbit_param_buffers_t b;
+  void* param;
+  void* grad;
+} fstate_t;
+
+typedef struct {
+  case_t c;
+  lowbit_optimizer_config_t config;
+  lowbit_hparams_t hparams;
+  lowbit_optimizer_t opt;
+  void* hparam[NP];
+  void* hgrad[NP];
+  fstate_t f[NP];
+  int32_t* records;
+  int32_t* count; /* engine memory: in, out */
+  lowbit_step_context_t ctx;
+} run_t;
+
+static int64_t numel_of(int i) { return kShape[i][0] * (kShape[i][1] ? kShape[i][1] : 1); }
+
+#define CHECK(call)                                                                                         \
+  do {                                                                                                      \
+    lowbit_status_t st_ = (call);                                                                           \
+    if (st_ != LOWBIT_SUCCESS) fail_msg("%s: %s: %s", #call, lowbit_status_string(st_), lowbit_last_error()); \
+  } while (0)
+
+static void setup_run(run_t* r, const case_t* c) {
+  memset(r, 0, sizeof *r);
+  r->c = *c;
+  lowbit_optimizer_config_init(&r->config, c->algo);
+  r->config.device = DEVICE;
+  r->config.state_format = c->f0;
+  r->config.second_state_format = c->f1;
+  r->config.first_normalization = c->n0;
+  r->config.second_normalization = c->n1;
+  r->config.min_quantized_numel = 0;
+  r->config.seed = 1234;
+  r->config.stochastic_rounding = c->sr;
+  r->config.error_correction = c->ecc;
+  r->config.num_threads = 2;
+  lowbit_hparams_init(&r->hparams, c->algo);
+  r->hparams.lr = 1e-2f;
+  r->hparams.weight_decay = 0.05f;
+  r->hparams.momentum = c->momentum;
+  r->hparams.nesterov = c->nesterov;
+  CHECK(lowbit_optimizer_create(&r->opt, &r->config, &r->hparams));
+  CHECK(lowbit_step_context_create(&r->ctx, &r->config));
+  r->records = dev_alloc(sizeof(int32_t) * LOWBIT_STATE_RECORD_INT32 * NP);
+  r->count = dev_alloc(2 * sizeof(int32_t));
+  int32_t host_records[LOWBIT_STATE_RECORD_INT32 * NP];
+  for (int i = 0; i < NP; ++i) {
+    const int64_t n = numel_of(i);
+    const size_t pbytes = (size_t)n * dtype_size(c->pdt), gbytes = (size_t)n * dtype_size(c->gdt);
+    void* init = malloc(pbytes);
+    fill_random(init, c->pdt, n, 1.f);
+    r->hparam[i] = dev_alloc(pbytes);
+    r->hgrad[i] = dev_alloc(gbytes);
+    to_dev(r->hparam[i], init, pbytes);
+    fstate_t* f = &r->f[i];
+    f->param = dev_alloc(pbytes);
+    f->grad = dev_alloc(gbytes);
+    to_dev(f->param, init, pbytes);
+    free(init);
+
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){r->hparam[i], n, c->pdt, DEVICE, 0};
+    pc.grad = (lowbit_tensor_t){r->hgrad[i], n, c->gdt, DEVICE, 0};
+    pc.ndim = kShape[i][1] ? 2 : 0;
+    pc.shape[0] = kShape[i][0];
+    pc.shape[1] = kShape[i][1];
+    int64_t id;
+    CHECK(lowbit_optimizer_add_param(r->opt, &pc, &id));
+    assert_int_equal(id, i);
+
+    lowbit_state_plan_init(&f->plan);
+    CHECK(lowbit_plan_param_state(&r->config, &r->hparams, &pc, &f->plan));
+    lowbit_param_buffers_init(&f->b);
+    f->b.param = (lowbit_tensor_t){f->param, n, c->pdt, DEVICE, 0};
+    f->b.grad = (lowbit_tensor_t){f->grad, n, c->gdt, DEVICE, 0};
+    f->b.plan = &f->plan;
+    f->b.ndim = pc.ndim;
+    f->b.shape[0] = pc.shape[0];
+    f->b.shape[1] = pc.shape[1];
+    for (int m = 0; m < 2; ++m) {
+      f->b.moment[m] = dev_alloc((size_t)f->plan.data_bytes[m]);
+      f->b.moment_bytes[m] = f->plan.data_bytes[m];
+      f->b.scales[m] = dev_alloc(sizeof(float) * (size_t)f->plan.scale_count[m]);
+      f->b.scale_count[m] = f->plan.scale_count[m];
+    }
+    f->b.ecc = dev_alloc((size_t)f->plan.ecc_bytes);
+    f->b.ecc_bytes = f->plan.ecc_bytes;
+    CHECK(lowbit_state_record(&f->plan, pc.ndim, pc.shape, host_records + LOWBIT_STATE_RECORD_INT32 * i,
+                              LOWBIT_STATE_RECORD_INT32));
+  }
+  to_dev(r->records, host_records, sizeof host_records);
+}
+
+static void teardown_run(run_t* r) {
+  lowbit_optimizer_destroy(r->opt);
+  lowbit_step_context_destroy(r->ctx);
+  for (int i = 0; i < NP; ++i) {
+    dev_free(r->hparam[i]);
+    dev_free(r->hgrad[i]);
+    dev_free(r->f[i].param);
+    dev_free(r->f[i].grad);
+    for (int m = 0; m < 2; ++m) {
+      dev_free(r->f[i].b.moment[m]);
+      dev_free(r->f[i].b.scales[m]);
+    }
+    dev_free(r->f[i].b.ecc);
+  }
+  dev_free(r->records);
+  dev_free(r->count);
+}
+
+static lowbit_param_buffers_t buffers[NP];
+
+/* The functional step of step `t` (steps applied so far); how the count
+ * travels depends on t: host value, engine memory, or both. */
+static lowbit_status_t functional_step(run_t* r, int64_t t, lowbit_param_buffers_t* b) {
+  lowbit_step_args_t a;
+  lowbit_step_args_init(&a);
+  a.hparams = &r->hparams;
+  a.num_groups = 1;
+  a.records = r->records;
+  int32_t host_count[2] = {(int32_t)t, -7};
+  to_dev(r->count, host_count, sizeof host_count);
+  switch (t % 3) {
+    case 0: a.step = t; break;
+    case 1: a.count = r->count; a.count_out = r->count + 1; break;
+    default: a.step = t; a.count = r->count; a.count_out = r->count; break;
+  }
+  return lowbit_functional_step(r->ctx, b, NP, &a, NULL);
+}
+
+static void new_grads(run_t* r, int nonfinite) {
+  for (int i = 0; i < NP; ++i) {
+    const int64_t n = numel_of(i);
+    const size_t bytes = (size_t)n * dtype_size(r->c.gdt);
+    void* g = malloc(bytes);
+    fill_random(g, r->c.gdt, n, 0.5f);
+    if (nonfinite && i == 1) {
+      if (r->c.gdt == LOWBIT_DTYPE_FLOAT32)
+        ((float*)g)[5] = 0.f / 0.f;
+      else
+        ((uint16_t*)g)[5] = r->c.gdt == LOWBIT_DTYPE_BFLOAT16 ? 0x7FC0 : 0x7E00;
+    }
+    to_dev(r->hgrad[i], g, bytes);
+    to_dev(r->f[i].grad, g, bytes);
+    free(g);
+  }
+}
+
+static void expect_same_bits(run_t* r, const char* when) {
+  sync_all();
+  for (int i = 0; i < NP; ++i) {
+    const int64_t n = numel_of(i);
+    const size_t pbytes = (size_t)n * dtype_size(r->c.pdt);
+    uint8_t* a = malloc(pbytes);
+    uint8_t* b = malloc(pbytes);
+    to_host(a, r->hparam[i], pbytes);
+    to_host(b, r->f[i].param, pbytes);
+    if (memcmp(a, b, pbytes) != 0) fail_msg("%s: param %d differs", when, i);
+    free(a);
+    free(b);
+    const lowbit_state_plan_t* plan = &r->f[i].plan;
+    float* ha = malloc(sizeof(float) * (size_t)n);
+    float* hb = malloc(sizeof(float) * (size_t)n);
+    for (int m = 0; m < plan->num_moments; ++m) {
+      CHECK(lowbit_optimizer_read_moment(r->opt, i, m, ha, n, NULL));
+      const size_t db = (size_t)plan->data_bytes[m], sc = (size_t)plan->scale_count[m];
+      void* data = malloc(db ? db : 1);
+      float* scales = malloc(sizeof(float) * (sc ? sc : 1));
+      to_host(data, r->f[i].b.moment[m], db);
+      to_host(scales, r->f[i].b.scales[m], sizeof(float) * sc);
+      CHECK(lowbit_decode_moment(plan, m, r->f[i].b.ndim, r->f[i].b.shape, data, (int64_t)db, scales, (int64_t)sc,
+                                 hb, n));
+      if (memcmp(ha, hb, sizeof(float) * (size_t)n) != 0) fail_msg("%s: param %d moment %d differs", when, i, m);
+      free(data);
+      free(scales);
+    }
+    free(ha);
+    free(hb);
+    /* error-correction bytes are not readable through the handle: each
+     * further step's params depend on them */
+  }
+}
+
+static void run_case(const case_t* c) {
+  run_t r;
+  setup_run(&r, c);
+  for (int i = 0; i < NP; ++i) buffers[i] = r.f[i].b;
+  int64_t t = 0;
+  for (int s = 0; s < STEPS + 1; ++s) {
+    const int nonfinite = s == 1;
+    new_grads(&r, nonfinite);
+    CHECK(lowbit_optimizer_step(r.opt, NULL));
+    CHECK(functional_step(&r, t, buffers));
+    sync_all();
+    int32_t skipped = -1, hskipped = -1, count[2];
+    CHECK(lowbit_step_context_last_step_skipped(r.ctx, &skipped));
+    CHECK(lowbit_optimizer_last_step_skipped(r.opt, &hskipped));
+    assert_int_equal(skipped, nonfinite);
+    assert_int_equal(hskipped, nonfinite);
+    to_host(count, r.count, sizeof count);
+    if (t % 3 == 1) assert_int_equal(count[1], t + (nonfinite ? 0 : 1));
+    if (t % 3 == 2) assert_int_equal(count[0], t + (nonfinite ? 0 : 1));
+    if (!nonfinite) ++t;
+    char when[64];
+    snprintf(when, sizeof when, "after step call %d", s);
+    expect_same_bits(&r, when);
+  }
+  teardown_run(&r);
+}
+
+/* ---- the sweep */
+
+static const lowbit_state_format_t kFormats[][2] = {
+    {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32}, {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16},
+    {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
+    {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},
+    {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
+};
+static const struct {
+  lowbit_dtype_t pdt, gdt;
+  int32_t sr, ecc;
+} kDtypes[] = {
+    {LOWBIT_DTYPE_FLOAT32, LOWBIT_DTYPE_FLOAT32, 0, 0},
+    {LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_BFLOAT16, 1, 0},
+    {LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_FLOAT32, 0, 1},
+    {LOWBIT_DTYPE_FLOAT16, LOWBIT_DTYPE_FLOAT16, 0, 0},
+};
+
+static void sweep(lowbit_algorithm_t algo, float momentum, int32_t nesterov) {
+  const int two = algo == LOWBIT_ALGORITHM_ADAMW || algo == LOWBIT_ALGORITHM_ADAM;
+  int cases = 0;
+  for (size_t f = 0; f < sizeof kFormats / sizeof kFormats[0]; ++f) {
+    if (!two && kFormats[f][1] != kFormats[f][0] && kFormats[f][0] != LOWBIT_STATE_4BIT_SR) continue;
+    for (int norm = 0; norm < 3; ++norm) {
+      /* norm 1: rank-1 for every 8BIT / 4BIT moment; 2: factored v (AdamW / Adam) */
+      lowbit_normalization_t n0 = LOWBIT_NORMALIZATION_BLOCK, n1 = LOWBIT_NORMALIZATION_BLOCK;
+      if (norm == 1) {
+        const int q0 = kFormats[f][0] == LOWBIT_STATE_8BIT || kFormats[f][0] == LOWBIT_STATE_4BIT;
+        const int q1 = kFormats[f][1] == LOWBIT_STATE_8BIT || kFormats[f][1] == LOWBIT_STATE_4BIT;
+        if (!q0 && !(two && q1)) continue;
+        n0 = q0 ? LOWBIT_NORMALIZATION_RANK1 : n0;
+        n1 = q1 ? LOWBIT_NORMALIZATION_RANK1 : n1;
+      }
+      if (norm == 2) {
+        if (!two) continue;
+        n1 = LOWBIT_NORMALIZATION_FACTORED;
+      }
+      for (size_t d = 0; d < sizeof kDtypes / sizeof kDtypes[0]; ++d) {
+        const case_t c = {algo, momentum, nesterov, kFormats[f][0], kFormats[f][1], n0, n1,
+                          kDtypes[d].pdt, kDtypes[d].gdt, kDtypes[d].sr, kDtypes[d].ecc};
+        run_case(&c);
+        ++cases;
+      }
+    }
+  }
+  printf("  %d cases: the functional step gives the handle's bits\n", cases);
+}
+
+static void test_adamw(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_ADAMW, 0.f, 0); }
+static void test_adam(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_ADAM, 0.f, 0); }
+static void test_lion(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_LION, 0.f, 0); }
+static void test_sgd_momentum(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_SGD, 0.9f, 0); }
+static void test_sgd_nesterov(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_SGD, 0.9f, 1); }
+static void test_sgd_plain(void** s) { (void)s; sweep(LOWBIT_ALGORITHM_SGD, 0.f, 0); }
+
+/* ---- bad input: a status (CPU) or a skipped step (CUDA), nothing changed */
+
+typedef struct {
+  uint8_t* bytes[NP][6]; /* param, moment 0/1, scales 0/1, ecc */
+  size_t size[NP][6];
+  int32_t count[2];
+} snapshot_t;
+
+static void snapshot(run_t* r, snapshot_t* s) {
+  sync_all();
+  for (int i = 0; i < NP; ++i) {
+    const fstate_t* f = &r->f[i];
+    const void* src[6] = {f->param, f->b.moment[0], f->b.moment[1], f->b.scales[0], f->b.scales[1], f->b.ecc};
+    const size_t size[6] = {(size_t)numel_of(i) * dtype_size(r->c.pdt), (size_t)f->plan.data_bytes[0],
+                            (size_t)f->plan.data_bytes[1], 4 * (size_t)f->plan.scale_count[0],
+                            4 * (size_t)f->plan.scale_count[1], (size_t)f->plan.ecc_bytes};
+    for (int k = 0; k < 6; ++k) {
+      s->size[i][k] = size[k];
+      s->bytes[i][k] = malloc(size[k] ? size[k] : 1);
+      to_host(s->bytes[i][k], src[k], size[k]);
+    }
+  }
+  to_host(s->count, r->count, sizeof s->count);
+}
+
+static void expect_unchanged(run_t* r, snapshot_t* before, const char* what) {
+  snapshot_t after;
+  snapshot(r, &after);
+  for (int i = 0; i < NP; ++i)
+    for (int k = 0; k < 6; ++k) {
+      if (memcmp(before->bytes[i][k], after.bytes[i][k], before->size[i][k]) != 0)
+        fail_msg("%s: param %d part %d changed", what, i, k);
+      free(before->bytes[i][k]);
+      free(after.bytes[i][k]);
+    }
+  if (memcmp(before->count, after.count, sizeof before->count) != 0) fail_msg("%s: the count changed", what);
+}
+
+/* One bad call: on the CPU its status and message; on CUDA, where the device
+ * makes the check, success and a skipped step (device_checked). */
+static void expect_refused(run_t* r, lowbit_param_buffers_t* b, const lowbit_step_args_t* a, lowbit_status_t status,
+                           const char* message_part, int device_checked, const char* what) {
+  snapshot_t before;
+  snapshot(r, &before);
+  const lowbit_status_t st = lowbit_functional_step(r->ctx, b, NP, a, NULL);
+#ifdef LOWBIT_TEST_CUDA
+  if (device_checked) {
+    assert_int_equal(st, LOWBIT_SUCCESS);
+    sync_all();
+    int32_t skipped = 0;
+    CHECK(lowbit_step_context_last_step_skipped(r->ctx, &skipped));
+    if (!skipped) fail_msg("%s: the step was not skipped", what);
+    expect_unchanged(r, &before, what);
+    return;
+  }
+#else
+  (void)device_checked;
+#endif
+  if (st != status) fail_msg("%s: status %s, expected %s (%s)", what, lowbit_status_string(st), lowbit_status_string(status),
+                             lowbit_step_context_last_error(r->ctx));
+  if (!strstr(lowbit_step_context_last_error(r->ctx), message_part))
+    fail_msg("%s: message \"%s\" does not name \"%s\"", what, lowbit_step_context_last_error(r->ctx), message_part);
+  expect_unchanged(r, &before, what);
+}
+
+static void test_bad_input(void** s) {
+  (void)s;
+  const case_t c = {LOWBIT_ALGORITHM_ADAMW, 0.f, 0, LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT, LOWBIT_NORMALIZATION_BLOCK,
+                    LOWBIT_NORMALIZATION_BLOCK, LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_BFLOAT16, 0, 1};
+  run_t r;
+  setup_run(&r, &c);
+  new_grads(&r, 0);
+  for (int i = 0; i < NP; ++i) buffers[i] = r.f[i].b;
+  CHECK(functional_step(&r, 0, buffers)); /* a state with something in it */
+  new_grads(&r, 0);
+  int32_t count[2] = {1, 1};
+  to_dev(r.count, count, sizeof count);
+
+  lowbit_step_args_t a;
+  lowbit_step_args_init(&a);
+  a.hparams = &r.hparams;
+  a.num_groups = 1;
+  a.records = r.records;
+  a.count = r.count;
+  a.count_out = r.count;
+
+  /* a state buffer one byte short */
+  buffers[1].moment_bytes[1] -= 1;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_BUFFER_TOO_SMALL, "params[1].moment[1]", 0, "one byte short");
+  buffers[1] = r.f[1].b;
+  buffers[2].ecc_bytes -= 1;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_BUFFER_TOO_SMALL, "params[2].ecc", 0, "ecc one byte short");
+  buffers[2] = r.f[2].b;
+
+  /* a plan of another format: FP8 has 8BIT's sizes, the record tells them apart */
+  lowbit_state_plan_t other = r.f[0].plan;
+  other.format[0] = LOWBIT_STATE_FP8;
+  buffers[0].plan = &other;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_STATE_MISMATCH, "the state was made for", 1, "plan of another format");
+  buffers[0] = r.f[0].b;
+  /* and a plan whose sizes are another format's */
+  other = r.f[0].plan;
+  other.format[1] = LOWBIT_STATE_4BIT;
+  buffers[0].plan = &other;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[0].plan gives moment 1", 0,
+                 "plan with another format's sizes");
+  buffers[0] = r.f[0].b;
+
+  /* a misaligned buffer */
+  buffers[1].scales[0] = (float*)((char*)buffers[1].scales[0] + 1);
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[1].scales[0] is not aligned", 0,
+                 "misaligned scales");
+  buffers[1] = r.f[1].b;
+  buffers[0].param.data = (char*)buffers[0].param.data + 1;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[0].param.data is not aligned", 0,
+                 "misaligned param");
+  buffers[0] = r.f[0].b;
+
+  /* a step count that is not the state's */
+  a.step = 5;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_STATE_MISMATCH, "args.step = 5", 1, "step count mismatch");
+  a.step = -1;
+
+  /* and the good call still works, from the same state */
+  CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, NULL));
+  sync_all();
+  to_host(count, r.count, sizeof count);
+  assert_int_equal(count[0], 2);
+  teardown_run(&r);
+}
+
+int main(int argc, char** argv) {
+  rng_state = lowbit_test_seed("test_functional_step") | 1u;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bad_input),    cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),
+      cmocka_unit_test(test_lion),         cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov),
+      cmocka_unit_test(test_sgd_plain),
+  };
+  (void)argc;
+  (void)argv;
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
