@@ -2,14 +2,14 @@
 // which registers them with jax.ffi.register_ffi_target:
 //   LowbitStepCpu    "lowbit_step"            the fused optimizer step
 //   LowbitDecodeCpu  "lowbit_decode_moment"   a moment, dequantized to fp32
-// Both run lowbit_core, the code behind the C API: the same CPU engine, codecs
-// and per-element update rules, so a JAX step and lowbit_optimizer_step give
-// the same bits for the same inputs.
+// Both call liblowbit through its public header only (the functional step,
+// lowbit_decode_moment): the same CPU engine, codecs and per-element update
+// rules as lowbit_optimizer_step, so a JAX step and a handle step give the
+// same bits for the same inputs.
 #include <algorithm>
 #include <memory>
 
 #include "bindings/jax/step_common.hpp"
-#include "core/codec.hpp"
 
 #define LOWBIT_JAX_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -17,7 +17,7 @@ LOWBIT_JAX_EXPORT XLA_FFI_Error* LowbitStepCpu(XLA_FFI_CallFrame* call_frame);
 LOWBIT_JAX_EXPORT XLA_FFI_Error* LowbitDecodeCpu(XLA_FFI_CallFrame* call_frame);
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_protocol_version(void);
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_has_cuda(void);
-// The int32 columns of a row of the JAX state's layout (core/layout_record.hpp).
+// The int32 columns of a row of the JAX state's layout (LOWBIT_STATE_RECORD_INT32).
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_layout_columns(void);
 // Validates hyper-parameters with the library's own checks (so that Python
 // can reject them when the optimizer is built, with the C API's message).
@@ -31,18 +31,6 @@ namespace lowbit {
 namespace jaxffi {
 namespace {
 
-Engine& cpu_engine(int32_t num_threads) {
-  // The CPU engine holds no state besides its thread count; one per XLA
-  // thread keeps concurrent executions independent.
-  thread_local std::unique_ptr<Engine> engine;
-  thread_local int32_t engine_threads = -1;
-  if (!engine || engine_threads != num_threads) {
-    engine = make_cpu_engine(num_threads);
-    engine_threads = num_threads;
-  }
-  return *engine;
-}
-
 ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layout, ffi::RemainingArgs args,
                    ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets, int32_t algorithm, float beta1,
                    float beta2, float eps, float momentum, float dampening, int32_t nesterov,
@@ -55,16 +43,16 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
     LOWBIT_REQUIRE(num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", num_threads, " must be >= 0");
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
                 weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names};
-    thread_local PreparedStep prep;  // keeps its capacity from step to step
+    thread_local PreparedStep prep;  // keeps its capacity and plans from step to step
     StepDecoder decoder(a, args, rets);
     const float* host_lr = static_cast<const float*>(lr.untyped_data());
     const int32_t* host_count = static_cast<const int32_t*>(count.untyped_data());
-    decoder.prepare(host_lr, host_count, static_cast<const int32_t*>(layout.untyped_data()), layout.dimensions(),
-                    prep);
+    const int32_t* host_layout = static_cast<const int32_t*>(layout.untyped_data());
+    decoder.prepare(host_lr, host_count, host_layout, layout.dimensions(), LOWBIT_DEVICE_CPU, 0, prep);
+    lowbit_step_context_t ctx = step_context(algorithm, seed, skip_nonfinite, LOWBIT_DEVICE_CPU, 0, num_threads);
     // Nothing is written before this point.
     for (const PreparedStep::Copy& c : prep.copies) std::memcpy(c.dst, c.src, c.bytes);
-    run_step(cpu_engine(num_threads), prep, a, host_lr, host_count, static_cast<int32_t*>(count_out->untyped_data()),
-             nullptr, nullptr);
+    run_step(ctx, prep, host_lr, host_count, static_cast<int32_t*>(count_out->untyped_data()), host_layout, nullptr);
   });
 }
 
@@ -80,38 +68,46 @@ ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi
                    " is not block (1), rank1 (2) or factored (3)");
     LOWBIT_REQUIRE(out->element_type() == ffi::DataType::F32, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "the output must be float32");
-    const lowbit_state_format_t f = lowbit_state_format_t(format);
-    const Norm norm = from_c_norm(lowbit_normalization_t(normalization));
     const int64_t numel = int64_t(out->element_count());
-    // A rank-1 or factored moment is decoded with the shape of the output
-    // (the param's).
-    Shape shape{};
-    if (norm != Norm::Block) {
+    // The plan of an AdamW param whose moment `moment` has this format and
+    // normalisation; a rank-1 or factored moment is decoded with the shape of
+    // the output (the param's).
+    PlanKey k{};
+    k.algorithm = LOWBIT_ALGORITHM_ADAMW;
+    k.f[0] = k.f[1] = format;
+    k.nz[moment] = normalization;
+    k.dtype = LOWBIT_DTYPE_FLOAT32;
+    k.numel = numel;
+    if (normalization != LOWBIT_NORMALIZATION_BLOCK) {
       const auto dims = out->dimensions();
       LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims) && numel > 0,
-                     LOWBIT_ERROR_INVALID_ARGUMENT, "a ", norm_name(norm), " moment needs an output of 2 to ",
-                     kMaxDims, " non-zero dims, got ", shape_string(dims));
-      shape.ndim = int32_t(dims.size());
-      for (size_t k = 0; k < dims.size(); ++k) shape.dim[k] = dims[k];
-      LOWBIT_REQUIRE(norm != Norm::Rank1 || f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT,
+                     LOWBIT_ERROR_INVALID_ARGUMENT, "a ", norm_value_name(normalization),
+                     " moment needs an output of 2 to ", kMaxDims, " non-zero dims, got ", shape_string(dims));
+      k.ndim = int32_t(dims.size());
+      for (size_t d = 0; d < dims.size(); ++d) k.dims[d] = dims[d];
+      LOWBIT_REQUIRE(normalization != LOWBIT_NORMALIZATION_RANK1 || format == LOWBIT_STATE_8BIT ||
+                         format == LOWBIT_STATE_4BIT,
                      LOWBIT_ERROR_INVALID_ARGUMENT, "a rank1 moment needs the 8bit or 4bit format");
-      LOWBIT_REQUIRE(norm != Norm::Factored || (f == LOWBIT_STATE_FP32 && moment == 1),
+      LOWBIT_REQUIRE(normalization != LOWBIT_NORMALIZATION_FACTORED || (format == LOWBIT_STATE_FP32 && moment == 1),
                      LOWBIT_ERROR_INVALID_ARGUMENT, "a factored moment is the second one, in fp32 accumulators");
     }
-    const ffi::DataType ddt = moment_data_dtype(f);
-    const int64_t data_bytes = moment_data_bytes(f, norm, shape, numel);
-    const int64_t scale_bytes = moment_scale_bytes(f, norm, shape, numel);
+    const lowbit_state_plan_t plan = plan_leaf(k, 0.f);
+    const ffi::DataType ddt = moment_data_dtype(lowbit_state_format_t(format));
+    const int64_t data_bytes = plan.data_bytes[moment];
+    const int64_t scale_count = plan.scale_count[moment];
+    const char* norm = norm_value_name(normalization);
     LOWBIT_REQUIRE(data.element_type() == ddt && int64_t(data.size_bytes()) == data_bytes,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "moment data is ", ffi_dtype_name(data.element_type()),
-                   shape_string(data.dimensions()), " but the ", format_name(f), " ", norm_name(norm), " format of ",
-                   numel, " elements needs ", data_bytes, " bytes of ", ffi_dtype_name(ddt));
-    LOWBIT_REQUIRE(scales.element_type() == ffi::DataType::F32 && int64_t(scales.size_bytes()) == scale_bytes,
+                   shape_string(data.dimensions()), " but the ", format_name(format), " ", norm, " format of ", numel,
+                   " elements needs ", data_bytes, " bytes of ", ffi_dtype_name(ddt));
+    LOWBIT_REQUIRE(scales.element_type() == ffi::DataType::F32 && int64_t(scales.element_count()) == scale_count,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "moment scales are ", ffi_dtype_name(scales.element_type()),
-                   shape_string(scales.dimensions()), " but the ", format_name(f), " ", norm_name(norm),
-                   " format of ", numel, " elements needs ", scale_bytes / 4, " float32 scales");
-    MomentView mv = moment_view(f, moment, data.untyped_data(), static_cast<float*>(scales.untyped_data()));
-    mv.norm = norm;
-    decode_moment(mv, shape, numel, static_cast<float*>(out->untyped_data()));
+                   shape_string(scales.dimensions()), " but the ", format_name(format), " ", norm, " format of ",
+                   numel, " elements needs ", scale_count, " float32 scales");
+    check_status(lowbit_decode_moment(&plan, moment, k.ndim, k.dims, data.untyped_data(), data_bytes,
+                                      static_cast<const float*>(scales.untyped_data()), scale_count,
+                                      static_cast<float*>(out->untyped_data()), numel),
+                 lowbit_last_error());
   });
 }
 
@@ -135,19 +131,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
 
 int32_t lowbit_jax_protocol_version(void) { return lowbit::jaxffi::kProtocolVersion; }
 
-int32_t lowbit_jax_layout_columns(void) { return lowbit::kLayoutColumns; }
+int32_t lowbit_jax_layout_columns(void) { return LOWBIT_STATE_RECORD_INT32; }
 
 int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float beta2, float eps,
                                  float weight_decay, float momentum, float dampening, int32_t nesterov,
                                  int32_t bias_correction, char* message, int64_t capacity) {
   std::string error;
   int32_t status = 0;
-  try {
-    LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", algorithm,
-                   " is not one of adamw (1), adam (2), lion (3), sgd (4)");
-    lowbit_hparams_t h{};
-    h.struct_size = sizeof(h);
+  if (algorithm < LOWBIT_ALGORITHM_ADAMW || algorithm > LOWBIT_ALGORITHM_SGD) {
+    status = LOWBIT_ERROR_INVALID_ARGUMENT;
+    error = lowbit::jaxffi::concat("algorithm = ", algorithm, " is not one of adamw (1), adam (2), lion (3), sgd (4)");
+  } else {
+    lowbit_hparams_t h;
+    lowbit_hparams_init(&h, lowbit_algorithm_t(algorithm));
     h.lr = lr;
     h.beta1 = beta1;
     h.beta2 = beta2;
@@ -157,13 +153,8 @@ int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float
     h.dampening = dampening;
     h.nesterov = nesterov;
     h.bias_correction = bias_correction;
-    lowbit::check_hparams(h, lowbit_algorithm_t(algorithm));
-  } catch (const lowbit::Error& e) {
-    status = int32_t(e.status());
-    error = e.what();
-  } catch (const std::exception& e) {
-    status = int32_t(LOWBIT_ERROR_INTERNAL);
-    error = e.what();
+    status = lowbit_hparams_check(&h, lowbit_algorithm_t(algorithm));
+    if (status) error = lowbit_last_error();
   }
   if (message && capacity > 0) {
     size_t n = std::min(error.size(), size_t(capacity - 1));
@@ -174,8 +165,8 @@ int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float
 }
 
 int32_t lowbit_jax_has_cuda(void) {
-#ifdef LOWBIT_HAVE_CUDA
-  return 1;
+#ifdef LOWBIT_JAX_CUDA
+  return lowbit_has_cuda();
 #else
   return 0;
 #endif

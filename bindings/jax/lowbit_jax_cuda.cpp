@@ -1,10 +1,10 @@
 // XLA FFI handler of the fused step on CUDA ("lowbit_step" on platform CUDA).
-// Built only when the library has a CUDA engine (LOWBIT_HAVE_CUDA): the
+// Built only when the library has a CUDA engine (LOWBIT_JAX_CUDA): the
 // buffers are device memory and the work is enqueued on XLA's stream. lr,
-// count and the recorded layout stay on the device: the engine reads them in
-// stream order (a bad lr, count or layout makes the step change nothing,
-// count included), so the handler never waits for the GPU.
-#ifdef LOWBIT_HAVE_CUDA
+// count and the recorded layout stay on the device: the functional step reads
+// them in stream order (a bad lr, count or layout makes the step change
+// nothing, count included), so the handler never waits for the GPU.
+#ifdef LOWBIT_JAX_CUDA
 #include <cuda_runtime.h>
 
 #include <map>
@@ -23,15 +23,6 @@ void cuda_check(cudaError_t e, const char* what) {
   LOWBIT_REQUIRE(e == cudaSuccess, LOWBIT_ERROR_CUDA, what, ": ", cudaGetErrorString(e));
 }
 
-Engine& cuda_engine() {
-  int device = 0;
-  cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-  thread_local std::map<int, std::unique_ptr<Engine>> engines;
-  std::unique_ptr<Engine>& e = engines[device];
-  if (!e) e = make_cuda_engine(device);
-  return *e;
-}
-
 ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layout,
                     ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets,
                     int32_t algorithm, float beta1, float beta2, float eps, float momentum, float dampening,
@@ -43,14 +34,17 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
     check_leading(lr, count, layout, *count_out);
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
                 weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names};
+    int device = 0;
+    cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     thread_local PreparedStep prep;
     StepDecoder decoder(a, args, rets);
-    decoder.prepare(nullptr, nullptr, nullptr, layout.dimensions(), prep);
+    decoder.prepare(nullptr, nullptr, nullptr, layout.dimensions(), LOWBIT_DEVICE_CUDA, device, prep);
+    lowbit_step_context_t ctx = step_context(algorithm, seed, skip_nonfinite, LOWBIT_DEVICE_CUDA, device, 0);
     for (const PreparedStep::Copy& c : prep.copies)
       cuda_check(cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDeviceToDevice, stream), "copying state");
-    run_step(cuda_engine(), prep, a, static_cast<const float*>(lr.untyped_data()),
-             static_cast<const int32_t*>(count.untyped_data()), static_cast<int32_t*>(count_out->untyped_data()),
-             static_cast<const int32_t*>(layout.untyped_data()), stream);
+    run_step(ctx, prep, static_cast<const float*>(lr.untyped_data()), static_cast<const int32_t*>(count.untyped_data()),
+             static_cast<int32_t*>(count_out->untyped_data()), static_cast<const int32_t*>(layout.untyped_data()),
+             stream);
   });
 }
 
@@ -63,4 +57,4 @@ namespace ffi = ::xla::ffi;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitStepCuda, lowbit::jaxffi::StepCuda,
                               lowbit::jaxffi::bind_step_signature(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
-#endif  // LOWBIT_HAVE_CUDA
+#endif  // LOWBIT_JAX_CUDA

@@ -1,9 +1,11 @@
 // The device-independent part of the JAX fused step: decoding the FFI call
-// frame into lowbit::ParamViews over the XLA buffers, with every check made
-// before anything is written, then one bind and one step of the engine (the
-// same engine and per-element code as lowbit_optimizer_step). The engine reads
-// lr and count from their buffers and writes the new count itself, so on CUDA
-// nothing is copied to the host and nothing waits.
+// frame into the public C API's lowbit_param_buffers_t over the XLA buffers,
+// with every check made before anything is written, then one
+// lowbit_functional_step (capi/lowbit.h, "functional step": the same engine
+// and per-element code as lowbit_optimizer_step). The step reads lr and count
+// from their buffers and writes the new count itself, so on CUDA nothing is
+// copied to the host and nothing waits. Only public headers: what any other
+// framework's custom call could do.
 //
 // Call protocol (kept in sync with bindings/lowbit/jax/_module.py, PROTOCOL_VERSION):
 //   inputs   0: lr      f32[]          learning rate of this step (a buffer so
@@ -43,23 +45,57 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include "core/engine.hpp"
-#include "core/layout_record.hpp"
-#include "core/error.hpp"
-#include "core/state.hpp"
-#include "core/step_scalars.hpp"
-#include "core/validation.hpp"
+#include <sstream>
+
+#include "lowbit.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace lowbit {
 namespace jaxffi {
 
 namespace ffi = ::xla::ffi;
+
+// Failures of a handler: a status and a message, turned into an ffi::Error.
+struct Error {
+  lowbit_status_t status;
+  std::string message;
+  const char* what() const { return message.c_str(); }
+};
+
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+template <class... Parts>
+[[noreturn]] void fail(lowbit_status_t status, const Parts&... parts) {
+  throw Error{status, concat(parts...)};
+}
+
+#define LOWBIT_REQUIRE(cond, status, ...) \
+  do {                                    \
+    if (!(cond)) ::lowbit::jaxffi::fail(status, __VA_ARGS__); \
+  } while (0)
+
+// A C API call's failure, with its message.
+inline void check_status(lowbit_status_t status, const char* message) {
+  if (status != LOWBIT_SUCCESS) throw Error{status, message};
+}
+
+constexpr int kLayoutColumns = LOWBIT_STATE_RECORD_INT32;
+constexpr int kMaxDims = LOWBIT_MAX_DIMS;
+constexpr int32_t kLastStateFormat = LOWBIT_STATE_4BIT_SR;
+
+inline const char* format_name(int32_t f) { return lowbit_state_format_name(lowbit_state_format_t(f)); }
 
 // Bumped whenever the buffer or attribute layout above changes; the Python
 // side refuses a module with another version.
@@ -171,9 +207,49 @@ inline ffi::ErrorCode error_code(lowbit_status_t s) {
 // (no exception may cross into XLA).
 template <class Body>
 ffi::Error guarded(const char* what, Body&& body) {
-  const Failure f = catch_failure(std::forward<Body>(body));
-  if (!f.failed()) return ffi::Error::Success();
-  return ffi::Error(error_code(f.status), concat("lowbit ", what, ": ", f.message));
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const Error& e) {
+    return ffi::Error(error_code(e.status), concat("lowbit ", what, ": ", e.message));
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, concat("lowbit ", what, ": out of host memory"));
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, concat("lowbit ", what, ": ", e.what()));
+  }
+}
+
+// The state plan of a leaf, as lowbit_plan_param_state gives it to a param of
+// this dtype, size and (bound) shape with these attributes: formats and
+// normalisations as resolved, the size threshold off.
+struct PlanKey {
+  int32_t algorithm, has_momentum, f[2], nz[2], rounding, dtype, ndim, pad_;
+  int64_t numel, dims[LOWBIT_MAX_DIMS];
+  bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
+};
+
+inline lowbit_state_plan_t plan_leaf(const PlanKey& k, float momentum) {
+  lowbit_optimizer_config_t c;
+  lowbit_optimizer_config_init(&c, lowbit_algorithm_t(k.algorithm));
+  c.min_quantized_numel = 0;
+  c.state_format = k.f[0] ? lowbit_state_format_t(k.f[0]) : LOWBIT_STATE_FP32;
+  c.second_state_format = lowbit_state_format_t(k.f[1]);
+  c.first_normalization = lowbit_normalization_t(k.nz[0]);
+  c.second_normalization = lowbit_normalization_t(k.nz[1]);
+  c.stochastic_rounding = k.rounding == LOWBIT_ROUNDING_STOCHASTIC;
+  c.error_correction = k.rounding == LOWBIT_ROUNDING_ERROR_CORRECTION;
+  lowbit_hparams_t h;
+  lowbit_hparams_init(&h, lowbit_algorithm_t(k.algorithm));
+  h.momentum = momentum;
+  lowbit_param_config_t pc;
+  lowbit_param_config_init(&pc);
+  pc.param = lowbit_tensor_t{nullptr, k.numel, lowbit_dtype_t(k.dtype), LOWBIT_DEVICE_CPU, 0};
+  pc.ndim = k.ndim;
+  for (int d = 0; d < k.ndim; ++d) pc.shape[d] = k.dims[d];
+  lowbit_state_plan_t plan;
+  lowbit_state_plan_init(&plan);
+  check_status(lowbit_plan_param_state(&c, &h, &pc, &plan), lowbit_last_error());
+  return plan;
 }
 
 inline void check_scalar(const ffi::AnyBuffer& b, ffi::DataType dtype, const char* what) {
@@ -214,15 +290,14 @@ inline ffi::AnyBuffer ret_buffer(const ffi::RemainingRets& rets, size_t i) {
   return **b;
 }
 
-// Everything decoded and checked; views point at the output buffers. Leaves
-// with the same weight decay share a group.
+// Everything decoded and checked; the buffers point at the output buffers.
+// Leaves with the same weight decay share a group. Kept from call to call
+// (thread-local): the plans are made again only for leaves whose key changed.
 struct PreparedStep {
-  Algo algo;
-  std::vector<ParamView> views;
-  std::vector<GradView> grads;
-  std::vector<Chunk> chunks;
-  std::vector<int32_t> groups;
-  std::vector<lowbit_hparams_t> hparams;  // per group; lr comes from the lr buffer
+  std::vector<lowbit_param_buffers_t> params;
+  std::vector<PlanKey> keys;
+  std::vector<lowbit_state_plan_t> plans;  // params[i].plan points at plans[i]
+  std::vector<lowbit_hparams_t> hparams;   // per group; lr comes from the lr buffer
   // (dst, src, bytes): inputs to copy into outputs that XLA did not alias.
   struct Copy {
     void* dst;
@@ -240,8 +315,9 @@ class StepDecoder {
   // `lr`, `count` and `layout`: inputs 0..2 when they are host memory (CPU),
   // checked here; nullptr on CUDA, where the engine checks them on the device.
   // `layout_dims`: the dims of input 2.
+  // `device`, `device_index`: where the buffers are.
   void prepare(const float* lr, const int32_t* count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
-               PreparedStep& out) {
+               lowbit_device_t device, int32_t device_index, PreparedStep& out) {
     const lowbit_algorithm_t algorithm = lowbit_algorithm_t(a_.algorithm);
     LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", a_.algorithm,
@@ -286,14 +362,17 @@ class StepDecoder {
     h.nesterov = a_.nesterov;
     h.bias_correction = a_.bias_correction;
 
-    out.algo = engine_algo(algorithm);
-    out.views.assign(n, ParamView{});
-    out.grads.assign(n, GradView{});
-    out.groups.assign(n, 0);
+    out.params.resize(n);
+    if (out.keys.size() != n) {
+      out.keys.assign(n, PlanKey{});
+      out.keys.shrink_to_fit();
+      out.plans.assign(n, lowbit_state_plan_t{});
+    }
     out.hparams.clear();
-    out.chunks.clear();
     out.copies.clear();
-    const int num_moments = moment_count(algorithm, a_.momentum);
+    const int num_moments = algorithm == LOWBIT_ALGORITHM_LION ? 1
+                            : algorithm == LOWBIT_ALGORITHM_SGD ? (a_.momentum != 0.f ? 1 : 0)
+                                                                : 2;
     for (size_t i = 0; i < n; ++i) {
       h.weight_decay = a_.weight_decay[i];
       size_t g = 0;
@@ -301,18 +380,16 @@ class StepDecoder {
       if (g == out.hparams.size()) {
         // leaves differ only in weight decay: checked once per group, at its
         // first leaf (the one a message names)
-        try {
-          check_hparams(h, algorithm);
-        } catch (const Error& e) {
-          fail(e.status(), e.what(), " (param ", name(i), ")");
-        }
+        const lowbit_status_t st = lowbit_hparams_check(&h, algorithm);
+        if (st != LOWBIT_SUCCESS) fail(st, lowbit_last_error(), " (param ", name(i), ")");
         out.hparams.push_back(h);
       }
-      out.groups[i] = int32_t(g);
       LeafBuffers b = leaf(i);
-      ParamView& v = out.views[i];
-      check_leaf(i, b, algorithm, num_moments, layout ? layout + kLayoutColumns * i : nullptr, v, out.grads[i]);
-      append_chunks(out.chunks, int32_t(i), v.numel);
+      lowbit_param_buffers_t& v = out.params[i];
+      lowbit_param_buffers_init(&v);
+      v.group = int32_t(g);
+      check_leaf(i, b, algorithm, num_moments, layout ? layout + kLayoutColumns * i : nullptr, device, device_index,
+                 out.keys[i], out.plans[i], v);
       // Views write into the outputs; an output XLA did not alias to its
       // input starts as a copy of it.
       static const int in_of_out[kRetsPerParam] = {0, 2, 3, 4, 5, 6};
@@ -373,46 +450,47 @@ class StepDecoder {
   }
 
   void check_leaf(size_t i, const LeafBuffers& b, lowbit_algorithm_t algorithm, int num_moments,
-                  const int32_t* recorded, ParamView& v, GradView& gv) const {
+                  const int32_t* recorded, lowbit_device_t device, int32_t device_index, PlanKey& key,
+                  lowbit_state_plan_t& plan, lowbit_param_buffers_t& v) const {
     const ffi::AnyBuffer& param = b.in[0];
     const ffi::AnyBuffer& grad = b.in[1];
-    LOWBIT_REQUIRE(to_lowbit_dtype(param.element_type(), &v.param_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+    lowbit_dtype_t param_dtype, grad_dtype;
+    LOWBIT_REQUIRE(to_lowbit_dtype(param.element_type(), &param_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                    name(i), " has dtype ", ffi_dtype_name(param.element_type()),
                    "; lowbit updates float32, bfloat16 and float16 params");
-    LOWBIT_REQUIRE(to_lowbit_dtype(grad.element_type(), &gv.dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ",
+    LOWBIT_REQUIRE(to_lowbit_dtype(grad.element_type(), &grad_dtype), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ",
                    name(i), " has dtype ", ffi_dtype_name(grad.element_type()),
                    "; gradients must be float32, bfloat16 or float16");
     LOWBIT_REQUIRE(param.dimensions() == grad.dimensions(), LOWBIT_ERROR_INVALID_ARGUMENT, "grad of param ", name(i),
                    " has shape ", shape_string(grad.dimensions()), " but the param has shape ",
                    shape_string(param.dimensions()));
     const int64_t numel = int64_t(param.element_count());
-    v.numel = numel;
-    v.param = b.out[0].untyped_data();
-    gv.data = grad.untyped_data();
-    v.num_moments = num_moments;
+    v.param = lowbit_tensor_t{b.out[0].untyped_data(), numel, param_dtype, device, device_index};
+    v.grad = lowbit_tensor_t{grad.untyped_data(), numel, grad_dtype, device, device_index};
 
     const int32_t f[2] = {a_.formats[2 * i], a_.formats[2 * i + 1]};
     const int32_t nz[2] = {a_.normalizations[2 * i], a_.normalizations[2 * i + 1]};
     const int32_t rounding = a_.rounding[i];
-    // The shape the engine binds: the buffer's, for a param with a RANK1 or
-    // FACTORED moment; flat otherwise (no moment reads it).
+    // The shape the state is planned and bound with: the buffer's, for a
+    // param with a RANK1 or FACTORED moment; flat otherwise (no moment reads
+    // it).
     const bool shaped = nz[0] == LOWBIT_NORMALIZATION_RANK1 || nz[0] == LOWBIT_NORMALIZATION_FACTORED ||
                         nz[1] == LOWBIT_NORMALIZATION_RANK1 || nz[1] == LOWBIT_NORMALIZATION_FACTORED;
-    v.shape = Shape{};
+    v.ndim = 0;
     if (shaped) {
       const auto dims = param.dimensions();
       LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                      name(i), " has shape ", shape_string(dims), ": rank1 and factored moments need 2 to ",
                      kMaxDims, " dims");
-      v.shape.ndim = int32_t(dims.size());
+      v.ndim = int32_t(dims.size());
       for (size_t k = 0; k < dims.size(); ++k) {
         LOWBIT_REQUIRE(dims[k] >= 1 && dims[k] <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i),
                        " has shape ", shape_string(dims), ": rank1 and factored moments need dims in [1, 2^31)");
-        v.shape.dim[k] = dims[k];
+        v.shape[k] = dims[k];
       }
     }
-    int32_t expected[kLayoutColumns] = {f[0], f[1], rounding, nz[0], nz[1], v.shape.ndim};
-    for (int k = 0; k < v.shape.ndim; ++k) expected[6 + k] = int32_t(v.shape.dim[k]);
+    int32_t expected[kLayoutColumns] = {f[0], f[1], rounding, nz[0], nz[1], v.ndim};
+    for (int k = 0; k < v.ndim; ++k) expected[6 + k] = int32_t(v.shape[k]);
     LOWBIT_REQUIRE(!recorded || std::equal(expected, expected + kLayoutColumns, recorded),
                    LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": the state was created with ",
                    recorded ? layout_string(recorded) : std::string(), " but this optimizer uses ",
@@ -420,69 +498,82 @@ class StepDecoder {
     static const char* const data_part[2] = {"mu", "nu"};
     static const char* const scale_part[2] = {"mu_scale", "nu_scale"};
     for (int m = 0; m < 2; ++m) {
-      const ffi::AnyBuffer& data = b.in[2 + 2 * m];
-      const ffi::AnyBuffer& scales = b.in[3 + 2 * m];
       if (m >= num_moments) {
         LOWBIT_REQUIRE(f[m] == 0 && nz[m] == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": formats[",
                        2 * i + m, "] = ", f[m], " and normalizations[", 2 * i + m, "] = ", nz[m],
                        " but the algorithm keeps only ", num_moments, " moments (expected 0)");
         auto why = [] { return "an algorithm without this moment"; };
-        check_size(i, data_part[m], data, ffi::DataType::F32, 0, why);
-        check_size(i, scale_part[m], scales, ffi::DataType::F32, 0, why);
+        check_size(i, data_part[m], b.in[2 + 2 * m], ffi::DataType::F32, 0, why);
+        check_size(i, scale_part[m], b.in[3 + 2 * m], ffi::DataType::F32, 0, why);
         continue;
       }
       LOWBIT_REQUIRE(f[m] >= LOWBIT_STATE_FP32 && f[m] <= kLastStateFormat, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
                      name(i), ": formats[", 2 * i + m, "] = ", f[m], " is not a lowbit_state_format_t value");
-      const lowbit_state_format_t fmt = lowbit_state_format_t(f[m]);
-      Norm norm = Norm::Block;
       switch (nz[m]) {
         case LOWBIT_NORMALIZATION_BLOCK: break;
         case LOWBIT_NORMALIZATION_RANK1:
-          LOWBIT_REQUIRE(fmt == LOWBIT_STATE_8BIT || fmt == LOWBIT_STATE_4BIT, LOWBIT_ERROR_INVALID_ARGUMENT,
+          LOWBIT_REQUIRE(f[m] == LOWBIT_STATE_8BIT || f[m] == LOWBIT_STATE_4BIT, LOWBIT_ERROR_INVALID_ARGUMENT,
                          "param ", name(i), ": normalizations[", 2 * i + m, "] = rank1 needs the 8bit or 4bit format (",
-                         format_name(fmt), ")");
-          norm = Norm::Rank1;
+                         format_name(f[m]), ")");
           break;
         case LOWBIT_NORMALIZATION_FACTORED:
-          LOWBIT_REQUIRE(m == 1 && fmt == LOWBIT_STATE_FP32 &&
+          LOWBIT_REQUIRE(m == 1 && f[m] == LOWBIT_STATE_FP32 &&
                              (algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM),
                          LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m,
                          "] = factored needs the second moment of AdamW or Adam, stored as fp32 accumulators");
-          norm = Norm::Factored;
           break;
         default:
           fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m, "] = ", nz[m],
                " is not block (1), rank1 (2) or factored (3)");
       }
-      const ffi::DataType ddt = moment_data_dtype(fmt);
+    }
+    LOWBIT_REQUIRE(rounding >= 0 && rounding <= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": rounding[", i,
+                   "] = ", rounding, " must be 0 (nearest), 1 (stochastic) or 2 (error correction)");
+    LOWBIT_REQUIRE(rounding == 0 || param_dtype != LOWBIT_DTYPE_FLOAT32, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
+                   name(i), ": ", rounding_name(rounding), " rounding applies to 16-bit params, this one is float32");
+
+    // The plan of these attributes (made again only when they change).
+    PlanKey k{};
+    k.algorithm = algorithm;
+    k.has_momentum = a_.momentum != 0.f;
+    k.f[0] = f[0], k.f[1] = f[1], k.nz[0] = nz[0], k.nz[1] = nz[1];
+    k.rounding = rounding;
+    k.dtype = param_dtype;
+    k.ndim = v.ndim;
+    k.numel = numel;
+    for (int d = 0; d < v.ndim; ++d) k.dims[d] = v.shape[d];
+    if (!(k == key)) {
+      try {
+        plan = plan_leaf(k, a_.momentum);
+      } catch (const Error& e) {
+        fail(e.status, "param ", name(i), ": ", e.message);
+      }
+      key = k;
+    }
+    v.plan = &plan;
+    for (int m = 0; m < num_moments; ++m) {
+      const ffi::AnyBuffer& data = b.in[2 + 2 * m];
+      const ffi::AnyBuffer& scales = b.in[3 + 2 * m];
+      const ffi::DataType ddt = moment_data_dtype(lowbit_state_format_t(f[m]));
       const int64_t elem_bytes = ddt == ffi::DataType::F32 ? 4 : (ddt == ffi::DataType::BF16 ? 2 : 1);
-      const int64_t data_elems = moment_data_bytes(fmt, norm, v.shape, numel) / elem_bytes;
       auto why = [&] {
-        if (norm == Norm::Block) return concat("the ", format_name(fmt), " format of a ", numel, "-element param");
-        return concat("the ", format_name(fmt), " ", norm_name(norm), " format of a param of shape ",
-                      shape_string(ffi::Span<const int64_t>(v.shape.dim, size_t(v.shape.ndim))));
+        if (nz[m] == LOWBIT_NORMALIZATION_BLOCK)
+          return concat("the ", format_name(f[m]), " format of a ", numel, "-element param");
+        return concat("the ", format_name(f[m]), " ", norm_value_name(nz[m]), " format of a param of shape ",
+                      shape_string(ffi::Span<const int64_t>(v.shape, size_t(v.ndim))));
       };
-      check_size(i, data_part[m], data, ddt, data_elems, why);
-      check_size(i, scale_part[m], scales, ffi::DataType::F32, moment_scale_bytes(fmt, norm, v.shape, numel) / 4,
-                 why);
-      v.moment[m] = moment_view(fmt, m, b.out[1 + 2 * m].untyped_data(),
-                                static_cast<float*>(b.out[2 + 2 * m].untyped_data()));
-      v.moment[m].norm = norm;
+      check_size(i, data_part[m], data, ddt, plan.data_bytes[m] / elem_bytes, why);
+      check_size(i, scale_part[m], scales, ffi::DataType::F32, plan.scale_count[m], why);
+      v.moment[m] = b.out[1 + 2 * m].untyped_data();
+      v.moment_bytes[m] = int64_t(b.out[1 + 2 * m].size_bytes());
+      v.scales[m] = static_cast<float*>(b.out[2 + 2 * m].untyped_data());
+      v.scale_count[m] = int64_t(b.out[2 + 2 * m].element_count());
     }
     const ffi::AnyBuffer& ecc = b.in[6];
-    switch (rounding) {
-      case 0: v.rounding = WeightRounding::Nearest; break;
-      case 1: v.rounding = WeightRounding::Stochastic; break;
-      case 2: v.rounding = WeightRounding::ErrorCorrection; break;
-      default:
-        fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": rounding[", i, "] = ", rounding,
-             " must be 0 (nearest), 1 (stochastic) or 2 (error correction)");
-    }
-    LOWBIT_REQUIRE(rounding == 0 || v.param_dtype != LOWBIT_DTYPE_FLOAT32, LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
-                   name(i), ": ", rounding_name(rounding), " rounding applies to 16-bit params, this one is float32");
-    if (v.rounding == WeightRounding::ErrorCorrection) {
+    if (rounding == LOWBIT_ROUNDING_ERROR_CORRECTION) {
       check_size(i, "ecc", ecc, ffi::DataType::U8, numel, [] { return "error correction of this param"; });
       v.ecc = static_cast<uint8_t*>(b.out[5].untyped_data());
+      v.ecc_bytes = numel;
     } else {
       check_size(i, "ecc", ecc, ffi::DataType::U8, 0, [] { return "a param without error correction"; });
     }
@@ -551,22 +642,50 @@ auto bind_step_signature(Binding b) {
       .template Attr<std::string_view>("names");
 }
 
-// Binds the prepared leaves and enqueues the step on the engine: the engine
-// reads lr and count (and on CUDA checks the layout) in stream order and
-// writes count_out = count + 1 unless the step was skipped.
-inline void run_step(Engine& engine, const PreparedStep& prep, const StepAttrs& a, const float* lr,
-                     const int32_t* count, int32_t* count_out, const int32_t* device_layout, void* stream) {
-  const int64_t n = int64_t(prep.views.size());
-  engine.bind(prep.views.data(), n, prep.chunks.data(), int64_t(prep.chunks.size()), prep.groups.data(), 0, stream);
-  engine.set_hparams(prep.hparams.data(), int32_t(prep.hparams.size()));
-  StepControl ctl;
-  ctl.check_nonfinite = a.skip_nonfinite != 0;
-  ctl.seed = a.seed;
-  ctl.shared_count = count;
-  ctl.shared_count_out = count_out;
-  ctl.lr = lr;
-  ctl.layout = device_layout;
-  engine.step(prep.algo, prep.grads.data(), n, ctl, stream);
+// Enqueues the functional step over the prepared leaves: it reads lr and
+// count (and on CUDA checks the state records) in stream order and writes
+// count_out = count + 1 unless the step was skipped.
+inline void run_step(lowbit_step_context_t ctx, PreparedStep& prep, const float* lr, const int32_t* count,
+                     int32_t* count_out, const int32_t* layout, void* stream) {
+  lowbit_step_args_t args;
+  lowbit_step_args_init(&args);
+  args.hparams = prep.hparams.data();
+  args.num_groups = int32_t(prep.hparams.size());
+  args.lr = lr;
+  args.count = count;
+  args.count_out = count_out;
+  args.records = layout;
+  check_status(lowbit_functional_step(ctx, prep.params.data(), int64_t(prep.params.size()), &args, stream),
+               lowbit_step_context_last_error(ctx));
+}
+
+// The step context of this thread for a step's algorithm, seed and
+// non-finite check on a device (CPU: with num_threads threads); created once
+// per combination (CUDA: it holds device memory).
+inline lowbit_step_context_t step_context(int32_t algorithm, uint64_t seed, int32_t skip_nonfinite,
+                                          lowbit_device_t device, int32_t device_index, int32_t num_threads) {
+  struct Entry {
+    int32_t algorithm, skip, device, index, threads;
+    uint64_t seed;
+    std::unique_ptr<lowbit_step_context, lowbit_status_t (*)(lowbit_step_context_t)> ctx;
+  };
+  thread_local std::vector<Entry> contexts;
+  for (Entry& e : contexts)
+    if (e.algorithm == algorithm && e.skip == skip_nonfinite && e.device == device && e.index == device_index &&
+        e.threads == num_threads && e.seed == seed)
+      return e.ctx.get();
+  lowbit_optimizer_config_t c;
+  lowbit_optimizer_config_init(&c, lowbit_algorithm_t(algorithm));
+  c.device = device;
+  c.device_index = device_index;
+  c.seed = seed;
+  c.skip_nonfinite = skip_nonfinite != 0;
+  c.num_threads = num_threads;
+  lowbit_step_context_t ctx = nullptr;
+  check_status(lowbit_step_context_create(&ctx, &c), lowbit_last_error());
+  contexts.push_back(Entry{algorithm, skip_nonfinite, int32_t(device), device_index, num_threads, seed,
+                           {ctx, lowbit_step_context_destroy}});
+  return ctx;
 }
 
 }  // namespace jaxffi

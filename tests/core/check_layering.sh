@@ -4,7 +4,8 @@
 #   core knows nothing of comm, distributed, cuda or the C boundary;
 #   comm names no optimizer algorithm and knows nothing of distributed or capi;
 #   cuda knows nothing of comm, distributed or capi;
-#   distributed knows nothing of capi.
+#   distributed knows nothing of capi;
+#   bindings/ includes the public headers only.
 # Checked on the sources (#include lines; comm's code for optimizer names)
 # and on the built objects (no undefined symbol of a lower layer's objects
 # is defined by a higher one's).
@@ -32,6 +33,17 @@ includes cuda "comm/|distributed/|$capi_private" "includes comm/, distributed/ o
 includes comm "distributed/|core/optimizer|core/engine|core/pass|$capi_private" \
   "includes distributed/, core's optimizer or engine, or capi/ internals"
 includes distributed "$capi_private" "includes capi/ internals"
+
+# bindings/ (the JAX handlers, the Rust crate, any other caller) uses the
+# public headers only: what another framework's custom call could do.
+bad=$(grep -rnE '^\s*#\s*include\s*[<"]' "$src/bindings" --include='*.cpp' --include='*.hpp' --include='*.h' \
+  --include='*.c' --include='*.cc' 2>/dev/null | grep -vE '/lowbit_cdef\.h:' |
+  grep -E '[<"](\.\./)*(core|cuda|comm|distributed)/|"(boundary|comm_handle|struct_abi)\.hpp"' || true)
+if [ -n "$bad" ]; then
+  echo "bindings/ includes library internals (core/, cuda/, comm/, distributed/ or capi/'s private headers):"
+  echo "$bad" | sed "s|$src/||"
+  status=1
+fi
 
 # comm/ names no optimizer algorithm (code and strings; comments aside).
 named=$(for f in "$src"/comm/*.cpp "$src"/comm/*.hpp "$src"/comm/*.cu*; do
@@ -64,6 +76,6 @@ calls_up "comm/" "$(undefined "$objs"/comm/*.o)" capi distributed
 calls_up "distributed/" "$(undefined "$objs"/distributed/*.o)" capi
 
 if [ "$status" -eq 0 ]; then
-  echo "layers point down: core, cuda, comm and distributed include and call nothing above them, and comm names no optimizer"
+  echo "layers point down: core, cuda, comm and distributed include and call nothing above them, comm names no optimizer, bindings/ includes the public headers only"
 fi
 exit "$status"

@@ -44,6 +44,9 @@ class _Module:
                 if not os.path.exists(path):
                     tried.append(path)
                     continue
+                # liblowbit is loaded (lowbit._lib, imported above): the
+                # module's DT_NEEDED liblowbit.so.0 resolves to it by its
+                # soname, so one library serves the package and the handlers.
                 lib = ctypes.CDLL(path)
                 lib.lowbit_jax_protocol_version.restype = ctypes.c_int32
                 version = lib.lowbit_jax_protocol_version()
