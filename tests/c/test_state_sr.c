@@ -17,7 +17,6 @@
 
 #define N 1000 /* 7 full blocks of 128 and a partial one */
 
-static float gbuf[N];
 
 static float golden(const uint32_t* map, int k) {
   float f;
