@@ -105,12 +105,14 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
     const lowbit_step_args_t a = abi::read_struct(args, default_step_args(), "args");
     LOWBIT_REQUIRE(num_params >= 1 && num_params <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "num_params = ",
                    num_params, " must be in [1, 2^31)");
-    LOWBIT_REQUIRE_PTR(a.hparams, "args.hparams");
     LOWBIT_REQUIRE(a.num_groups >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "args.num_groups = ", a.num_groups,
                    " must be >= 1");
-    ctx->hparams.resize(size_t(a.num_groups));
-    for (int32_t g = 0; g < a.num_groups; ++g)
-      ctx->hparams[size_t(g)] = abi::read_struct(&a.hparams[g], lowbit_hparams_t{}, "args.hparams[g]");
+    ctx->hparams.resize(a.hparams ? size_t(a.num_groups) : 0);
+    for (int32_t g = 0; a.hparams && g < a.num_groups; ++g) {
+      const size_t stride = abi::struct_size_of(a.hparams);  // an array holds one struct type
+      const auto* h = reinterpret_cast<const lowbit_hparams_t*>(reinterpret_cast<const char*>(a.hparams) + stride * size_t(g));
+      ctx->hparams[size_t(g)] = abi::read_struct(h, lowbit_hparams_t{}, "args.hparams[g]");
+    }
     ctx->params.resize(size_t(num_params));
     ctx->plans.resize(size_t(num_params));
     // Each element of the caller's array has the size of its first (an
@@ -126,8 +128,8 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
     count.step = a.step;
     count.count = a.count;
     count.count_out = a.count_out;
-    f.step(ctx->params.data(), ctx->plans.data(), num_params, ctx->hparams.data(), a.num_groups, a.lr, count,
-           a.records, stream);
+    f.step(ctx->params.data(), ctx->plans.data(), num_params, a.hparams ? ctx->hparams.data() : nullptr,
+           a.engine_hparams, a.num_groups, a.lr, count, a.records, stream);
   });
 }
 

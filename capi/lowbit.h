@@ -663,8 +663,8 @@ LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config
  * size, scales to 4 bytes; codes and ecc bytes have none. A buffer may be
  * larger than its plan's size, never smaller.
  *
- * Steps. The caller passes the hyper-parameters of every group (host
- * values) and, optionally, lr in engine memory; the count of steps applied
+ * Steps. The caller passes the hyper-parameters of every group as host
+ * values or in engine memory, and optionally lr in engine memory; the count of steps applied
  * so far as a host value, as a pointer into engine memory (host memory for a
  * CPU context, device memory for CUDA) that the step reads and writes in
  * stream order, or both: then they must agree (the state's count against
@@ -675,7 +675,8 @@ LOWBIT_API lowbit_status_t lowbit_plan_param_state(const lowbit_optimizer_config
  *
  * Checks. Everything the host can check is checked before anything is
  * written: a bad argument returns its status and changes nothing. What only
- * the device can see (a CUDA context's lr, count and state records) is
+ * the device can see (a CUDA context's lr, hyper-parameters in engine
+ * memory, count and state records) is
  * checked in stream order: a bad value makes the step change nothing (count
  * included) and lowbit_step_context_last_step_skipped report 1, as for a
  * non-finite gradient (skip_nonfinite). On CUDA a step only enqueues work:
@@ -713,7 +714,7 @@ LOWBIT_API lowbit_status_t lowbit_param_buffers_init(lowbit_param_buffers_t* p);
 /* The per-call values of a functional step. */
 typedef struct lowbit_step_args {
   size_t struct_size;
-  const lowbit_hparams_t* hparams; /* host memory: one per group, each of a released size */
+  const lowbit_hparams_t* hparams; /* host memory or NULL: one per group, each of a released size */
   int32_t num_groups;              /* >= 1 */
   int32_t reserved0;               /* 0 */
   const float* lr;                 /* engine memory or NULL: replaces every group's lr */
@@ -721,6 +722,11 @@ typedef struct lowbit_step_args {
   const int32_t* count;            /* engine memory or NULL: the state's count of steps applied */
   int32_t* count_out;              /* engine memory or NULL: *count + 1 (or step + 1) unless skipped; may alias count */
   const int32_t* records;          /* engine memory: num_params x LOWBIT_STATE_RECORD_INT32, row i the state record of params[i] */
+  /* Engine memory or NULL: num_groups lowbit_hparams_t of this header's layout
+   * (struct_size is not read), instead of `hparams`; exactly one of the two
+   * is set. A CUDA context checks them where the step reads them (a bad
+   * value skips the step), so a schedule on the device needs no host value. */
+  const lowbit_hparams_t* engine_hparams;
 } lowbit_step_args_t;
 
 /* Zeroes the struct, sets struct_size and step = -1 (lowbit_step_args_init: the 0.6 struct). */
@@ -751,7 +757,7 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
                                                   int64_t num_params, const lowbit_step_args_t* args, void* stream);
 
 /* 1 if the context's last step changed nothing (a non-finite gradient, or
- * on CUDA a bad lr, count or record). CUDA: valid once the stream has passed
+ * on CUDA a bad lr, hyper-parameter, count or record). CUDA: valid once the stream has passed
  * that step; does not wait. */
 LOWBIT_API lowbit_status_t lowbit_step_context_last_step_skipped(lowbit_step_context_t ctx, int32_t* out);
 

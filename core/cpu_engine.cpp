@@ -100,8 +100,9 @@ class CpuEngine final : public Engine {
     for (size_t i = 0; i < params_.size(); ++i) {
       grads_[i] = grads[i];
       if (!grads[i].data) continue;
-      lowbit_hparams_t h = hparams_[size_t(groups_[i])];
+      lowbit_hparams_t h = ctl.hparams ? ctl.hparams[groups_[i]] : hparams_[size_t(groups_[i])];
       if (ctl.lr) h.lr = *ctl.lr;
+      if (ctl.hparams) skip |= !hparams_valid(h, algo, params_[i].num_moments);
       const int64_t t = shared >= 0 ? shared : steps_[i];
       scalars_[i] = make_step_scalars(h, algo != Algo::Lion, t);
       keys_[i] = rounding_key(ctl.seed, uint64_t(i), uint64_t(t + 1));

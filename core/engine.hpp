@@ -59,6 +59,10 @@ struct StepControl {
   // host_count + 1 when only the value is given.
   int64_t host_count = -1;
   const float* lr = nullptr;  // when set, replaces hparams.lr of every group
+  // When set: the groups' hyper-parameters in engine memory, instead of
+  // set_hparams' (checked with hparams_valid where the step reads them: a bad
+  // group skips the step).
+  const lowbit_hparams_t* hparams = nullptr;
   // When set: N x kLayoutColumns int32 recorded with the state
   // (core/layout_record.hpp); a parameter whose entry differs from how it is bound
   // makes the step change nothing.

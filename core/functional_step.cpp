@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "defaults.hpp"
 #include "error.hpp"
 #include "state.hpp"
 #include "step_scalars.hpp"
@@ -128,9 +129,12 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
   // The plan: what this algorithm keeps, in formats and normalisations the
   // engine has, with the sizes the layout rules give.
   const lowbit_algorithm_t algorithm = config_.algorithm;
-  const int moments = moment_count(algorithm, hparams[p.group].momentum);
-  LOWBIT_REQUIRE(plan.num_moments == moments, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "].plan has ",
-                 plan.num_moments, " moments but this algorithm keeps ", moments,
+  // SGD keeps a moment only with momentum: where the host cannot read the
+  // group's momentum the device checks it (hparams_valid).
+  const bool sgd_unknown = algorithm == LOWBIT_ALGORITHM_SGD && !hparams;
+  const int moments = sgd_unknown ? plan.num_moments : moment_count(algorithm, hparams ? hparams[p.group].momentum : 0.f);
+  LOWBIT_REQUIRE(plan.num_moments == moments && (!sgd_unknown || moments <= 1), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "params[", i, "].plan has ", plan.num_moments, " moments but this algorithm keeps ", moments,
                  " (a plan made for another algorithm or momentum?)");
   const bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM;
   v = ParamView{};
@@ -193,8 +197,9 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
 }
 
 void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_state_plan_t* plans,
-                             int64_t num_params, const lowbit_hparams_t* hparams, int32_t num_groups,
-                             const float* lr, const FunctionalCount& count, const int32_t* records, void* stream) {
+                             int64_t num_params, const lowbit_hparams_t* hparams,
+                             const lowbit_hparams_t* engine_hparams, int32_t num_groups, const float* lr,
+                             const FunctionalCount& count, const int32_t* records, void* stream) {
   LOWBIT_REQUIRE(num_params >= 1 && num_params <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "num_params = ",
                  num_params, " must be in [1, 2^31)");
   LOWBIT_REQUIRE(num_groups >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "args.num_groups = ", num_groups, " must be >= 1");
@@ -204,14 +209,19 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
                  count.step, " must be in [0, 2^31 - 1), or -1 when args.count gives the count");
   LOWBIT_REQUIRE(count.step >= 0 || count.count != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "neither args.step nor args.count gives the count of steps applied");
-  for (int32_t g = 0; g < num_groups; ++g) {
+  LOWBIT_REQUIRE((hparams != nullptr) != (engine_hparams != nullptr), LOWBIT_ERROR_INVALID_ARGUMENT,
+                 hparams ? "args.hparams and args.engine_hparams are both set (one of them gives the groups' values)"
+                         : "neither args.hparams nor args.engine_hparams gives the groups' hyper-parameters");
+  const bool host = config_.device == LOWBIT_DEVICE_CPU;
+  // The values the host can read: host ones, or engine memory that is host memory.
+  const lowbit_hparams_t* readable = hparams ? hparams : (host ? engine_hparams : nullptr);
+  for (int32_t g = 0; readable && g < num_groups; ++g) {
     try {
-      check_hparams(hparams[g], config_.algorithm);
+      check_hparams(readable[g], config_.algorithm);
     } catch (const Error& e) {
-      fail(e.status(), "args.hparams[", g, "]: ", e.what());
+      fail(e.status(), hparams ? "args.hparams[" : "args.engine_hparams[", g, "]: ", e.what());
     }
   }
-  const bool host = config_.device == LOWBIT_DEVICE_CPU;
   if (host) {
     // Engine memory is host memory: what the device checks on CUDA is checked here.
     if (lr)
@@ -230,7 +240,7 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
   groups_.resize(size_t(num_params));
   chunks_.clear();
   for (int64_t i = 0; i < num_params; ++i) {
-    check_param(i, params[i], plans[i], hparams, num_groups, views_[size_t(i)], grads_[size_t(i)]);
+    check_param(i, params[i], plans[i], readable, num_groups, views_[size_t(i)], grads_[size_t(i)]);
     groups_[size_t(i)] = params[i].group;
     append_chunks(chunks_, int32_t(i), views_[size_t(i)].numel);
     if (host) {
@@ -245,7 +255,15 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
   }
   // Nothing was written before this point.
   engine_->bind(views_.data(), num_params, chunks_.data(), int64_t(chunks_.size()), groups_.data(), 0, stream);
-  engine_->set_hparams(hparams, num_groups);
+  if (hparams) {
+    engine_->set_hparams(hparams, num_groups);
+    engine_groups_ = num_groups;
+  } else if (engine_groups_ != num_groups) {
+    // The step reads engine_hparams; the engine's own table only needs its size.
+    const std::vector<lowbit_hparams_t> unused(size_t(num_groups), default_hparams(config_.algorithm));
+    engine_->set_hparams(unused.data(), num_groups);
+    engine_groups_ = num_groups;
+  }
   StepControl ctl;
   ctl.check_nonfinite = config_.skip_nonfinite != 0;
   ctl.seed = config_.seed;
@@ -253,6 +271,7 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
   ctl.host_count = count.step;
   ctl.shared_count_out = count.count_out;
   ctl.lr = lr;
+  ctl.hparams = engine_hparams;
   ctl.layout = records;
   engine_->step(engine_algo(config_.algorithm), grads_.data(), num_params, ctl, stream);
 }

@@ -38,16 +38,19 @@ class FunctionalStepper {
   explicit FunctionalStepper(const lowbit_optimizer_config_t& config);
 
   // Structs of the current size (the C boundary reads callers' structs):
-  // params[i] with plans[i] (params[i].plan is not read), hparams[0,
-  // num_groups). Checks everything the host can, then enqueues the step.
+  // params[i] with plans[i] (params[i].plan is not read); the groups'
+  // hyper-parameters in host memory (`hparams`) or engine memory
+  // (`engine_hparams`), one of them set. Checks everything the host can,
+  // then enqueues the step.
   void step(const lowbit_param_buffers_t* params, const lowbit_state_plan_t* plans, int64_t num_params,
-            const lowbit_hparams_t* hparams, int32_t num_groups, const float* lr, const FunctionalCount& count,
-            const int32_t* records, void* stream);
+            const lowbit_hparams_t* hparams, const lowbit_hparams_t* engine_hparams, int32_t num_groups,
+            const float* lr, const FunctionalCount& count, const int32_t* records, void* stream);
 
   bool last_step_skipped() const { return engine_->last_step_skipped(); }
   lowbit_device_t device() const { return config_.device; }
 
  private:
+  // `hparams`: the groups' values when the host can read them, else nullptr.
   void check_param(int64_t i, const lowbit_param_buffers_t& p, const lowbit_state_plan_t& plan,
                    const lowbit_hparams_t* hparams, int32_t num_groups, ParamView& view, GradView& grad) const;
 
@@ -58,6 +61,7 @@ class FunctionalStepper {
   std::vector<GradView> grads_;
   std::vector<Chunk> chunks_;
   std::vector<int32_t> groups_;
+  int32_t engine_groups_ = 0;  // groups the engine's own table has (set_hparams)
 };
 
 }  // namespace lowbit

@@ -23,6 +23,24 @@ inline Algo engine_algo(lowbit_algorithm_t a) {
   }
 }
 
+// Whether a group's hyper-parameters are valid for an element-wise algorithm
+// with this many moments: the conditions of validation.cpp check_hparams
+// (which names the field at fault), for values only the device sees (a
+// functional step's hyper-parameters in device memory: a bad one skips the
+// step). Comparisons are false for NaN, so NaN is invalid everywhere.
+LOWBIT_HD bool hparams_valid(const lowbit_hparams_t& h, Algo algo, int num_moments) {
+  const float kMax = 3.40282347e38f;
+  bool ok = h.lr >= 0.f && h.lr <= kMax && h.weight_decay >= 0.f && h.weight_decay <= kMax;
+  if (algo != Algo::Sgd) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
+  if (algo == Algo::AdamW || algo == Algo::Adam)
+    ok = ok && h.eps > 0.f && h.eps <= kMax && (h.bias_correction == 0 || h.bias_correction == 1);
+  if (algo == Algo::Sgd)
+    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && h.dampening >= 0.f && h.dampening <= 1.f &&
+         (h.nesterov == 0 || h.nesterov == 1) && (!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f)) &&
+         (h.momentum != 0.f) == (num_moments == 1);
+  return ok;
+}
+
 // b^n for n >= 0 by repeated squaring: a fixed sequence of IEEE double
 // multiplications (relative error below 2 log2(n) ulps of double).
 LOWBIT_HD double powi(double b, int64_t n) {

@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   const DevParam P = a.params[i];
   lowbit_hparams_t h = a.hparams[P.group];
   if (a.lr) h.lr = *a.lr;
+  if (a.validate_hparams && !hparams_valid(h, Algo(a.algo), int(P.num_moments))) *a.flag = 1;
   const int64_t step = a.shared_count ? int64_t(*a.shared_count) : a.host_count >= 0 ? a.host_count : a.steps[i];
   // Values the host could not check (JAX buffers): a bad one skips the step.
   if (!(h.lr >= 0.f && h.lr <= 3.40282347e38f) || step < 0) *a.flag = 1;

@@ -535,7 +535,9 @@ void CudaEngine::prepare(Algo algo, const StepControl& ctl, int64_t frozen_step,
   p.params = params_;
   p.dyn = dyn_;
   p.scalars = scalars_;
-  p.hparams = hparams_;
+  p.hparams = ctl.hparams ? ctl.hparams : hparams_;
+  p.validate_hparams = ctl.hparams != nullptr;
+  p.algo = int32_t(algo);
   p.steps = steps_;
   p.shared_count = ctl.shared_count;
   p.host_count = ctl.host_count;

@@ -112,6 +112,7 @@ typedef struct {
   fstate_t f[NP];
   int32_t* records;
   int32_t* count; /* engine memory: in, out */
+  lowbit_hparams_t* engine_hparams; /* engine memory: a copy of hparams */
   lowbit_step_context_t ctx;
 } run_t;
 
@@ -146,6 +147,8 @@ static void setup_run(run_t* r, const case_t* c) {
   CHECK(lowbit_step_context_create(&r->ctx, &r->config));
   r->records = dev_alloc(sizeof(int32_t) * LOWBIT_STATE_RECORD_INT32 * NP);
   r->count = dev_alloc(2 * sizeof(int32_t));
+  r->engine_hparams = dev_alloc(sizeof(lowbit_hparams_t));
+  to_dev(r->engine_hparams, &r->hparams, sizeof(lowbit_hparams_t));
   int32_t host_records[LOWBIT_STATE_RECORD_INT32 * NP];
   for (int i = 0; i < NP; ++i) {
     const int64_t n = numel_of(i);
@@ -211,16 +214,21 @@ static void teardown_run(run_t* r) {
   }
   dev_free(r->records);
   dev_free(r->count);
+  dev_free(r->engine_hparams);
 }
 
 static lowbit_param_buffers_t buffers[NP];
 
 /* The functional step of step `t` (steps applied so far); how the count
- * travels depends on t: host value, engine memory, or both. */
+ * travels depends on t: host value, engine memory, or both; the
+ * hyper-parameters are host values on even t, engine memory on odd t. */
 static lowbit_status_t functional_step(run_t* r, int64_t t, lowbit_param_buffers_t* b) {
   lowbit_step_args_t a;
   lowbit_step_args_init(&a);
-  a.hparams = &r->hparams;
+  if (t % 2)
+    a.engine_hparams = r->engine_hparams;
+  else
+    a.hparams = &r->hparams;
   a.num_groups = 1;
   a.records = r->records;
   int32_t host_count[2] = {(int32_t)t, -7};
@@ -485,6 +493,23 @@ static void test_bad_input(void** s) {
   expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[0].param.data is not aligned", 0,
                  "misaligned param");
   buffers[0] = r.f[0].b;
+
+  /* hyper-parameters: a bad one in engine memory, none, both */
+  lowbit_hparams_t bad = r.hparams;
+  bad.beta1 = 1.5f;
+  to_dev(r.engine_hparams, &bad, sizeof bad);
+  a.hparams = NULL;
+  a.engine_hparams = r.engine_hparams;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "args.engine_hparams[0]: beta1 = 1.5", 1,
+                 "bad engine hparams");
+  to_dev(r.engine_hparams, &r.hparams, sizeof bad);
+  a.engine_hparams = NULL;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "neither args.hparams nor args.engine_hparams", 0,
+                 "no hparams");
+  a.hparams = &r.hparams;
+  a.engine_hparams = r.engine_hparams;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "both set", 0, "both hparams");
+  a.engine_hparams = NULL;
 
   /* a step count that is not the state's */
   a.step = 5;
