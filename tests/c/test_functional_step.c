@@ -26,6 +26,8 @@
 
 #ifdef LOWBIT_TEST_CUDA
 #include <cuda_runtime.h>
+
+#include "emu_counters.h"
 #define DEVICE LOWBIT_DEVICE_CUDA
 static void* dev_alloc(size_t bytes) {
   void* p = NULL;
@@ -524,12 +526,69 @@ static void test_bad_input(void** s) {
   teardown_run(&r);
 }
 
+#ifdef LOWBIT_TEST_CUDA
+/* On CUDA a functional step only enqueues: after the first call with a given
+ * number of params, no host wait, no allocation or free, no copy from
+ * pageable memory (the emulation's counters), for every way of passing the
+ * count and the hyper-parameters, and a skipped (NaN) step too. */
+static void test_no_host_wait(void** s) {
+  (void)s;
+  const case_t c = {LOWBIT_ALGORITHM_ADAMW, 0.f, 0, LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT, LOWBIT_NORMALIZATION_BLOCK,
+                    LOWBIT_NORMALIZATION_RANK1, LOWBIT_DTYPE_BFLOAT16, LOWBIT_DTYPE_BFLOAT16, 1, 0};
+  run_t r;
+  setup_run(&r, &c);
+  for (int i = 0; i < NP; ++i) buffers[i] = r.f[i].b;
+  new_grads(&r, 0);
+  cudaStream_t stream;
+  assert_int_equal(cudaStreamCreate(&stream), cudaSuccess);
+  lowbit_step_args_t a;
+  lowbit_step_args_init(&a);
+  a.hparams = &r.hparams;
+  a.num_groups = 1;
+  a.records = r.records;
+  a.step = 0;
+  CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, stream)); /* the first call may allocate */
+  sync_all();
+  for (int k = 1; k < 7; ++k) {
+    if (k == 5) new_grads(&r, 1);
+    lowbit_step_args_init(&a);
+    a.num_groups = 1;
+    a.records = r.records;
+    if (k % 2)
+      a.engine_hparams = r.engine_hparams;
+    else
+      a.hparams = &r.hparams;
+    if (k % 3 == 0) {
+      a.step = k;
+    } else {
+      a.count = r.count;
+      a.count_out = r.count;
+    }
+    lowbit_emu_reset_counters();
+    CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, k % 2 ? stream : NULL));
+    if (lowbit_emu_host_syncs() || lowbit_emu_allocations() || lowbit_emu_frees() || lowbit_emu_pageable_copies())
+      fail_msg("step %d: %lld host waits, %lld allocations, %lld frees, %lld pageable copies", k,
+               (long long)lowbit_emu_host_syncs(), (long long)lowbit_emu_allocations(), (long long)lowbit_emu_frees(),
+               (long long)lowbit_emu_pageable_copies());
+    sync_all();
+  }
+  int32_t skipped = 0;
+  CHECK(lowbit_step_context_last_step_skipped(r.ctx, &skipped));
+  assert_int_equal(skipped, 1); /* the last steps had a NaN gradient */
+  cudaStreamDestroy(stream);
+  teardown_run(&r);
+}
+#endif
+
 int main(int argc, char** argv) {
   rng_state = lowbit_test_seed("test_functional_step") | 1u;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_input),    cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),
       cmocka_unit_test(test_lion),         cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov),
       cmocka_unit_test(test_sgd_plain),
+#ifdef LOWBIT_TEST_CUDA
+      cmocka_unit_test(test_no_host_wait),
+#endif
   };
   (void)argc;
   (void)argv;
