@@ -439,6 +439,20 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_set_grad(lowbit_optimizer_t opt, int
  * two passes over their elements (docs/ALGORITHMS.md, section 2). */
 LOWBIT_API lowbit_status_t lowbit_optimizer_step(lowbit_optimizer_t opt, void* stream);
 
+/* (Since 0.6.) One step of the params ids[0, num_ids) only, distinct
+ * registered ids in any order, with their registered gradients (grads NULL)
+ * or grads[k] for ids[k]: e.g. each param as soon as its gradient is ready
+ * (the step inside backward), or a bucket of them. Each param gets exactly
+ * the bits a full step gives it: its own step count, bias corrections and
+ * stochastic-rounding bits; checkpoints are unchanged. The others are left
+ * alone. The non-finite check (skip_nonfinite) covers this call's gradients:
+ * a NaN skips this call's params only. On CUDA it only enqueues, as
+ * lowbit_optimizer_step (its cost grows with the number of registered
+ * params, not of ids). 1-bit Adam, 0/1 Adam and 1-bit LAMB refuse it
+ * (LOWBIT_ERROR_UNSUPPORTED): they exchange every param in one collective. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_step_params(lowbit_optimizer_t opt, const int64_t* ids, int64_t num_ids,
+                                                        const lowbit_tensor_t* grads, void* stream);
+
 /* One step with gradients given for this step only: grads[i] belongs to param
  * i, num_grads must equal the number of params; grads[i].data == NULL skips
  * param i. Registered gradients are not changed. */

@@ -125,6 +125,11 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_step_with_grads(lowbit_optimizer_t o
   return on_handle(opt, [&](lowbit::Optimizer& o) { o.step(grads, num_grads, stream, true); });
 }
 
+LOWBIT_API lowbit_status_t lowbit_optimizer_step_params(lowbit_optimizer_t opt, const int64_t* ids, int64_t num_ids,
+                                                        const lowbit_tensor_t* grads, void* stream) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) { o.step_params(ids, num_ids, grads, stream); });
+}
+
 LOWBIT_API lowbit_status_t lowbit_optimizer_set_comm(lowbit_optimizer_t opt, lowbit_comm_t comm) {
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     lowbit::Communicator& c = lowbit::communicator_from_handle(comm);

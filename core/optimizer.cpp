@@ -201,6 +201,32 @@ void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stre
   engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
 }
 
+void Optimizer::step_params(const int64_t* ids, int64_t n, const lowbit_tensor_t* grads, void* stream) {
+  LOWBIT_REQUIRE(!extension_, LOWBIT_ERROR_UNSUPPORTED, "step_params: ", onebit_algorithm_name(config_.algorithm),
+                 " steps every param together (one exchange per step); use lowbit_optimizer_step");
+  LOWBIT_REQUIRE(ids != nullptr, LOWBIT_ERROR_NULL_POINTER, "ids is NULL");
+  LOWBIT_REQUIRE(n >= 1 && n <= num_params(), LOWBIT_ERROR_INVALID_ARGUMENT, "num_ids = ", n, " must be in [1, ",
+                 num_params(), "] (the registered params)");
+  for (GradView& g : grads_) g = GradView{};
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t id = ids[k];
+    LOWBIT_REQUIRE(id >= 0 && id < num_params(), LOWBIT_ERROR_INVALID_ARGUMENT, "ids[", k, "] = ", id,
+                   " does not exist (", num_params(), " params registered)");
+    GradView& g = grads_[size_t(id)];
+    LOWBIT_REQUIRE(g.data == nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "ids[", k, "] = ", id,
+                   " appears twice (a param takes one step per call)");
+    const lowbit_tensor_t& t = grads ? grads[k] : params_[size_t(id)].grad;
+    LOWBIT_REQUIRE(t.data != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "ids[", k, "] = ", id,
+                   grads ? ": grads[k].data is NULL" : " has no registered gradient (lowbit_optimizer_set_grad)");
+    if (grads) check_grad(t, params_[size_t(id)], concat("grads[", k, "]").c_str());
+    g = GradView{t.data, t.dtype};
+  }
+  StepControl ctl;
+  ctl.check_nonfinite = config_.skip_nonfinite != 0;
+  ctl.seed = config_.seed;
+  engine_->step(algo_, grads_.data(), num_params(), ctl, stream);
+}
+
 std::vector<int64_t> Optimizer::steps(void* stream) const {
   std::vector<int64_t> s(params_.size());
   if (!s.empty()) engine_->read_steps(s.data(), int64_t(s.size()), stream);

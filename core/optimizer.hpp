@@ -79,6 +79,10 @@ class Optimizer {
   // grads == nullptr: the registered gradients, unless explicit_grads (the
   // caller passed an array, which must not be NULL).
   void step(const lowbit_tensor_t* grads, int64_t num_grads, void* stream, bool explicit_grads = false);
+  // A step of the params ids[0, n) only (distinct ids), with their registered
+  // gradients or grads[k] for ids[k]; the others are left alone. Each param
+  // gets the bits a full step gives it (its own step count and rounding key).
+  void step_params(const int64_t* ids, int64_t n, const lowbit_tensor_t* grads, void* stream);
   bool last_step_skipped() const { return engine_->last_step_skipped(); }
 
   int64_t num_params() const { return int64_t(params_.size()); }
