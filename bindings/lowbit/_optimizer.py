@@ -58,6 +58,7 @@ def _destroy(handle_value):
 
 _step_with_grads = LIB.fn("lowbit_optimizer_step_with_grads")
 _step = LIB.fn("lowbit_optimizer_step")
+_step_params = LIB.fn("lowbit_optimizer_step_params")
 _last_step_skipped = LIB.fn("lowbit_optimizer_last_step_skipped")
 _tensor_array_type = ffi.typeof("lowbit_tensor_t[]")
 
@@ -474,6 +475,54 @@ class Optimizer(Handle):
                 raise failure("lowbit_optimizer_last_step_skipped", status, h)
             return not self._i32[0]
         return True
+
+    @locked
+    def step_params(self, ids, grads=None, *, stream=None) -> bool:
+        """A step of the params `ids` only (distinct param ids, any order):
+        with their registered gradients (grads None) or grads[k] for ids[k].
+        Each param gets the bits a full step would give it; the others are
+        left alone. NaN/Inf in this call's gradients skips this call's
+        params only. Returns True if applied (CPU; on CUDA see step())."""
+        h = self._h()
+        self._check_unmoved()
+        ids = [int(i) for i in ids]
+        n = len(ids)
+        s = self.stream if stream is None else stream_pointer(stream)
+        id_array = ffi.new("int64_t[]", ids) if n else ffi.new("int64_t[]", 1)
+        arr = NULL
+        keep = []
+        if grads is not None:
+            grads = list(grads)
+            if len(grads) != n:
+                raise InvalidArgumentError(f"grads: got {len(grads)} gradients for {n} ids")
+            arr = TensorArray(n)
+            for k, g in enumerate(grads):
+                if not 0 <= ids[k] < len(self._params):
+                    break  # the library names the bad id
+                ref = g if isinstance(g, ArrayRef) else as_array_ref(
+                    g, role=f"grads[{k}]", writable=False, device=self.device, device_index=self.device_index,
+                    stream=s)
+                arr.set(k, ref)
+                keep.append(ref)
+            arr = arr.cdata
+        self._step_params_array(id_array, n, arr, s)
+        del keep
+        if self.device == Device.CPU:
+            status = _last_step_skipped(h, self._i32)
+            if status:
+                raise failure("lowbit_optimizer_last_step_skipped", status, h)
+            return not self._i32[0]
+        return True
+
+    @locked
+    def _step_params_array(self, id_array, n: int, grads_array, stream) -> None:
+        """lowbit_optimizer_step_params on prepared cffi arrays (an
+        ``int64_t[]`` of ids, a ``lowbit_tensor_t[]`` or NULL)."""
+        h = self._h()
+        with self._stepping():
+            status = _step_params(h, id_array, n, grads_array, void_p(stream))
+        if status:
+            raise failure("lowbit_optimizer_step_params", status, h)
 
     @locked
     def _step_tensors(self, grads_array, n: int, stream) -> None:

@@ -45,6 +45,15 @@ placements (torch's layout: ``step``, ``exp_avg``, ...), which
 formats. ``optimizer.state[p]`` reads a param's step and moments (dequantized,
 on demand) in the same layout.
 
+The step inside backward: ``lowbit.torch.step_in_backward(opt)`` steps each
+param as soon as its gradient is accumulated and frees the gradient (buckets
+of ``bucket_numel`` elements; ``ddp_model=`` steps each DDP bucket after its
+all-reduce; FSDP2's sharded params when their reduced shard arrives), with
+the bits ``opt.step()`` would give. ``opt.step()`` then raises: gradient
+clipping by global norm and GradScaler cannot work in this mode.
+``lowbit.jax`` has no backward hooks (JAX computes gradients as values, not
+by callbacks): step after ``jax.grad`` as usual.
+
 Params may live on the CPU and on CUDA devices (one lowbit handle per
 device); each step runs on the current CUDA stream of its device. Params and
 grads are used in place, never copied: params must be contiguous float32,
@@ -57,9 +66,11 @@ from __future__ import annotations
 from ._adam import Adam, AdamW
 from ._base import LowbitOptimizer
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
+from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
 from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
-           "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport"]
+           "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
+           "StepInBackward"]

@@ -13,6 +13,7 @@ import torch
 from .._ffi import Algorithm
 from .._names import STATE_FORMAT_NAMES, parse_state_format, parse_state_option, resolve_num_threads
 from .._optimizer import Optimizer
+from ._in_backward import refuse_step
 from ._state_dict import StateDicts, _StateView
 from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _tensor_ref
 
@@ -75,6 +76,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._meshes: list = []  # device meshes of the DTensor params
         self._skipped = False  # the last step was skipped by agreement over the meshes
         self._step_lock = threading.RLock()  # threads stepping one optimizer step one after the other
+        self._in_backward = None  # the hooks of step_in_backward, when it steps this optimizer
         defaults = dict(defaults)
         defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
                         error_correction=bool(error_correction))
@@ -97,6 +99,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._devices, self._where, self._registered_params = {}, {}, None
         self._empty_shards, self._meshes, self._skipped = {}, [], False
         self._step_lock = threading.RLock()
+        self._in_backward = None
 
     def __getstate__(self):
         raise TypeError("lowbit.torch optimizers cannot be pickled; use state_dict() / load_state_dict()")
@@ -107,6 +110,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if getattr(self, "_in_backward", None) is not None:
+            refuse_step()
         with self._step_lock:
             self._skipped = False
             try:
@@ -125,6 +130,12 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
                 if p.grad is not None:
                     self._empty_shards[p] += 1
         return loss
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """GradScaler calls step() directly when this is True: inside
+        backward (step_in_backward) that step() raises with the reason."""
+        return getattr(self, "_in_backward", None) is not None
 
     def _failed_before_step(self, error: Exception) -> None:
         """Called with an error raised before the library's step (which is
