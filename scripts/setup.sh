@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing lowbit needs on a fresh Debian machine:
-# cmocka and OpenMPI from Debian, the Python test dependencies from PyPI.
+# cmocka, OpenMPI and cargo from Debian, the Python test dependencies from PyPI.
 # Skips whatever is already there: when every requirement of
 # requirements-test.txt is installed (and satisfies its version, if it names
 # one) pip is not run at all; LOWBIT_SETUP_PIP=always runs it anyway.
@@ -12,6 +12,9 @@ dpkg -s libcmocka-dev >/dev/null 2>&1 || need_apt+=(libcmocka-dev)
 dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
 dpkg -s openmpi-bin >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+# The Rust crate's test (bindings/rust, CTest rust.train_linear): Debian's
+# cargo brings its rustc; a rustup toolchain on PATH serves as well.
+command -v cargo >/dev/null 2>&1 || need_apt+=(cargo)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
