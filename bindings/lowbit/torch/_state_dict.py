@@ -14,6 +14,7 @@ import torch
 
 from .._ffi import Algorithm
 from .._lib import StateMismatchError
+from ._peer_state import peer_kind, to_torch_layout
 from ._tensors import _device_key, _is_dtensor, _local
 
 _STATE_DICT_VERSION = 1
@@ -87,6 +88,30 @@ class StateDicts:
             "lowbit": {"version": _STATE_DICT_VERSION, "algorithm": self._algorithm.name.lower(), "handles": handles},
         }
 
+    def torch_state_dict(self) -> dict:
+        """This optimizer's state as the plain ``torch.optim`` optimizer of
+        its algorithm keeps it (``torch.optim.AdamW`` / ``Adam`` / ``SGD``
+        load it): moments dequantized to float32 tensors shaped like the
+        params, ``step`` as a float32 scalar tensor (not for SGD), param
+        groups without lowbit's own options. Lion has no torch counterpart."""
+        if self._algorithm == Algorithm.LION:
+            raise ValueError("torch has no Lion optimizer: there is no plain torch state dict to export to")
+        index = self._param_index()
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params" and k not in _OWN_GROUP_OPTIONS}
+            packed["params"] = [index[p] for p in group["params"]]
+            groups.append(packed)
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p in self._where and index[p] not in state and self._num_moments(group):
+                    s = self._materialized_state(p, group)
+                    if self._algorithm == Algorithm.SGD:
+                        s.pop("step")
+                    state[index[p]] = s
+        return {"state": state, "param_groups": groups}
+
     def _step_count(self, p) -> int:
         if p in self._empty_shards:
             return self._empty_shards[p]
@@ -115,9 +140,11 @@ class StateDicts:
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a state dict from :meth:`state_dict` (any device, any state
         format, any sharding of DTensor params: moments are converted to this
-        optimizer's formats, which stay its own), or a plain ``torch.optim``
+        optimizer's formats, which stay its own), a plain ``torch.optim``
         state dict of the same algorithm (fp32 moments; plain tensors or
-        DTensors)."""
+        DTensors), or one of bitsandbytes' 8-bit optimizers (blockwise) or
+        torchao's AdamW8bit / AdamW4bit / AdamWFp8 (_peer_state.py: each
+        decoded by its own format's rules, then re-encoded)."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this optimizer "
@@ -157,7 +184,10 @@ class StateDicts:
             plan = [([by_index[i] for i in h["params"]], _loader(bytes(h["checkpoint"].cpu().numpy().tobytes())))
                     for h in lowbit["handles"]]
         else:
-            plan, empty = self._plan_torch_import(state_dict.get("state", {}), by_index, saved_groups)
+            state = state_dict.get("state", {})
+            if peer_kind(state) is not None:  # bitsandbytes or torchao: decoded into torch's layout
+                state = to_torch_layout(state, {i: tuple(p.shape) for i, p in by_index.items()})
+            plan, empty = self._plan_torch_import(state, by_index, saved_groups)
 
         # Build the new handles aside; swap them in only when all loaded.
         old = (self._devices, self._where, self.param_groups, self.state, self._empty_shards)

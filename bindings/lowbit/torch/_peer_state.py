@@ -1,0 +1,116 @@
+"""Other libraries' optimizer state dicts in torch's layout, so that a
+lowbit.torch optimizer loads them (load_state_dict re-encodes the fp32
+moments into its own formats). Each format is decoded by its own published
+rules, without importing the library that wrote it:
+
+* bitsandbytes' 8-bit optimizers (``Adam8bit``, ``AdamW8bit``, ``Lion8bit``,
+  paged or not), blockwise: per moment k, ``statek`` holds uint8 codes on the
+  map ``qmapk`` (256 values) and ``absmaxk`` one scale per block of
+  ``numel / len(absmaxk)`` elements (256): value = qmap[code] * absmax[block].
+  A param under bitsandbytes' ``min_8bit_size`` keeps float32 ``statek``.
+  Since bitsandbytes 0.45 the entries sit under
+  ``"__bnb_optimizer_quant_state__"``. Non-blockwise 8-bit state (a
+  per-tensor ``maxk``) is refused.
+* torchao's ``AdamW8bit``, ``AdamW4bit`` and ``AdamWFp8``: each moment is a
+  tensor subclass with ``codes`` and one ``scale`` per block (8-bit and FP8:
+  256 elements, 4-bit: 128): 8-bit: value = qmap[code] * scale; 4-bit: two
+  codes per byte, the first element of a pair in the high nibble, on a
+  16-value ``qmap``; FP8: codes are float8_e4m3fn, value = code * scale.
+  Small params keep plain float32 tensors.
+
+Moments map to torch's names: a first moment (bitsandbytes' ``state1``,
+torchao's ``exp_avg``) to ``exp_avg``, a second to ``exp_avg_sq``; for
+Lion the first is lowbit's ``exp_avg`` too."""
+
+from __future__ import annotations
+
+import torch
+
+_BNB_KEY = "__bnb_optimizer_quant_state__"
+_TORCHAO_TYPES = {"OptimState8bit": 8, "OptimState4bit": 4, "OptimStateFp8": "fp8"}
+
+
+def _blocks(scale: torch.Tensor, numel: int) -> torch.Tensor:
+    """The scale of each element: one per block of numel / len(scale)."""
+    block = -(-numel // scale.numel())
+    return scale.float().repeat_interleave(block)[:numel]
+
+
+def _bnb_moment(s: dict, k: int, idx: int, shape) -> torch.Tensor | None:
+    codes = s.get(f"state{k}")
+    if codes is None:
+        return None
+    numel = codes.numel()
+    if codes.dtype == torch.float32:
+        return codes.reshape(shape)
+    if codes.dtype != torch.uint8:
+        raise ValueError(f"bitsandbytes state{k} of param {idx} has dtype {codes.dtype}: not a format lowbit reads")
+    if f"absmax{k}" not in s:
+        if f"max{k}" in s:
+            raise ValueError(f"param {idx}: bitsandbytes 8-bit state without blocks (block_wise=False, a per-tensor "
+                             f"max{k}) is not supported; save it from a blockwise optimizer (the default)")
+        raise ValueError(f"param {idx}: bitsandbytes state{k} has codes but no absmax{k}")
+    qmap = s[f"qmap{k}"].float()
+    values = qmap[codes.reshape(-1).long()] * _blocks(s[f"absmax{k}"], numel)
+    return values.reshape(shape)
+
+
+def _torchao_moment(v, idx: int, name: str) -> torch.Tensor:
+    kind = _TORCHAO_TYPES.get(type(v).__name__)
+    if kind is None:
+        return v.float() if isinstance(v, torch.Tensor) else v
+    codes, scale, shape = v.codes, v.scale, tuple(v.shape)
+    numel = 1
+    for d in shape:
+        numel *= d
+    if kind == "fp8":
+        flat = codes.reshape(-1).float()
+    elif kind == 8:
+        flat = v.qmap.float()[codes.reshape(-1).long()]
+    else:
+        packed = codes.reshape(-1)
+        pairs = torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:numel]
+        flat = v.qmap.float()[pairs.long()]
+    if flat.numel() != numel:
+        raise ValueError(f"torchao {type(v).__name__} {name} of param {idx}: {flat.numel()} codes for {numel} "
+                         "elements")
+    return (flat * _blocks(scale, numel)).reshape(shape)
+
+
+def peer_kind(state: dict) -> str | None:
+    """Which library wrote an optimizer state (the "state" of a state dict):
+    "bitsandbytes", "torchao" or None (torch's layout, or lowbit's)."""
+    for s in state.values():
+        if not isinstance(s, dict):
+            continue
+        if _BNB_KEY in s or "state1" in s:
+            return "bitsandbytes"
+        if any(type(v).__name__ in _TORCHAO_TYPES for v in s.values()):
+            return "torchao"
+    return None
+
+
+def to_torch_layout(state: dict, shapes: dict) -> dict:
+    """A bitsandbytes or torchao optimizer state in torch's layout: per param
+    index, ``step`` and float32 ``exp_avg`` (and ``exp_avg_sq``) shaped like
+    the param (``shapes[idx]``)."""
+    kind = peer_kind(state)
+    out = {}
+    for idx, s in state.items():
+        if not s:
+            out[idx] = s
+            continue
+        shape = shapes.get(idx)
+        if kind == "bitsandbytes":
+            q = s.get(_BNB_KEY, s)
+            if shape is None:
+                raise ValueError(f"the state dict has state for param index {idx}, which no group holds")
+            entry = {"step": s.get("step", q.get("step", 1))}
+            for k, name in ((1, "exp_avg"), (2, "exp_avg_sq")):
+                m = _bnb_moment(q, k, idx, shape)
+                if m is not None:
+                    entry[name] = m
+            out[idx] = entry
+        else:
+            out[idx] = {name: (_torchao_moment(v, idx, name) if name != "step" else v) for name, v in s.items()}
+    return out
