@@ -54,6 +54,16 @@ clipping by global norm and GradScaler cannot work in this mode.
 ``lowbit.jax`` has no backward hooks (JAX computes gradients as values, not
 by callbacks): step after ``jax.grad`` as usual.
 
+Offloaded state: ``lowbit.torch.CPUOffload(AdamW, params, state="8bit", ...)``
+keeps the params on their device and the state in host memory beside a host
+copy of each param; each gradient is copied to the host as it is accumulated
+and its bucket is stepped there on a worker thread while backward goes on,
+then copied back (``clip_grad_norm=`` clips by global norm as
+``torch.nn.utils.clip_grad_norm_``; the host steps then wait for ``step()``).
+The params get the bits of the plain optimizer's step and ``state_dict()`` is
+the plain optimizer's. ``lowbit.torch.memory_report(opt)`` gives the bytes of
+state, host copies and pinned buffers per device.
+
 Params may live on the CPU and on CUDA devices (one lowbit handle per
 device); each step runs on the current CUDA stream of its device. Params and
 grads are used in place, never copied: params must be contiguous float32,
@@ -68,9 +78,10 @@ from ._base import LowbitOptimizer
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
+from ._offload import CPUOffload, default_host_threads, memory_report
 from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
            "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
-           "StepInBackward"]
+           "StepInBackward", "CPUOffload", "memory_report", "default_host_threads"]
