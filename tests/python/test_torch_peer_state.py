@@ -145,3 +145,90 @@ def test_export_to_a_plain_torch_state_dict(cls, torch_cls, kwargs, seed):
     again.load_state_dict(sd)
     with pytest.raises(ValueError, match="no Lion"):
         lt.Lion(params, lr=1e-4).torch_state_dict()
+
+
+def _gap_bound(qmap):
+    """One quantization step of a map: its largest gap between neighbouring values."""
+    v = torch.sort(qmap.float()).values
+    return float((v[1:] - v[:-1]).max())
+
+
+NEXT = [("bitsandbytes", "AdamW8bit", "8bit"), ("torchao", "AdamW8bit", "8bit"), ("torchao", "AdamW4bit", "4bit"),
+        ("torchao", "AdamWFp8", "fp8")]
+
+
+@pytest.mark.parametrize("lib,name,state", NEXT, ids=[f"{a}-{b}" for a, b, _ in NEXT])
+def test_the_next_step_after_loading_matches_the_peers_within_one_quantization_step(lib, name, state, seed):
+    """After loading a peer's state dict, one more step on the same gradient:
+    every moment element of lowbit's state is within one quantization step
+    (the block's scale times the largest gap of the peer's map; FP8: an
+    e4m3 step of the value) of the peer's own next state."""
+    mod = pytest.importorskip(lib)
+    if lib == "torchao":
+        import torchao.optim as mod
+    else:
+        mod = mod.optim
+    params = _params(seed)
+    peer = getattr(mod, name)(params, lr=1e-3)
+    _train(peer, params, seed)
+    mine = [p.detach().clone().requires_grad_() for p in params]
+    opt = lt.AdamW(mine, lr=1e-3, state=state, min_quantized_numel=0)
+    opt.load_state_dict(peer.state_dict())
+    g = torch.Generator().manual_seed(seed + 99)
+    for p, q in zip(params, mine):
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = p.grad.clone()
+    peer.step()
+    opt.step()
+    after = to_torch_layout(peer.state_dict()["state"], {0: tuple(params[0].shape), 1: tuple(params[1].shape)})[0]
+    live = peer.state[params[0]]
+    worst = 0.0
+    for k, key in enumerate(("exp_avg", "exp_avg_sq")):
+        ours = opt.read_moment(mine[0], k).reshape(params[0].shape)
+        theirs = after[key]
+        if lib == "bitsandbytes":
+            scale = live[f"absmax{k + 1}"].float().repeat_interleave(256)[:theirs.numel()].reshape(theirs.shape)
+            allowed = scale * _gap_bound(live[f"qmap{k + 1}"])
+        elif name == "AdamWFp8":
+            allowed = torch.maximum(ours.abs(), theirs.abs()) / 8 + live[key].scale.float().max() * 2.0 ** -9
+        else:
+            v = live[key]
+            block = 256 if name == "AdamW8bit" else 128
+            scale = v.scale.float().repeat_interleave(block)[:theirs.numel()].reshape(theirs.shape)
+            allowed = scale * _gap_bound(v.qmap)
+        ratio = float(((ours - theirs).abs() / allowed.clamp_min(1e-30)).max())
+        worst = max(worst, ratio)
+        # 1% slack: the bound uses the peer's block scale, lowbit's own may be a little larger
+        assert ratio <= 1.01, f"{key}: {ratio:.4f} quantization steps apart"
+    print(f"{lib} {name} -> lowbit {state}: the next step's moments within {worst:.4f} quantization steps")
+
+
+def test_a_peer_state_dict_that_does_not_fit_is_refused_and_changes_nothing(seed):
+    bnb = pytest.importorskip("bitsandbytes")
+    params = _params(seed)
+    lion = bnb.optim.Lion8bit(params, lr=1e-4)
+    _train(lion, params, seed)
+    opt = lt.AdamW([p.detach().clone().requires_grad_() for p in params], lr=1e-3, state="8bit",
+                   min_quantized_numel=0)
+    _train(opt, opt.param_groups[0]["params"], seed + 3)
+    before = opt.state_dict()
+
+    def unchanged():
+        after = opt.state_dict()
+        assert all(torch.equal(a["checkpoint"], b["checkpoint"])
+                   for a, b in zip(before["lowbit"]["handles"], after["lowbit"]["handles"]))
+
+    with pytest.raises(ValueError, match=r"lacks \['exp_avg_sq'\]"):  # another algorithm (Lion's one moment)
+        opt.load_state_dict(lion.state_dict())
+    unchanged()
+    other = bnb.optim.AdamW8bit([torch.nn.Parameter(torch.randn(64, 512))], lr=1e-3)
+    _train(other, other.param_groups[0]["params"], seed)
+    with pytest.raises(ValueError, match="has 1 params, this optimizer 2"):  # another parameter count
+        opt.load_state_dict(other.state_dict())
+    unchanged()
+    shaped = [torch.nn.Parameter(torch.randn(32, 512)), torch.nn.Parameter(torch.randn(64))]
+    peer = bnb.optim.AdamW8bit(shaped, lr=1e-3)
+    _train(peer, shaped, seed)
+    with pytest.raises(ValueError, match="16384 elements, the param 32768"):  # another shape
+        opt.load_state_dict(peer.state_dict())
+    unchanged()

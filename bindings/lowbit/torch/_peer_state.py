@@ -36,13 +36,22 @@ def _blocks(scale: torch.Tensor, numel: int) -> torch.Tensor:
     return scale.float().repeat_interleave(block)[:numel]
 
 
+def _shaped(values: torch.Tensor, shape) -> torch.Tensor:
+    """values shaped like the loading param, or flat when their sizes differ
+    (the import then names both sizes)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    return values.reshape(shape) if values.numel() == numel else values.reshape(-1)
+
+
 def _bnb_moment(s: dict, k: int, idx: int, shape) -> torch.Tensor | None:
     codes = s.get(f"state{k}")
     if codes is None:
         return None
     numel = codes.numel()
     if codes.dtype == torch.float32:
-        return codes.reshape(shape)
+        return _shaped(codes, shape)
     if codes.dtype != torch.uint8:
         raise ValueError(f"bitsandbytes state{k} of param {idx} has dtype {codes.dtype}: not a format lowbit reads")
     if f"absmax{k}" not in s:
@@ -52,7 +61,7 @@ def _bnb_moment(s: dict, k: int, idx: int, shape) -> torch.Tensor | None:
         raise ValueError(f"param {idx}: bitsandbytes state{k} has codes but no absmax{k}")
     qmap = s[f"qmap{k}"].float()
     values = qmap[codes.reshape(-1).long()] * _blocks(s[f"absmax{k}"], numel)
-    return values.reshape(shape)
+    return _shaped(values, shape)
 
 
 def _torchao_moment(v, idx: int, name: str) -> torch.Tensor:
