@@ -14,7 +14,7 @@ from .._ffi import Algorithm
 from .._names import STATE_FORMAT_NAMES, parse_state_format, parse_state_option, resolve_num_threads
 from .._optimizer import Optimizer
 from ._in_backward import refuse_step
-from ._state_dict import StateDicts, _StateView
+from ._state_dict import LowbitState, StateDicts, _StateView
 from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _tensor_ref
 
 _REFUSED = {"amsgrad": "amsgrad=True is not supported by lowbit",
@@ -81,6 +81,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
                         error_correction=bool(error_correction))
         super().__init__(params, defaults)
+        self.state = LowbitState(self.state)
 
     # -- torch.optim.Optimizer interface
 
@@ -96,6 +97,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self.state = LowbitState(self.state)
         self._devices, self._where, self._registered_params = {}, {}, None
         self._empty_shards, self._meshes, self._skipped = {}, [], False
         self._step_lock = threading.RLock()

@@ -193,7 +193,7 @@ class StateDicts:
         old = (self._devices, self._where, self.param_groups, self.state, self._empty_shards)
         self._devices, self._where, self._registered_params = {}, {}, None
         self.param_groups = new_groups
-        self.state = defaultdict(dict)
+        self.state = LowbitState()
         self._empty_shards = {}
         try:
             for params, blob in plan:
@@ -302,11 +302,33 @@ def _local_moment(m: torch.Tensor, p: torch.Tensor, local: torch.Tensor) -> torc
     return m
 
 
+class LowbitState(defaultdict):
+    """``optimizer.state``: a param with lowbit state keeps its view; code
+    that writes another value for it (Lightning moves every optimizer's
+    state to the device by rebuilding each entry) changes nothing, as the
+    state lives in the library."""
+
+    def __init__(self, *args):
+        super().__init__(dict, *args)
+
+    def __setitem__(self, p, value):
+        if isinstance(self.get(p), _StateView) and not isinstance(value, _StateView):
+            return
+        super().__setitem__(p, value)
+
+
 class _StateView(Mapping):
     """``optimizer.state[p]``: the param's step count and dequantized
     moments under torch's names, read from the library when asked (nothing
     is cached). Present for every param with lowbit state, so that code that
     tests ``optimizer.state`` (torch.distributed.checkpoint) sees it."""
+
+    def __new__(cls, *args):
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            # rebuilt from its items (a collection walker such as Lightning's
+            # apply_to_collection): a plain snapshot, which LowbitState ignores
+            return dict(args[0])
+        return super().__new__(cls)
 
     def __init__(self, opt, p):
         self._opt = weakref.ref(opt)
