@@ -64,6 +64,20 @@ The params get the bits of the plain optimizer's step and ``state_dict()`` is
 the plain optimizer's. ``lowbit.torch.memory_report(opt)`` gives the bytes of
 state, host copies and pinned buffers per device.
 
+``torch.compile``: inside a compiled function ``opt.step()`` (without a
+closure) is the custom op ``torch.ops.lowbit.step`` (params, their grads and
+one lr tensor per group; a fake implementation for tracing), so the function
+compiles as one graph with no graph break, with ``fullgraph=True`` too, and
+an attached lr scheduler adds none. As with torch's compiled optimizers, give
+the lr as a tensor (``lr=torch.tensor(1e-3)``): schedulers write it in place
+and nothing recompiles (a float lr is specialised on: each new value
+recompiles); the step counts live in the library. The compiled step gives
+the eager step's bits (registration at the first step happens inside the
+op). The op is tagged ``cudagraph_unsafe``: the library reads the
+hyper-parameters and step counts on the host, so ``mode="reduce-overhead"``
+runs it between the captured CUDA graphs. DTensor params, a step with a
+closure and the 1-bit optimizers take the eager step (one graph break).
+
 Params may live on the CPU and on CUDA devices (one lowbit handle per
 device); each step runs on the current CUDA stream of its device. Params and
 grads are used in place, never copied: params must be contiguous float32,

@@ -13,6 +13,7 @@ import torch
 from .._ffi import Algorithm
 from .._names import STATE_FORMAT_NAMES, parse_state_format, parse_state_option, resolve_num_threads
 from .._optimizer import Optimizer
+from ._compile import eager_in_compile, is_compiling, register_optimizer
 from ._in_backward import refuse_step
 from ._state_dict import LowbitState, StateDicts, _StateView
 from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _tensor_ref
@@ -32,11 +33,25 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
     """Base class; use AdamW, Adam, Lion or SGD (state dicts: StateDicts).
 
     Threads: steps of one optimizer are serialised (one thread's step
-    waits for another's to end)."""
+    waits for another's to end).
+
+    torch.compile: inside a compiled region step() (without a closure) is
+    the custom op ``lowbit::step`` (_compile.py), which the compiler does not
+    trace into: no graph break, and the lr reaches the op as a tensor when
+    the group's lr is one. A subclass that overrides step() takes the eager
+    path there (a graph break) unless it sets ``_compilable_step = True``."""
 
     _algorithm: Algorithm = None
     _moment_names: tuple = ()
     _refused: tuple = ()  # torch's switches this class has no counterpart for (refuse), checked per group too
+    _compilable_step = True  # under torch.compile, step() is the lowbit::step op (see __init_subclass__)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A class with its own step() (the 1-bit optimizers: errors agreed
+        # over the ranks around the step) keeps it whole, compiled or not.
+        if "_compilable_step" not in cls.__dict__:
+            cls._compilable_step = cls._compilable_step and "step" not in cls.__dict__
 
     def __init__(self, params, defaults: dict, *, state="fp32", second_state=None, stochastic_rounding=False,
                  error_correction=False, min_quantized_numel=None, seed=0, skip_nonfinite=True, num_threads=None,
@@ -77,6 +92,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._skipped = False  # the last step was skipped by agreement over the meshes
         self._step_lock = threading.RLock()  # threads stepping one optimizer step one after the other
         self._in_backward = None  # the hooks of step_in_backward, when it steps this optimizer
+        self._compile_key = register_optimizer(self)  # how the lowbit::step op finds this optimizer
         defaults = dict(defaults)
         defaults.update(state=STATE_FORMAT_NAMES[self._state_format], stochastic_rounding=bool(stochastic_rounding),
                         error_correction=bool(error_correction))
@@ -102,22 +118,44 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._empty_shards, self._meshes, self._skipped = {}, [], False
         self._step_lock = threading.RLock()
         self._in_backward = None
+        self._compile_key = register_optimizer(self)
+
+    def _patch_step_function(self) -> None:
+        super()._patch_step_function()
+        # torch's lr schedulers replace opt.step by a wrapper that notes the
+        # call (opt._opt_called), unless the step is marked as wrapped; the
+        # wrapper lives in a file torch.compile never traces (a graph break
+        # in a compiled opt.step()), so step() notes the call itself.
+        type(self).step._wrapped_by_lr_sched = True
 
     def __getstate__(self):
         raise TypeError("lowbit.torch optimizers cannot be pickled; use state_dict() / load_state_dict()")
 
     @torch.no_grad()
     def step(self, closure=None):
+        if closure is None and self._compilable_step and is_compiling():
+            self._traced_step()
+            return None
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         if getattr(self, "_in_backward", None) is not None:
             refuse_step()
+        self._run_step()
+        return loss
+
+    def _run_step(self, grads=None, lrs=None) -> None:
+        """The step, eager: grads None (each param's .grad) or {param: grad};
+        lrs None (the groups' "lr") or one float per group."""
         with self._step_lock:
+            # for torch's lr schedulers (_patch_step_function); here, where
+            # torch.compile never traces: it drops attribute writes to
+            # optimizers in the code it traces
+            self._opt_called = True
             self._skipped = False
             try:
-                ready = self._prepare_step()
+                ready = self._prepare_step(grads, lrs)
             except Exception as e:
                 self._failed_before_step(e)
                 raise
@@ -125,13 +163,53 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
                 # Sharded params: a rank sees only its shards of the grads, so the
                 # skip is agreed over the device meshes; the step is skipped on all.
                 self._skipped = True
-                return loss
+                return
             for dev, n in ready:
                 self._step_device(dev, n)
             for p in self._empty_shards:
-                if p.grad is not None:
+                if (p.grad if grads is None else grads.get(p)) is not None:
                     self._empty_shards[p] += 1
-        return loss
+
+    # -- torch.compile (the lowbit::step op, _compile.py)
+
+    def _traced_step(self) -> None:
+        """What torch.compile traces for step(): the groups' params, their
+        grads and lrs handed to the lowbit::step op (lr tensors as they are,
+        a float lr as a float64 tensor; the op reads them when it runs)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        if any(map(_is_dtensor, params)):
+            # no sharding rule for the op: DTensor params take the eager path
+            return self._eager_step_in_compile()
+        grads = [p.grad for p in params]
+        lrs = [_lr_tensor(group["lr"]) for group in self.param_groups]
+        torch.ops.lowbit.step(self._compile_key, params, grads, lrs)
+        return None
+
+    @eager_in_compile
+    def _eager_step_in_compile(self) -> None:
+        if getattr(self, "_in_backward", None) is not None:
+            refuse_step()
+        self._run_step()
+
+    def _step_from_op(self, params: list, grads: list, lrs: list) -> None:
+        """The lowbit::step op's implementation (run eagerly, when the
+        compiled code runs): the eager step over the groups' params with
+        these grads and lrs."""
+        if getattr(self, "_in_backward", None) is not None:
+            refuse_step()
+        mine = [p for group in self.param_groups for p in group["params"]]
+        if len(mine) != len(params) or len(lrs) != len(self.param_groups):
+            raise RuntimeError("lowbit::step: the optimizer's param groups changed since this step was traced")
+        # A backend that functionalizes the op without re-inplacing it (e.g.
+        # aot_eager) hands it copies of the params and copies them back
+        # after: the library steps the params it registered, so a copy's
+        # values go in first and the result goes back into the copy.
+        copies = [(p, q) for p, q in zip(mine, params) if q is not p and q.data_ptr() != p.data_ptr()]
+        for p, q in copies:
+            p.copy_(q)
+        self._run_step(dict(zip(mine, grads)), [float(t.item()) for t in lrs])
+        for p, q in copies:
+            q.copy_(p)
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -143,23 +221,25 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         """Called with an error raised before the library's step (which is
         re-raised after): the 1-bit optimizers tell the other ranks."""
 
-    def _prepare_step(self):
+    def _prepare_step(self, grads=None, lrs=None):
         """Everything before the library's steps: registration (params at
         their first step with a grad), hyper-parameters, the grad
         descriptors. Returns the (device state, number of params) to step,
-        or None when the step is skipped by agreement over the meshes."""
+        or None when the step is skipped by agreement over the meshes.
+        grads, lrs: as _run_step's."""
         # Once every param of the groups is registered, a copy of the groups'
         # param lists (the same tensors, compared by identity) says whether
         # they changed since.
         if not self._groups_unchanged():
-            self._register_new_params()
+            self._register_new_params(grads)
         work = []
         for dev in self._devices.values():
-            self._push_hparams(dev)
+            self._push_hparams(dev, lrs)
             n = len(dev.params)
             if dev.grads is None or len(dev.grads) != n:
                 dev.resize(n)
-            work.append((dev, dev.local_grads(), dev.local_params()))
+            local = dev.local_grads() if grads is None else _given_grads(dev, grads)
+            work.append((dev, local, dev.local_params()))
         if self._meshes and self._config["skip_nonfinite"] and self._nonfinite_on_any_rank(work):
             return None
         ready = []
@@ -169,13 +249,13 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
                 ready.append((dev, n))
         return ready
 
-    def _register_new_params(self) -> None:
+    def _register_new_params(self, grads=None) -> None:
         complete = True
         for gi, group in enumerate(self.param_groups):
             for p in group["params"]:
                 if p in self._where or p in self._empty_shards or p.numel() == 0:  # empty params: no state
                     continue
-                if p.grad is None:
+                if (p.grad if grads is None else grads.get(p)) is None:
                     complete = False
                     continue
                 if _local(p).numel() == 0:
@@ -331,11 +411,31 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._where[p] = (_device_key(local.device), pid)
         self.state[p] = _StateView(self, p)
 
-    def _push_hparams(self, dev: _DeviceState) -> None:
+    def _push_hparams(self, dev: _DeviceState, lrs=None) -> None:
+        """Gives the library the groups' hyper-parameters that changed since
+        the last push (lrs: None, or one float per group that replaces the
+        groups' "lr")."""
         for gi, group in enumerate(self.param_groups):
             hp = self._hparams(group)
+            if lrs is not None:
+                hp["lr"] = lrs[gi]
             key = tuple(sorted((k, tuple(v) if isinstance(v, (tuple, list)) else v) for k, v in hp.items()))
             if dev.pushed[gi] != key:
                 dev.handle.set_hparams(gi, **hp)
                 dev.pushed[gi] = key
 
+
+def _lr_tensor(lr):
+    """A group's lr as the lowbit::step op takes it: a tensor as it is (no
+    recompilation when a scheduler writes it in place), else a float64 tensor
+    of the number (its exact value)."""
+    return lr if isinstance(lr, torch.Tensor) else torch.tensor(lr, dtype=torch.float64)
+
+
+def _given_grads(dev: _DeviceState, grads: dict) -> list:
+    """The grads of a device's params, in its order, from {param: grad}
+    (their local shards for DTensor params)."""
+    local = [grads.get(p) for p in dev.params]
+    if dev.dtensor:
+        local = [None if g is None else _local(g) for g in local]
+    return local
