@@ -90,7 +90,8 @@ stage initcheck_graph 100 $CS --tool initcheck "$T/test_cuda_graph_capi" &
 stage synccheck_engine 100 $CS --tool synccheck "$T/test_cuda_engine_graph" &
 stage memcheck_functional 120 $CS --tool memcheck "$T/test_functional_step_cuda" &
 stage pytest_torch_cuda 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_torch_cuda.py" \
-  "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_arrays.py" "$ROOT/tests/python/test_main.py" -k "cuda or Cuda or CUDA or stream or captured" &
+  "$ROOT/tests/python/test_torch.py" "$ROOT/tests/python/test_arrays.py" "$ROOT/tests/python/test_main.py" \
+  "$ROOT/tests/python/test_torch_compile.py" -k "cuda or Cuda or CUDA or stream or captured" &
 stage pytest_jax_gpu 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/jax" &
 stage demo_cuda 150 python3 "$ROOT/examples/demo.py" --device cuda --steps 400 --no-plot &
 MPIRUN=${LOWBIT_MPIRUN:-$(command -v mpirun || true)}
