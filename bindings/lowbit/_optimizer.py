@@ -469,6 +469,11 @@ class Optimizer(Handle):
                 keep.append(ref)
             self._step_tensors(arr.cdata, n, s)
             del keep
+        return self._applied(h)
+
+    def _applied(self, h) -> bool:
+        """After a step: whether it was applied (CPU: the skip flag; CUDA:
+        True, the flag being valid only once the stream reaches the step)."""
         if self.device == Device.CPU:
             status = _last_step_skipped(h, self._i32)
             if status:
@@ -507,12 +512,7 @@ class Optimizer(Handle):
             arr = arr.cdata
         self._step_params_array(id_array, n, arr, s)
         del keep
-        if self.device == Device.CPU:
-            status = _last_step_skipped(h, self._i32)
-            if status:
-                raise failure("lowbit_optimizer_last_step_skipped", status, h)
-            return not self._i32[0]
-        return True
+        return self._applied(h)
 
     @locked
     def _step_params_array(self, id_array, n: int, grads_array, stream) -> None:

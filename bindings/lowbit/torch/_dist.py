@@ -194,3 +194,21 @@ def onebit_ddp_comm_hook(optimizer):
         return fut
 
     return hook
+
+
+def average_bucket_then(bucket, consume):
+    """The body of a DDP comm hook that steps after the reduction: averages
+    the bucket over the ranks (all_reduce of its flat buffer divided by the
+    world size, as DDP's default hook), then calls consume(params, grads)
+    with the bucket's params and their reduced gradients (views into the
+    buffer). Returns the future DDP waits for (step_in_backward, CPUOffload)."""
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    params, grads = bucket.parameters(), bucket.gradients()
+
+    def then(f):
+        out = f.value()[0]
+        consume(params, grads)
+        return out
+
+    return dist.all_reduce(buf, async_op=True).get_future().then(then)

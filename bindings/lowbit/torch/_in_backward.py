@@ -76,22 +76,14 @@ class StepInBackward:
         self._add(p, p.grad)
 
     def _ddp_hook(self, state, bucket):
-        import torch.distributed as dist
+        from ._dist import average_bucket_then
 
-        world = dist.get_world_size()
-        buf = bucket.buffer()
-        buf.div_(world)
-        fut = dist.all_reduce(buf, async_op=True).get_future()
-        params, grads = bucket.parameters(), bucket.gradients()
-
-        def step(f):
-            out = f.value()[0]
+        def step(params, grads):
             for p, g in zip(params, grads):
                 self._add(p, g, flush_now=False)
             self._flush_all(end=False)
-            return out
 
-        return fut.then(step)
+        return average_bucket_then(bucket, step)
 
     def _add(self, p: torch.Tensor, grad: torch.Tensor, flush_now: bool = True) -> None:
         opt = self._opt

@@ -270,24 +270,17 @@ class CPUOffload(torch.optim.Optimizer):
         self._on_grad(p, p.grad, end_of_backward=True)
 
     def _ddp_hook(self, state, bucket):
-        import torch.distributed as dist
+        from ._dist import average_bucket_then
 
-        buf = bucket.buffer()
-        buf.div_(dist.get_world_size())
-        fut = dist.all_reduce(buf, async_op=True).get_future()
-        params, grads = bucket.parameters(), bucket.gradients()
-
-        def then(f):
-            out = f.value()[0]
+        def then(params, grads):
             if not self._accumulating:
                 with self._lock:
                     for p, g in zip(params, grads):
                         if p in self._index:
                             self._on_grad(p, g, end_of_backward=False)
                     self._submit_bucket()
-            return out
 
-        return fut.then(then)
+        return average_bucket_then(bucket, then)
 
     def _on_grad(self, p: torch.Tensor, grad: torch.Tensor, end_of_backward: bool) -> None:
         with self._lock:
