@@ -27,35 +27,9 @@
 #include "lowbit.h"
 #include "../common/test_seed.h"
 
-#ifdef LOWBIT_TEST_CUDA
-#include <cuda_runtime.h>
-
+#include "test_device.h"
 #ifdef LOWBIT_TEST_EMULATED
 #include "emu_counters.h"
-#endif
-#define DEVICE LOWBIT_DEVICE_CUDA
-static void* dev_alloc(size_t bytes) {
-  void* p = NULL;
-  if (bytes == 0) return NULL;
-  assert_int_equal(cudaMalloc(&p, bytes), cudaSuccess);
-  assert_int_equal(cudaMemset(p, 0, bytes), cudaSuccess);
-  return p;
-}
-static void dev_free(void* p) { cudaFree(p); }
-static void to_dev(void* dst, const void* src, size_t bytes) {
-  if (bytes) assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-}
-static void to_host(void* dst, const void* src, size_t bytes) {
-  if (bytes) assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-static void sync_all(void) { assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); }
-#else
-#define DEVICE LOWBIT_DEVICE_CPU
-static void* dev_alloc(size_t bytes) { return bytes ? calloc(1, bytes) : NULL; }
-static void dev_free(void* p) { free(p); }
-static void to_dev(void* dst, const void* src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
-static void to_host(void* dst, const void* src, size_t bytes) { if (bytes) memcpy(dst, src, bytes); }
-static void sync_all(void) {}
 #endif
 
 #define NP 3
@@ -597,12 +571,6 @@ int main(int argc, char** argv) {
   };
   (void)argc;
   (void)argv;
-#if defined(LOWBIT_TEST_CUDA) && !defined(LOWBIT_TEST_EMULATED)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || !lowbit_has_cuda()) {
-    printf("no usable CUDA device or a library without CUDA: skipping\n");
-    return 77;
-  }
-#endif
+  if (skip_without_gpu()) return 77;
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

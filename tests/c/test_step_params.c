@@ -24,28 +24,7 @@
 #include "lowbit.h"
 #include "../common/test_seed.h"
 
-#ifdef LOWBIT_TEST_CUDA
-#include <cuda_runtime.h>
-#define DEVICE LOWBIT_DEVICE_CUDA
-static void* dev_alloc(size_t bytes) {
-  void* p = NULL;
-  assert_int_equal(cudaMalloc(&p, bytes), cudaSuccess);
-  return p;
-}
-static void dev_free(void* p) { cudaFree(p); }
-static void to_dev(void* dst, const void* src, size_t bytes) {
-  assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-}
-static void to_host(void* dst, const void* src, size_t bytes) {
-  assert_int_equal(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-}
-#else
-#define DEVICE LOWBIT_DEVICE_CPU
-static void* dev_alloc(size_t bytes) { return malloc(bytes); }
-static void dev_free(void* p) { free(p); }
-static void to_dev(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static void to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-#endif
+#include "test_device.h"
 
 #define NP 5
 static const int64_t kShape[NP][2] = {{1000, 0}, {48, 40}, {7, 0}, {300, 0}, {16, 20}};
@@ -351,12 +330,6 @@ int main(void) {
       cmocka_unit_test(test_bad_input), cmocka_unit_test(test_nonfinite_skips_the_call), cmocka_unit_test(test_adamw),
       cmocka_unit_test(test_adam),      cmocka_unit_test(test_lion),                     cmocka_unit_test(test_sgd),
   };
-#if defined(LOWBIT_TEST_CUDA) && !defined(LOWBIT_TEST_EMULATED)
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || !lowbit_has_cuda()) {
-    printf("no usable CUDA device or a library without CUDA: skipping\n");
-    return 77;
-  }
-#endif
+  if (skip_without_gpu()) return 77;
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
