@@ -210,6 +210,7 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_ONEBIT_ADAM = 5,  /* 1-bit Adam: docs/ALGORITHMS.md, section 3.1 */
   LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: docs/ALGORITHMS.md, section 3.2 */
   LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: docs/ALGORITHMS.md, section 3.3 */
+  LOWBIT_ALGORITHM_MUON = 8,         /* Muon (since 0.7): see "Muon" below */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
@@ -269,6 +270,43 @@ typedef enum lowbit_rounding {
   LOWBIT_ROUNDING_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_rounding_t;
 
+/* Muon (LOWBIT_ALGORITHM_MUON, since 0.7), as torch.optim.Muon: for a
+ * parameter of >= 2 dims (more dims are read as rows = dim 0, cols = the
+ * rest, as Keller Jordan's Muon reshapes conv weights),
+ *   m <- m + (1 - momentum) (g - m)            (the momentum, moment 0: any format)
+ *   u <- nesterov ? g + momentum (m - g) : m
+ *   O <- NS(u): X = u / max(||u||_F, eps), transposed when rows > cols; ns_steps
+ *        times A = X X^T, B = b A + c A A, X = a X + B X
+ *   p <- p (1 - lr weight_decay) - lr_adjusted O
+ * with lr_adjusted = lr * sqrt(max(1, rows / cols)) (ORIGINAL),
+ * 0.2 lr sqrt(max(rows, cols)) (MATCH_RMS_ADAMW), lr sqrt(rows / cols)
+ * (SPECTRAL_UNCLAMPED) or lr (NONE). The products go through a BLAS (CPU:
+ * the CBLAS found at build time; CUDA: cuBLAS) in the step's stream. A group
+ * of a MUON optimizer may set hparams.algorithm to ADAMW (or ADAM, LION,
+ * SGD): its params take that algorithm's step, in any state format (the
+ * usual hybrid: matrices with Muon, embeddings, heads, norms and biases with
+ * AdamW). A parameter of < 2 dims in a Muon group is refused at
+ * registration. Muon steps matrices in batches of equal shape through a
+ * workspace of the batch's fp32 update plus its Newton-Schulz products
+ * (lowbit_optimizer_workspace_bytes). */
+typedef enum lowbit_muon_lr_adjust {
+  LOWBIT_MUON_LR_ORIGINAL = 0, /* sqrt(max(1, rows / cols)): torch's default */
+  LOWBIT_MUON_LR_MATCH_RMS_ADAMW = 1,
+  LOWBIT_MUON_LR_SPECTRAL_UNCLAMPED = 2,
+  LOWBIT_MUON_LR_NONE = 3,
+  LOWBIT_MUON_LR_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_MUON_LR_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_muon_lr_adjust_t;
+
+typedef enum lowbit_ns_precision {
+  LOWBIT_NS_PRECISION_DEFAULT = 0, /* CPU: FP32; CUDA: BF16 */
+  LOWBIT_NS_PRECISION_FP32 = 1,    /* fp32 products, fp32 results */
+  LOWBIT_NS_PRECISION_BF16 = 2,    /* torch.optim.Muon's: the update, the norm and every product
+                                      rounded to bf16 (products of bf16 values, fp32 accumulation) */
+  LOWBIT_NS_PRECISION_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_NS_PRECISION_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_ns_precision_t;
+
 /* Hyper-parameters of one parameter group. All may change between steps. */
 typedef struct lowbit_hparams {
   size_t struct_size;
@@ -281,6 +319,14 @@ typedef struct lowbit_hparams {
   float dampening;    /* SGD, in [0, 1] */
   int32_t nesterov;   /* SGD: 0/1, requires momentum > 0 and dampening == 0 */
   int32_t bias_correction; /* Adam: 0/1 */
+  /* Since 0.7 (struct_size of older callers still accepted: the defaults
+   * below). */
+  lowbit_algorithm_t algorithm; /* the group's algorithm: 0 = the optimizer's; a MUON
+                                   optimizer's group may say ADAMW, ADAM, LION or SGD */
+  int32_t ns_steps;             /* Muon: Newton-Schulz iterations, 1..100 (default 5) */
+  float ns_coefficients[3];     /* Muon: the quintic's (a, b, c), finite (3.4445, -4.775, 2.0315) */
+  lowbit_muon_lr_adjust_t adjust_lr; /* Muon: torch.optim.Muon's adjust_lr_fn */
+  lowbit_ns_precision_t ns_precision; /* Muon: how the products are rounded */
 } lowbit_hparams_t;
 
 /* Fills struct_size and the usual defaults for `algorithm`
@@ -586,6 +632,11 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_param_info(lowbit_optimizer_t opt, i
 
 /* Bytes of optimizer state of one param, or of all when param_id == -1. */
 LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, int64_t param_id, int64_t* out);
+/* Since 0.7: the bytes of step workspace the optimizer holds on its device
+ * besides its state (Muon: its batch of fp32 updates twice, their Gram
+ * matrices and products; 0 for the element-wise algorithms). Allocated at
+ * registration, never in a step. */
+LOWBIT_API lowbit_status_t lowbit_optimizer_workspace_bytes(lowbit_optimizer_t opt, int64_t* out);
 
 /* Copies one moment (0: first, 1: second) of a param, dequantized, into a
  * caller buffer of numel floats on the host. Blocking, after the work on

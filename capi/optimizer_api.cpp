@@ -20,6 +20,7 @@
 #include "core/optimizer.hpp"
 #include "core/validation.hpp"
 #include "distributed/onebit_optimizer.hpp"
+#include "muon/muon_optimizer.hpp"
 #include "struct_abi.hpp"
 
 struct lowbit_optimizer {
@@ -60,7 +61,9 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, cons
     LOWBIT_REQUIRE_PTR(hparams, "hparams");
     const lowbit_optimizer_config_t full = read_config(config, "config");
     auto handle = std::make_unique<lowbit_optimizer>();
-    handle->impl = lowbit::distributed::make_optimizer(full, read_hparams(hparams, full.algorithm));
+    const lowbit_hparams_t h = read_hparams(hparams, full.algorithm);
+    handle->impl = full.algorithm == LOWBIT_ALGORITHM_MUON ? lowbit::muon::make_optimizer(full, h)
+                                                           : lowbit::distributed::make_optimizer(full, h);
     *out = handle.release();
   });
 }
@@ -198,6 +201,13 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_state_bytes(lowbit_optimizer_t opt, 
   return on_handle(opt, [&](lowbit::Optimizer& o) {
     LOWBIT_REQUIRE_PTR(out, "out");
     *out = o.state_bytes(param_id);
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_optimizer_workspace_bytes(lowbit_optimizer_t opt, int64_t* out) {
+  return on_handle(opt, [&](lowbit::Optimizer& o) {
+    LOWBIT_REQUIRE_PTR(out, "out");
+    *out = o.extension() ? o.extension()->workspace_bytes() : 0;
   });
 }
 

@@ -96,6 +96,13 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
     for (float f : {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.momentum, h.dampening}) w.put<float>(f);
     w.put<int32_t>(h.nesterov);
     w.put<int32_t>(h.bias_correction);
+    if (config_.algorithm == LOWBIT_ALGORITHM_MUON) {  // a Muon checkpoint's groups also hold these
+      w.put<int32_t>(int32_t(h.algorithm));
+      w.put<int32_t>(h.ns_steps);
+      for (float f : h.ns_coefficients) w.put<float>(f);
+      w.put<int32_t>(int32_t(h.adjust_lr));
+      w.put<int32_t>(int32_t(h.ns_precision));
+    }
   }
   std::vector<uint8_t> data, scales;
   std::vector<float> values;
@@ -168,7 +175,7 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   // Saturating: a sum past 2^64 only makes the bound larger.
   auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
   auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
-  const uint64_t fixed = 56, group = 36, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
+  const uint64_t fixed = 56, group = config_.algorithm == LOWBIT_ALGORITHM_MUON ? 64 : 36, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
   uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
   for (const ParamState& p : params_) {
     const uint64_t n = uint64_t(p.param.numel);
@@ -225,6 +232,13 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       *f = r.get<float>("hparams");
     h.nesterov = r.get<int32_t>("nesterov");
     h.bias_correction = r.get<int32_t>("bias_correction");
+    if (config_.algorithm == LOWBIT_ALGORITHM_MUON) {
+      h.algorithm = lowbit_algorithm_t(r.get<int32_t>("algorithm"));
+      h.ns_steps = r.get<int32_t>("ns_steps");
+      for (float& f : h.ns_coefficients) f = r.get<float>("ns_coefficients");
+      h.adjust_lr = lowbit_muon_lr_adjust_t(r.get<int32_t>("adjust_lr"));
+      h.ns_precision = lowbit_ns_precision_t(r.get<int32_t>("ns_precision"));
+    }
     try {
       check_hparams(h, config_.algorithm);
     } catch (const Error& e) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_matmul.hpp"
 #include "cpu_pass.hpp"
 #include "cpu_shaped.hpp"
 #include "cpu_step.hpp"
@@ -97,6 +98,7 @@ class CpuEngine final : public Engine {
     check_count(num_params, "step");
     const int64_t shared = ctl.shared_count ? int64_t(*ctl.shared_count) : ctl.host_count;
     bool skip = ctl.shared_count && ctl.host_count >= 0 && int64_t(*ctl.shared_count) != ctl.host_count;
+    skip |= ctl.continue_step && skipped_;
     for (size_t i = 0; i < params_.size(); ++i) {
       grads_[i] = grads[i];
       if (!grads[i].data) continue;
@@ -122,7 +124,9 @@ class CpuEngine final : public Engine {
       for (int64_t k = 0; k < n; ++k) {
         const Chunk& c = chunks_[size_t(k)];
         const size_t i = size_t(c.param);
-        if (grads_[i].data) step_chunk(algo, params_[i], grads_[i], scalars_[i], keys_[i], c);
+        if (grads_[i].data)
+          step_chunk(algo, params_[i], grads_[i], scalars_[i], keys_[i], c,
+                     ctl.flat_out ? ctl.flat_out + offsets_[i] : nullptr);
       }
       shaped_.after_step(params_, grads_);
       if (shared < 0)
@@ -133,6 +137,15 @@ class CpuEngine final : public Engine {
   }
 
   bool last_step_skipped() const override { return skipped_; }
+
+  void begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void*) override {
+    check_count(num_params, "begin_step");
+    std::copy(grads, grads + num_params, grads_.begin());
+    skipped_ = check_nonfinite && any_nonfinite();
+  }
+
+  void reserve_matmul() override {}
+  void matmul(const Matmul& mm, void*) override { cpu_matmul(mm, num_threads_); }
 
   void read_steps(int64_t* out, int64_t num_params, void*) override {
     check_count(num_params, "read_steps");
@@ -164,7 +177,7 @@ class CpuEngine final : public Engine {
       const CpuPassTables t{params_.data(), chunks_.data(),  int64_t(params_.size()), int64_t(chunks_.size()),
                             groups_.data(), scalars_.data(), keys_.data(),            grads_.data(),
                             hparams_.data(), offsets_.data(), masks_.data(),          partials_.data(),
-                            &skipped_,      num_threads_,    parallel()};
+                            &skipped_,      st.stepped_only, num_threads_,                  parallel()};
       pass.run_cpu(t);
     }
     if (st.end && !skipped_)

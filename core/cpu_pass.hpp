@@ -31,6 +31,7 @@ struct CpuPassTables {
   const uint8_t* const* masks;
   PassPartial* partials;  // one per chunk
   bool* skipped;          // the step's skip flag
+  bool stepped_only;      // PassStep::stepped_only
   int num_threads;
   bool parallel;  // enough elements to wake the OpenMP team
 };
@@ -115,7 +116,7 @@ void chunk(const CpuPassTables& t, const Rule& rule, int64_t k) {
   const uint64_t key = t.keys[i];
   const int64_t off = t.flat_offsets[i];
   const uint8_t* mask = (T & kIoMask) ? t.masks[i] : nullptr;
-  if (Rule::kMaskedOnly && !mask) return;
+  if ((Rule::kMaskedOnly && !mask) || (t.stepped_only && !gv.data)) return;
   float* m = (T & kIoM) ? static_cast<float*>(pv.moment[0].data) : nullptr;
   float* v = (T & kIoV) ? static_cast<float*>(pv.moment[1].data) : nullptr;
   float* x = (T & kIoX) ? rule.x + off : nullptr;
@@ -214,6 +215,7 @@ void run_cpu_pass(const CpuPassTables& t, const Rule& rule, const PassStep& step
         s.b += t.partials[k].b;
         s.max = std::max(s.max, t.partials[k].max);
       }
+      if (t.stepped_only && !t.grads[i].data) continue;
       const int32_t g = t.groups[i];
       rule.finish(PassParam{i, t.params[i].numel, g, &t.scalars[i], &t.hparams[g]}, s);
     }

@@ -251,6 +251,7 @@ void CpuShapedPass::before_step(Algo algo, const std::vector<ParamView>& params,
       case Algo::Adam: stat_item<Algo::Adam>(params[i], grads[i], scalars[i], it, part, colmax); break;
       case Algo::Lion: stat_item<Algo::Lion>(params[i], grads[i], scalars[i], it, part, colmax); break;
       case Algo::Sgd: stat_item<Algo::Sgd>(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::Muon: stat_item<Algo::Muon>(params[i], grads[i], scalars[i], it, part, colmax); break;
     }
   }
   for (size_t i : shaped_)

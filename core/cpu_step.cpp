@@ -79,13 +79,14 @@ class TilePrefetch {
 // fp32 tensors are updated where they lie; the others go through the tile's
 // fp32 arrays (decoded or loaded before the update, encoded or stored after).
 void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
-                const Chunk& c) {
+                const Chunk& c, float* out) {
   Tile t;
   // A grad that shares memory with its param goes through the tile
   // (update_tile's arrays are __restrict, and the param is written in place).
-  float* const p_fp32 = pv.param_dtype == LOWBIT_DTYPE_FLOAT32 ? static_cast<float*>(pv.param) : nullptr;
-  const float* const g_fp32 =
-      grad.dtype == LOWBIT_DTYPE_FLOAT32 && grad_apart(pv, grad) ? static_cast<const float*>(grad.data) : nullptr;
+  float* const p_fp32 = out ? out : pv.param_dtype == LOWBIT_DTYPE_FLOAT32 ? static_cast<float*>(pv.param) : nullptr;
+  const float* const g_fp32 = grad.dtype == LOWBIT_DTYPE_FLOAT32 && (out || grad_apart(pv, grad))
+                                  ? static_cast<const float*>(grad.data)
+                                  : nullptr;
   float* const m_fp32 = fp32_moment(pv, 0);
   float* const v_fp32 = fp32_moment(pv, 1);
   const bool code_m = pv.num_moments > 0 && !m_fp32, code_v = pv.num_moments > 1 && !v_fp32;
@@ -123,6 +124,7 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
       case Algo::Adam: update_tile<Algo::Adam>(s, n, p, g, m, v); break;
       case Algo::Lion: update_tile<Algo::Lion>(s, n, p, g, m, v); break;
       case Algo::Sgd: update_tile<Algo::Sgd>(s, n, p, g, m, v); break;
+      case Algo::Muon: update_tile<Algo::Muon>(s, n, p, g, m, v); break;
     }
     if (code_m) {
       if (shaped_m)

@@ -18,9 +18,10 @@ inline bool shaped_moment(const ParamView& pv, int k) {
 
 // One step of `algo` over chunk c of a parameter (its scalars s and rounding
 // key of this step): fp32 tensors are updated where they lie, the others go
-// through a tile's fp32 arrays.
+// through a tile's fp32 arrays. out: where the new values go instead of the
+// param (StepControl::flat_out at the param's offset), or null.
 void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
-                const Chunk& c);
+                const Chunk& c, float* out = nullptr);
 
 // Whether chunk c of a gradient holds a NaN or Inf.
 bool chunk_has_nonfinite(const GradView& grad, const Chunk& c);

@@ -23,7 +23,19 @@ lowbit_hparams_t default_hparams(lowbit_algorithm_t algorithm) {
     h.beta2 = 0.99f;
   } else if (algorithm == LOWBIT_ALGORITHM_SGD) {
     h.lr = 1e-2f;
+  } else if (algorithm == LOWBIT_ALGORITHM_MUON) {  // torch.optim.Muon's
+    h.weight_decay = 0.1f;
+    h.momentum = 0.95f;
+    h.nesterov = 1;
+    h.eps = 1e-7f;
   }
+  h.algorithm = algorithm;
+  h.ns_steps = 5;
+  h.ns_coefficients[0] = 3.4445f;
+  h.ns_coefficients[1] = -4.7750f;
+  h.ns_coefficients[2] = 2.0315f;
+  h.adjust_lr = LOWBIT_MUON_LR_ORIGINAL;
+  h.ns_precision = LOWBIT_NS_PRECISION_DEFAULT;
   return h;
 }
 

@@ -67,6 +67,31 @@ struct StepControl {
   // (core/layout_record.hpp); a parameter whose entry differs from how it is bound
   // makes the step change nothing.
   const int32_t* layout = nullptr;
+  // When set: the step writes each stepped param's new value, in fp32, to
+  // flat_out + its flat offset (bind_flat) instead of the param, which it
+  // neither reads nor changes (Muon's momentum step, whose output is the
+  // matrix Newton-Schulz orthogonalises).
+  float* flat_out = nullptr;
+  // This call continues a step opened by begin_step(): it takes that step's
+  // skip decision (and its own checks add to it) instead of making a new one.
+  bool continue_step = false;
+};
+
+// C = alpha op(A) op(B) + beta D for `batch` row-major fp32 matrices in engine
+// memory, each contiguous (C, D: m x n; op(A): m x k; op(B): k x n), matrix i
+// at base + i * stride. D may be C; beta 0 ignores D. bf16: A and B hold
+// bf16 values (the products may use bf16 arithmetic: they are exact) and C
+// is rounded to bf16 (to nearest even) after the sum.
+struct Matmul {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool trans_a = false, trans_b = false;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  const float* d = nullptr;
+  float* c = nullptr;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // D has C's stride
+  float alpha = 1.f, beta = 0.f;
+  bool bf16 = false;
 };
 
 class Engine {
@@ -113,6 +138,19 @@ class Engine {
   // The engine's per-parameter step counts (blocking, after `stream`).
   virtual void read_steps(int64_t* out, int64_t num_params, void* stream) = 0;
   virtual void write_steps(const int64_t* in, int64_t num_params, void* stream) = 0;
+
+  // Opens a step that runs as several calls (steps with
+  // StepControl::continue_step, passes that honour the skip flag): the skip
+  // flag is set when check_nonfinite and a gradient given holds NaN or Inf,
+  // else cleared. Only enqueues.
+  virtual void begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void* stream) = 0;
+
+  // ---- matrix products (Muon's Newton-Schulz iterations)
+  // Readies the BLAS (may allocate and wait: registration time).
+  virtual void reserve_matmul() = 0;
+  // Enqueues one batched product (after reserve_matmul). A product runs even
+  // in a skipped step; what it writes is the caller's workspace.
+  virtual void matmul(const Matmul& mm, void* stream) = 0;
 
   // ---- passes (core/pass.hpp): the operations of the algorithms above the
   // fused step (distributed/).

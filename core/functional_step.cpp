@@ -92,6 +92,9 @@ void make_state_record(const lowbit_state_plan_t& plan, const Shape& shape, int3
 
 FunctionalStepper::FunctionalStepper(const lowbit_optimizer_config_t& config) : config_(config) {
   check_config(config);
+  LOWBIT_REQUIRE(config.algorithm != LOWBIT_ALGORITHM_MUON, LOWBIT_ERROR_UNSUPPORTED,
+                 "algorithm = Muon: the functional step runs AdamW, Adam, Lion and SGD (Muon's Newton-Schulz "
+                 "products need a handle's workspace; use lowbit_optimizer_create)");
   LOWBIT_REQUIRE(!is_onebit_algorithm(config.algorithm), LOWBIT_ERROR_UNSUPPORTED, "algorithm = ",
                  int(config.algorithm), ": the functional step runs AdamW, Adam, Lion and SGD (the ",
                  onebit_algorithm_name(config.algorithm), " optimizer needs a handle and a communicator)");

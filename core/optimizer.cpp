@@ -52,6 +52,10 @@ void Optimizer::set_hparams(int32_t group, const lowbit_hparams_t& h) {
     for (const ParamState& p : params_)
       LOWBIT_REQUIRE(p.group != group || p.num_moments == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ", h.momentum,
                      ": group ", group, " was registered without momentum, so its params have no momentum buffer");
+  if (group_algorithm(h, config_.algorithm) != group_algorithm(groups_[size_t(group)], config_.algorithm))
+    for (const ParamState& p : params_)
+      LOWBIT_REQUIRE(p.group != group, LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", int(h.algorithm), ": group ",
+                     group, " has params, whose state was laid out for its algorithm at registration");
   groups_[size_t(group)] = h;
   push_hparams();
 }
@@ -202,8 +206,6 @@ void Optimizer::step(const lowbit_tensor_t* grads, int64_t num_grads, void* stre
 }
 
 void Optimizer::step_params(const int64_t* ids, int64_t n, const lowbit_tensor_t* grads, void* stream) {
-  LOWBIT_REQUIRE(!extension_, LOWBIT_ERROR_UNSUPPORTED, "step_params: ", onebit_algorithm_name(config_.algorithm),
-                 " steps every param together (one exchange per step); use lowbit_optimizer_step");
   LOWBIT_REQUIRE(ids != nullptr, LOWBIT_ERROR_NULL_POINTER, "ids is NULL");
   LOWBIT_REQUIRE(n >= 1 && n <= num_params(), LOWBIT_ERROR_INVALID_ARGUMENT, "num_ids = ", n, " must be in [1, ",
                  num_params(), "] (the registered params)");
@@ -220,6 +222,10 @@ void Optimizer::step_params(const int64_t* ids, int64_t n, const lowbit_tensor_t
                    grads ? ": grads[k].data is NULL" : " has no registered gradient (lowbit_optimizer_set_grad)");
     if (grads) check_grad(t, params_[size_t(id)], concat("grads[", k, "]").c_str());
     g = GradView{t.data, t.dtype};
+  }
+  if (extension_) {
+    extension_->step_subset(grads_.data(), stream);
+    return;
   }
   StepControl ctl;
   ctl.check_nonfinite = config_.skip_nonfinite != 0;

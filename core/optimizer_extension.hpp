@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "checkpoint_io.hpp"
+#include "error.hpp"
 #include "lowbit.h"
 
 namespace lowbit {
@@ -20,6 +21,15 @@ class OptimizerExtension {
   virtual void params_changed() = 0;
   // Takes over Optimizer::step (same arguments).
   virtual void step(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream) = 0;
+  // Takes over Optimizer::step_params: grads[i] set for the params to step.
+  virtual void step_subset(const struct GradView* grads, void* stream) {
+    (void)grads, (void)stream;
+    fail(LOWBIT_ERROR_UNSUPPORTED, "step_params: this algorithm steps every param together (one exchange per "
+         "step); use lowbit_optimizer_step");
+  }
+  // Bytes of step workspace the extension holds (not state: nothing in it
+  // outlives a step).
+  virtual int64_t workspace_bytes() const { return 0; }
   // set_step or a checkpoint load changed the step counts (or freeze_step).
   virtual void steps_changed(void* stream) = 0;
   // Bytes of state beyond the parameters' own.

@@ -119,6 +119,9 @@ struct PassStep {
   bool honor_skip = false;   // a skipped step: the pass changes nothing
   bool skip_on_bad = false;  // a reduction that saw `bad` skips the step (before the finish)
   bool end = false;          // closes the step: step counts + 1 unless skipped
+  // Sweeps only the params whose gradient in this pass's step is set (a
+  // step of some of the params).
+  bool stepped_only = false;
 };
 
 // What every rule starts from: no flat buffers, no reduction, no finish,

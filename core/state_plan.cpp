@@ -50,7 +50,8 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   check_tensor_bytes(numel, c.param.dtype, "param");
 
   StatePlan plan;
-  plan.num_moments = moment_count(config.algorithm, hparams.momentum);
+  const lowbit_algorithm_t algorithm = group_algorithm(hparams, config.algorithm);
+  plan.num_moments = moment_count(algorithm, hparams.momentum);
   const lowbit_state_format_t first =
       resolve(c.state_format, config.state_format, numel, config.min_quantized_numel);
   // The second moment follows, in order: its own override, the param's
@@ -90,10 +91,13 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   }
   check_normalization(c.first_normalization, "first_normalization", false);
   check_normalization(c.second_normalization, "second_normalization", true);
-  const bool adam = config.algorithm == LOWBIT_ALGORITHM_ADAMW || config.algorithm == LOWBIT_ALGORITHM_ADAM;
+  const bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM;
   LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(config.algorithm), ")");
+                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(algorithm), ")");
   const bool shaped = c.ndim >= 2;
+  LOWBIT_REQUIRE(algorithm != LOWBIT_ALGORITHM_MUON || shaped, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", c.ndim,
+                 ": Muon orthogonalises matrices, so a param of its group needs a shape of at least 2 dims; put "
+                 "1-D params (biases, norms) in a group whose hparams.algorithm is LOWBIT_ALGORITHM_ADAMW");
   const lowbit_normalization_t own[2] = {c.first_normalization, c.second_normalization};
   const lowbit_normalization_t dflt[2] = {config.first_normalization, config.second_normalization};
   const char* field[2] = {"first_normalization", "second_normalization"};

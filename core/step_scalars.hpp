@@ -19,6 +19,7 @@ inline Algo engine_algo(lowbit_algorithm_t a) {
     case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
     case LOWBIT_ALGORITHM_LION: return Algo::Lion;
     case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
+    case LOWBIT_ALGORITHM_MUON: return Algo::Muon;
     default: return Algo::AdamW;  // AdamW, and 1-bit Adam's decoupled decay as in DeepSpeed
   }
 }
@@ -31,7 +32,10 @@ inline Algo engine_algo(lowbit_algorithm_t a) {
 LOWBIT_HD bool hparams_valid(const lowbit_hparams_t& h, Algo algo, int num_moments) {
   const float kMax = 3.40282347e38f;
   bool ok = h.lr >= 0.f && h.lr <= kMax && h.weight_decay >= 0.f && h.weight_decay <= kMax;
-  if (algo != Algo::Sgd) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
+  if (algo == Algo::Muon)
+    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && (h.nesterov == 0 || h.nesterov == 1) && h.eps > 0.f &&
+         h.eps <= kMax;
+  if (algo != Algo::Sgd && algo != Algo::Muon) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
   if (algo == Algo::AdamW || algo == Algo::Adam)
     ok = ok && h.eps > 0.f && h.eps <= kMax && (h.bias_correction == 0 || h.bias_correction == 1);
   if (algo == Algo::Sgd)

@@ -23,7 +23,7 @@ struct StepScalars {
   int first_step;       // SGD: the momentum buffer starts as the gradient
 };
 
-enum class Algo { AdamW, Adam, Lion, Sgd };
+enum class Algo { AdamW, Adam, Lion, Sgd, Muon };
 
 // The largest second moment: the largest bf16, 3.3895e38 (bits 0x7F7F0000),
 // which every state format holds. A finite gradient whose square would take
@@ -48,6 +48,9 @@ LOWBIT_HD float lion_momentum(const StepScalars& s, float m, float g) { return s
 LOWBIT_HD float sgd_momentum(const StepScalars& s, float m, float g) {
   return s.first_step ? g : s.momentum * m + (1.f - s.dampening) * g;
 }
+// Muon's momentum as torch.optim.Muon writes it, buf.lerp_(grad, 1 - momentum)
+// (torch's lerp for a weight below 0.5: start + weight * (end - start)).
+LOWBIT_HD float muon_momentum(const StepScalars& s, float m, float g) { return m + (1.f - s.momentum) * (g - m); }
 LOWBIT_HD float l2_decayed_grad(const StepScalars& s, float p, float g) { return g + s.weight_decay * p; }
 
 template <Algo A>
@@ -93,6 +96,18 @@ LOWBIT_HD void update_element<Algo::Sgd>(const StepScalars& s, float& p, float g
   p -= s.lr * g;
 }
 
+// Muon's element-wise part: the momentum, and in p the matrix that
+// Newton-Schulz orthogonalises (the param itself is updated after it,
+// muon/muon_rules.hpp): grad.lerp(buf, momentum) with Nesterov (torch's lerp
+// for a weight of 0.5 or more: end - (end - start) * (1 - weight)), else the
+// momentum. The step writes p to a workspace (StepControl::flat_out), never
+// to the param.
+template <>
+LOWBIT_HD void update_element<Algo::Muon>(const StepScalars& s, float& p, float g, float& m, float&) {
+  m = muon_momentum(s, m, g);
+  p = s.nesterov ? m - (m - g) * (1.f - s.momentum) : m;
+}
+
 // Whether A's moments depend on the param (L2 decay adds it to the grad).
 template <Algo A>
 constexpr bool kMomentsReadParam = A == Algo::Adam || A == Algo::Sgd;
@@ -110,6 +125,8 @@ LOWBIT_HD void update_moments(const StepScalars& s, float p, float g, float& m, 
     if (kFirst) m = lion_momentum(s, m, g);
   } else if (A == Algo::Sgd) {
     if (kFirst && s.momentum != 0.f) m = sgd_momentum(s, m, g);
+  } else if (A == Algo::Muon) {
+    if (kFirst) m = muon_momentum(s, m, g);
   }
 }
 
@@ -135,7 +152,8 @@ inline int moment_count(lowbit_algorithm_t algo, float momentum) {
     case LOWBIT_ALGORITHM_ONEBIT_ADAM:
     case LOWBIT_ALGORITHM_ZEROONE_ADAM:
     case LOWBIT_ALGORITHM_ONEBIT_LAMB: return 2;
-    case LOWBIT_ALGORITHM_LION: return 1;
+    case LOWBIT_ALGORITHM_LION:
+    case LOWBIT_ALGORITHM_MUON: return 1;
     case LOWBIT_ALGORITHM_SGD: return momentum != 0.f ? 1 : 0;
     default: return 0;
   }

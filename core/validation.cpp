@@ -21,7 +21,7 @@ void check_struct_size(size_t got, size_t expected, const char* what) {
 }
 
 void check_algorithm(lowbit_algorithm_t a) {
-  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_ONEBIT_LAMB, LOWBIT_ERROR_INVALID_ARGUMENT,
+  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_MUON, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "algorithm = ", int(a), " is not a lowbit_algorithm_t value");
 }
 
@@ -31,7 +31,20 @@ void check_unit_interval(float x, const char* field) {
 }
 }  // namespace
 
-void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
+lowbit_algorithm_t group_algorithm(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algorithm) {
+  return h.algorithm != 0 ? h.algorithm : optimizer_algorithm;
+}
+
+void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algorithm) {
+  const lowbit_algorithm_t algorithm = group_algorithm(h, optimizer_algorithm);
+  if (algorithm != optimizer_algorithm) {
+    check_algorithm(h.algorithm);
+    LOWBIT_REQUIRE(optimizer_algorithm == LOWBIT_ALGORITHM_MUON && algorithm >= LOWBIT_ALGORITHM_ADAMW &&
+                       algorithm <= LOWBIT_ALGORITHM_SGD,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", int(h.algorithm),
+                   ": only a Muon optimizer's groups may take another algorithm (AdamW, Adam, Lion or SGD; the "
+                   "optimizer's algorithm is ", int(optimizer_algorithm), ")");
+  }
   LOWBIT_REQUIRE(std::isfinite(h.lr) && h.lr >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "lr = ", h.lr,
                  " must be finite and >= 0");
   LOWBIT_REQUIRE(std::isfinite(h.weight_decay) && h.weight_decay >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT,
@@ -59,6 +72,22 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm) {
     LOWBIT_REQUIRE(!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f), LOWBIT_ERROR_INVALID_ARGUMENT,
                    "nesterov = 1 requires momentum > 0 and dampening = 0 (got momentum = ", h.momentum,
                    ", dampening = ", h.dampening, ")");
+  }  if (algorithm == LOWBIT_ALGORITHM_MUON) {
+    check_unit_interval(h.momentum, "momentum");
+    check_flag(h.nesterov, "nesterov", false);
+    LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
+                   " must be finite and > 0");
+    LOWBIT_REQUIRE(h.ns_steps >= 1 && h.ns_steps < 100, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_steps = ", h.ns_steps,
+                   " must be in 1..99 (Newton-Schulz iterations; torch.optim.Muon also refuses 100 or more)");
+    for (int k = 0; k < 3; ++k)
+      LOWBIT_REQUIRE(std::isfinite(h.ns_coefficients[k]), LOWBIT_ERROR_INVALID_ARGUMENT, "ns_coefficients[", k,
+                     "] = ", h.ns_coefficients[k], " must be finite");
+    LOWBIT_REQUIRE(h.adjust_lr >= LOWBIT_MUON_LR_ORIGINAL && h.adjust_lr <= LOWBIT_MUON_LR_NONE,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "adjust_lr = ", int(h.adjust_lr),
+                   " is not a lowbit_muon_lr_adjust_t value");
+    LOWBIT_REQUIRE(h.ns_precision >= LOWBIT_NS_PRECISION_DEFAULT && h.ns_precision <= LOWBIT_NS_PRECISION_BF16,
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "ns_precision = ", int(h.ns_precision),
+                   " is not a lowbit_ns_precision_t value");
   }
 }
 
@@ -155,6 +184,7 @@ const char* onebit_algorithm_name(lowbit_algorithm_t a) {
     case LOWBIT_ALGORITHM_ONEBIT_ADAM: return "1-bit Adam";
     case LOWBIT_ALGORITHM_ZEROONE_ADAM: return "0/1 Adam";
     case LOWBIT_ALGORITHM_ONEBIT_LAMB: return "1-bit LAMB";
+    case LOWBIT_ALGORITHM_MUON: return "Muon";
     default: return "this algorithm";
   }
 }

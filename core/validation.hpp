@@ -33,6 +33,8 @@ bool is_onebit_algorithm(lowbit_algorithm_t algorithm);
 const char* onebit_algorithm_name(lowbit_algorithm_t algorithm);
 void check_onebit_options(const lowbit_onebit_options_t& options);
 void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t algorithm);
+// A group's algorithm: hparams.algorithm, or the optimizer's where it is 0.
+lowbit_algorithm_t group_algorithm(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algorithm);
 void check_config(const lowbit_optimizer_config_t& c);
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default);
 // A tensor on `device`; `what` names it in messages ("param", "grads[3]").

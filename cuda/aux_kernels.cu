@@ -34,6 +34,13 @@ void launch_finalize(const FinalizeArgs& args, void* stream) {
                     static_cast<cudaStream_t>(stream)>>>(args);
 }
 
+void launch_round_bf16(float* x, int64_t n, void* stream) {
+  if (n <= 0) return;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  round_bf16_kernel<<<dim3(unsigned(blocks < 4096 ? blocks : 4096)), dim3(kThreads), 0,
+                      static_cast<cudaStream_t>(stream)>>>(x, n);
+}
+
 void launch_skip_if_positive(const float* value, int32_t* flag, void* stream) {
   skip_if_positive_kernel<<<dim3(1), dim3(1), 0, static_cast<cudaStream_t>(stream)>>>(value, flag);
 }

@@ -483,6 +483,7 @@ void CudaEngine::launch_shaped(Algo algo, int phase, void* stream) {
       case Algo::Adam: launch_stats<Algo::Adam>(a, ni, stream); break;
       case Algo::Lion: launch_stats<Algo::Lion>(a, ni, stream); break;
       case Algo::Sgd: launch_stats<Algo::Sgd>(a, ni, stream); break;
+      case Algo::Muon: launch_stats<Algo::Muon>(a, ni, stream); break;
     }
     check(cudaGetLastError(), "launching pass 1 of the shaped parameters");
     launch_shaped_mid(a, ns, stream);
@@ -567,7 +568,7 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
   LOWBIT_REQUIRE(group_cap_ > 0, LOWBIT_ERROR_INTERNAL, "step: no hyper-parameters were set");
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   upload_step_tables(grads, stream);
-  check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), s), "cudaMemsetAsync");
+  if (!ctl.continue_step) check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), s), "cudaMemsetAsync");
   prepare(algo, ctl, -1, stream);
   const int64_t num_chunks = int64_t(bound_chunks_.size());
   if (ctl.check_nonfinite) {
@@ -582,12 +583,17 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
   a.chunks = chunks_;
   a.maps = maps_;
   a.skip_flag = flag_;
+  a.out = ctl.flat_out;
+  a.flat = flat_;
+  LOWBIT_REQUIRE((algo == Algo::Muon) == (ctl.flat_out != nullptr), LOWBIT_ERROR_INTERNAL,
+                 "step: flat_out is Muon's (and Muon's step needs it)");
   launch_shaped(algo, 0, stream);
   switch (algo) {
     case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
     case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
     case Algo::Lion: launch_step<Algo::Lion>(a, num_chunks, stream); break;
     case Algo::Sgd: launch_step<Algo::Sgd>(a, num_chunks, stream); break;
+    case Algo::Muon: launch_step<Algo::Muon>(a, num_chunks, stream); break;
   }
   check(cudaGetLastError(), "launching the step kernel");
   launch_shaped(algo, 1, stream);
@@ -612,6 +618,28 @@ void CudaEngine::write_steps(const int64_t* in, int64_t num_params, void* stream
   check(cudaMemcpyAsync(steps_, in, size_t(num_params) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
         "writing step counts");
   check(cudaStreamSynchronize(s), "waiting for the step counts");
+}
+
+void CudaEngine::begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void* stream) {
+  DeviceGuard guard(device_);
+  check_count(num_params, "begin_step");
+  upload_step_tables(grads, stream);
+  check(cudaMemsetAsync(flag_, 0, sizeof(int32_t), static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  if (check_nonfinite) {
+    launch_check(CheckArgs{params_, dyn_, chunks_, flag_}, int64_t(bound_chunks_.size()), stream);
+    check(cudaGetLastError(), "launching the non-finite check");
+  }
+}
+
+void CudaEngine::reserve_matmul() {
+  DeviceGuard guard(device_);
+  if (!blas_) blas_ = std::make_unique<Blas>(device_);
+}
+
+void CudaEngine::matmul(const Matmul& mm, void* stream) {
+  DeviceGuard guard(device_);
+  LOWBIT_REQUIRE(blas_ != nullptr, LOWBIT_ERROR_INTERNAL, "matmul before reserve_matmul");
+  blas_->gemm(mm, stream);
 }
 
 // ---- passes

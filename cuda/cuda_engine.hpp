@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/engine.hpp"
+#include "cuda/blas.hpp"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -51,6 +52,10 @@ class CudaEngine final : public Engine {
   void read_steps(int64_t* out, int64_t num_params, void* stream) override;
   void write_steps(const int64_t* in, int64_t num_params, void* stream) override;
 
+  void begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void* stream) override;
+  void reserve_matmul() override;
+  void matmul(const Matmul& mm, void* stream) override;
+
   void bind_flat(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) override;
   // Enqueues only, like a step: the skip decisions are made on the device
   // (the engine's step flag).
@@ -80,6 +85,7 @@ class CudaEngine final : public Engine {
   int64_t partials_count_ = 0;
 
   int device_;
+  std::unique_ptr<Blas> blas_;    // reserve_matmul
   DevMaps* maps_ = nullptr;       // device
   int32_t* flag_ = nullptr;       // device: 1 when the current step is skipped
   int32_t* host_flag_ = nullptr;  // pinned copy of the last step's flag

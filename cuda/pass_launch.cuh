@@ -73,11 +73,13 @@ __device__ __forceinline__ PassElement pass_element(const Rule& rule, const type
 }
 
 template <class Rule>
-__global__ void __launch_bounds__(kThreads) pass_sweep_kernel(const PassTables t, const Rule rule, int32_t honor_skip) {
+__global__ void __launch_bounds__(kThreads) pass_sweep_kernel(const PassTables t, const Rule rule, int32_t honor_skip,
+                                                               int32_t stepped_only) {
   if (honor_skip && skip_flag_set(t.skip_flag)) return;
   const DevChunk ch = t.chunks[blockIdx.x / kSplit];
   const DevFlat flat = t.flat[ch.param];
   if (Rule::kMaskedOnly && !flat.mask) return;
+  if (stepped_only && t.dyn[ch.param].grad == nullptr) return;
   const int64_t per = (ch.end - ch.begin + kSplit - 1) / kSplit;
   const int64_t begin = ch.begin + per * int64_t(blockIdx.x % kSplit);
   const int64_t end = begin + per < ch.end ? begin + per : ch.end;
@@ -88,7 +90,8 @@ __global__ void __launch_bounds__(kThreads) pass_sweep_kernel(const PassTables t
 }
 
 template <class Rule>
-__global__ void __launch_bounds__(kThreads) pass_reduce_kernel(const PassTables t, const Rule rule, int32_t honor_skip) {
+__global__ void __launch_bounds__(kThreads) pass_reduce_kernel(const PassTables t, const Rule rule, int32_t honor_skip,
+                                                                int32_t stepped_only) {
   __shared__ double lane_a[kPassLanes], lane_b[kPassLanes];
   __shared__ float lane_max[kPassLanes];
   if (honor_skip && skip_flag_set(t.skip_flag)) return;
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) pass_reduce_kernel(const PassTables 
   double sa = 0.0, sb = 0.0;
   float mx = 0.f;
   int bad = 0;
-  if (!(Rule::kMaskedOnly && !flat.mask)) {
+  if (!(Rule::kMaskedOnly && !flat.mask) && !(stepped_only && dyn.grad == nullptr)) {
     const typename Rule::Ctx c = rule.param(pass_param(t, ch.param));
     for (int64_t i = ch.begin + l; i < ch.end; i += kPassLanes) {
       const PassElement e = pass_element(rule, c, P, dyn, flat, i);
@@ -150,7 +153,7 @@ struct DevPassParams {
 
 template <class Rule>
 __global__ void __launch_bounds__(kThreads) pass_finish_kernel(const PassTables t, const Rule rule, int32_t honor_skip,
-                                                                int32_t skip_on_bad) {
+                                                                int32_t skip_on_bad, int32_t stepped_only) {
   const int l = int(threadIdx.x);
   int skip = honor_skip && skip_flag_set(t.skip_flag) ? 1 : 0;
   if (__syncthreads_or(skip)) return;
@@ -164,6 +167,7 @@ __global__ void __launch_bounds__(kThreads) pass_finish_kernel(const PassTables 
   }
   if (Rule::kFinish)
     for (int64_t p = l; p < t.num_params; p += kThreads) {
+      if (stepped_only && t.dyn[p].grad == nullptr) continue;
       PassSums s{0.0, 0.0, 0.f};
       for (int64_t k = first_chunk(t.chunks, t.num_chunks, p); k < t.num_chunks && t.chunks[k].param == p; ++k) {
         s.a += t.partials[k].a;
@@ -181,21 +185,21 @@ __global__ void __launch_bounds__(kThreads) pass_finish_kernel(const PassTables 
 template <class Rule>
 void launch_pass(const PassTables& t, const Rule& rule, const PassStep& step, void* stream) {
   if (t.num_chunks <= 0 || t.num_params <= 0) return;
-  const int32_t honor = step.honor_skip ? 1 : 0, on_bad = step.skip_on_bad ? 1 : 0;
+  const int32_t honor = step.honor_skip ? 1 : 0, on_bad = step.skip_on_bad ? 1 : 0, only = step.stepped_only ? 1 : 0;
   const bool finish = Rule::kFinish || Rule::kFinishAll || (step.skip_on_bad && (Rule::kReduce & kBad));
 #ifdef LOWBIT_CUDA_EMULATION
   if (Rule::kReduce)
-    emu::launch(unsigned(t.num_chunks), kThreads, [=] { pass_reduce_kernel<Rule>(t, rule, honor); }, stream);
+    emu::launch(unsigned(t.num_chunks), kThreads, [=] { pass_reduce_kernel<Rule>(t, rule, honor, only); }, stream);
   else
-    emu::launch(unsigned(t.num_chunks * kSplit), kThreads, [=] { pass_sweep_kernel<Rule>(t, rule, honor); }, stream);
-  if (finish) emu::launch(1, kThreads, [=] { pass_finish_kernel<Rule>(t, rule, honor, on_bad); }, stream);
+    emu::launch(unsigned(t.num_chunks * kSplit), kThreads, [=] { pass_sweep_kernel<Rule>(t, rule, honor, only); }, stream);
+  if (finish) emu::launch(1, kThreads, [=] { pass_finish_kernel<Rule>(t, rule, honor, on_bad, only); }, stream);
 #else
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (Rule::kReduce)
-    pass_reduce_kernel<Rule><<<dim3(unsigned(t.num_chunks)), dim3(kThreads), 0, s>>>(t, rule, honor);
+    pass_reduce_kernel<Rule><<<dim3(unsigned(t.num_chunks)), dim3(kThreads), 0, s>>>(t, rule, honor, only);
   else
-    pass_sweep_kernel<Rule><<<dim3(unsigned(t.num_chunks * kSplit)), dim3(kThreads), 0, s>>>(t, rule, honor);
-  if (finish) pass_finish_kernel<Rule><<<dim3(1), dim3(kThreads), 0, s>>>(t, rule, honor, on_bad);
+    pass_sweep_kernel<Rule><<<dim3(unsigned(t.num_chunks * kSplit)), dim3(kThreads), 0, s>>>(t, rule, honor, only);
+  if (finish) pass_finish_kernel<Rule><<<dim3(1), dim3(kThreads), 0, s>>>(t, rule, honor, on_bad, only);
 #endif
 }
 

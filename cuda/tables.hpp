@@ -111,6 +111,8 @@ struct StepArgs {
   const DevChunk* chunks;
   const DevMaps* maps;
   const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
+  float* out;                  // StepControl::flat_out (Algo::Muon): the new values go to out + flat offset
+  const struct DevFlat* flat;
 };
 
 struct ShapedArgs {
@@ -231,6 +233,8 @@ void launch_prepare(const PrepareArgs& args, void* stream);
 void launch_finalize(const FinalizeArgs& args, void* stream);
 // *flag <- 1 if *value > 0 (a pass's PassSkip::if_positive).
 void launch_skip_if_positive(const float* value, int32_t* flag, void* stream);
+// x[i] rounded to bf16 (nearest even), in place.
+void launch_round_bf16(float* x, int64_t n, void* stream);
 
 }  // namespace cuda
 }  // namespace lowbit

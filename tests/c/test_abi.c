@@ -98,6 +98,7 @@ typedef struct {
 
 #define OLD_CONFIG offsetof(lowbit_optimizer_config_t, first_normalization)
 #define OLD_PARAM_CONFIG offsetof(lowbit_param_config_t, shape)
+#define OLD_HPARAMS ((size_t)48) /* 0.2 .. 0.6: up to bias_correction, padded */
 #define OLD_PARAM_INFO offsetof(lowbit_param_info_t, first_normalization)
 #define OLD_PLAN offsetof(lowbit_state_plan_t, normalization)
 #define OLD_COMM_CONFIG offsetof(lowbit_comm_config_t, timeout_ms)
@@ -106,7 +107,7 @@ typedef struct {
 static const struct_case_t kCases[] = {
     {"lowbit_build_info_t", sizeof(lowbit_build_info_t), 0, sizeof(lowbit_build_info_t), build_info_sized,
      build_info_plain},
-    {"lowbit_hparams_t", sizeof(lowbit_hparams_t), 0, sizeof(lowbit_hparams_t), hparams_sized, hparams_plain},
+    {"lowbit_hparams_t", sizeof(lowbit_hparams_t), OLD_HPARAMS, OLD_HPARAMS, hparams_sized, hparams_plain},
     {"lowbit_optimizer_config_t", sizeof(lowbit_optimizer_config_t), OLD_CONFIG, OLD_CONFIG, config_sized,
      config_plain},
     {"lowbit_optimizer_config_t", sizeof(lowbit_optimizer_config_t), OLD_CONFIG, sizeof(lowbit_optimizer_config_t),
@@ -336,8 +337,10 @@ static void test_unknown_sizes_passed_in_are_refused(void** state) {
   h.struct_size = sizeof h;
   OK(lowbit_optimizer_create(&opt, &oc, &h));
   h.struct_size = sizeof h + 8;
+  char too_big[48];
+  snprintf(too_big, sizeof too_big, "struct_size = %zu", sizeof h + 8);
   expect_error(lowbit_optimizer_set_hparams(opt, 0, &h), LOWBIT_ERROR_INVALID_ARGUMENT,
-               lowbit_optimizer_last_error(opt), "lowbit_hparams_t", "struct_size = 56", "set_hparams 56");
+               lowbit_optimizer_last_error(opt), "lowbit_hparams_t", too_big, "set_hparams sizeof + 8");
   int32_t group = -1;
   expect_error(lowbit_optimizer_add_group(opt, &h, &group), LOWBIT_ERROR_INVALID_ARGUMENT,
                lowbit_optimizer_last_error(opt), "lowbit_hparams_t", NULL, "add_group");
@@ -420,8 +423,9 @@ static void test_writes_honour_struct_size(void** state) {
   for (int k = 0; k < 3; ++k) {
     lowbit_hparams_t* back = (lowbit_hparams_t*)guarded_out(buf, hp_sizes[k]);
     OK(lowbit_optimizer_get_hparams(opt, 0, back));
-    assert_true(back->struct_size == sizeof(lowbit_hparams_t) && back->lr == h.lr);
-    untouched(buf, sizeof(lowbit_hparams_t), sizeof(lowbit_hparams_t) + SLACK, "get_hparams");
+    const size_t written = k == 0 ? sizeof(lowbit_hparams_t) : OLD_HPARAMS;
+    assert_true(back->struct_size == written && back->lr == h.lr);
+    untouched(buf, written, written + SLACK, "get_hparams");
   }
   lowbit_optimizer_destroy(opt);
   /* build_info. */

@@ -18,6 +18,7 @@ template void launch_step<Algo::AdamW>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Adam>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Lion>(const StepArgs&, int64_t, void*);
 template void launch_step<Algo::Sgd>(const StepArgs&, int64_t, void*);
+template void launch_step<Algo::Muon>(const StepArgs&, int64_t, void*);
 
 template <class Batch>
 void launch_upload(const Batch& batch, void* stream) {
@@ -52,6 +53,7 @@ template void launch_stats<Algo::AdamW>(const ShapedArgs&, int64_t, void*);
 template void launch_stats<Algo::Adam>(const ShapedArgs&, int64_t, void*);
 template void launch_stats<Algo::Lion>(const ShapedArgs&, int64_t, void*);
 template void launch_stats<Algo::Sgd>(const ShapedArgs&, int64_t, void*);
+template void launch_stats<Algo::Muon>(const ShapedArgs&, int64_t, void*);
 
 void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream) {
   if (num_shaped <= 0) return;
@@ -61,6 +63,12 @@ void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream)
 void launch_shaped_finish(const ShapedArgs& args, int64_t num_shaped, void* stream) {
   if (num_shaped <= 0) return;
   emu::launch(unsigned(num_shaped), kThreads, [args] { shaped_finish_kernel(args); }, stream);
+}
+
+void launch_round_bf16(float* x, int64_t n, void* stream) {
+  if (n <= 0) return;
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  emu::launch(unsigned(blocks < 4096 ? blocks : 4096), kThreads, [=] { round_bf16_kernel(x, n); }, stream);
 }
 
 void launch_skip_if_positive(const float* value, int32_t* flag, void* stream) {
