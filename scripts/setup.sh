@@ -10,6 +10,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 need_apt=()
 dpkg -s libcmocka-dev >/dev/null 2>&1 || need_apt+=(libcmocka-dev)
 dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
+dpkg -s libopenblas-dev >/dev/null 2>&1 || need_apt+=(libopenblas-dev)  # Muon's CPU products (CBLAS)
 dpkg -s openmpi-bin >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 # The Rust crate's test (bindings/rust, CTest rust.train_linear): Debian's

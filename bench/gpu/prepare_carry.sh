@@ -31,13 +31,14 @@ mkdir -p "$B/tests/cuda" "$B/tests/comm" "$B/bench/gpu" "$B/bench/comm" "$C/lib"
 cp -a "$BUILD"/liblowbit.so* "$BUILD/lowbit_cdef.h" "$B/"
 [ -f "$BUILD/liblowbit_jax.so" ] && cp "$BUILD/liblowbit_jax.so" "$B/"
 cp "$BUILD"/tests/cuda/{test_cuda_vs_cpu,test_cuda_graph_capi,test_cuda_engine_graph,test_onebit_cuda} "$B/tests/cuda/"
-cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda} "$B/tests/cuda/"
+cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda,test_muon_cuda} "$B/tests/cuda/"
 cp "$BUILD/tests/comm/test_comm_cuda" "$B/tests/comm/"
 cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
 cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
 
 # 2. Shared libraries the binaries take from this machine's system.
-for lib in libcmocka.so.0 libgomp.so.1; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
+# OpenBLAS (Muon's CPU products) and what it links.
+for lib in libcmocka.so.0 libgomp.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
 cudart=$(ldd "$B/tests/cuda/test_cuda_vs_cpu" | awk '/libcudart.so/ {print $3}')
 [ -n "$cudart" ] && cp -L "$cudart" "$C/lib/"
 
