@@ -5,10 +5,13 @@
  * Gaussian noise from a seeded generator), a classic non-linear
  * classification problem. Model: an MLP 2 -> 64 -> 64 -> 3 with tanh and a
  * softmax cross-entropy loss, forward and backward written out in plain C.
- * The same model (same initial weights, same batches) is trained three
- * times: AdamW with fp32 state, AdamW with 8-bit state and Lion with 8-bit
- * state. The optimizer updates the weights in place from gradient buffers
- * registered once, so each training step is one lowbit_optimizer_step().
+ * The same model (same initial weights, same batches) is trained with
+ * AdamW (fp32 and 8-bit state), Lion (8-bit state) and Muon (fp32, 8-bit and
+ * 4-bit momentum): Muon steps the weight matrices, registered with their
+ * shapes, and an AdamW group of the same optimizer steps the biases (the
+ * usual hybrid). The optimizer updates the weights in place from gradient
+ * buffers registered once, so each training step is one
+ * lowbit_optimizer_step().
  *
  * Plain C11, no dependency besides liblowbit and libm.
  */
@@ -78,6 +81,7 @@ static void make_spirals(void) {
 enum { W1, B1, W2, B2, W3, B3, NP };
 static const int64_t SIZES[NP] = {H * IN, H, H * H, H, N_CLASSES * H, N_CLASSES};
 static const char* NAMES[NP] = {"W1", "b1", "W2", "b2", "W3", "b3"};
+static const int64_t ROWS[NP] = {H, 0, H, 0, N_CLASSES, 0}; /* matrices: rows x SIZES / rows; 0: a bias */
 
 typedef struct {
   float* p[NP];
@@ -209,18 +213,36 @@ static void train(run_t* run, const model_t* init, int* all_idx) {
   hp.lr = run->lr;
   hp.weight_decay = run->weight_decay;
   CHECK(NULL, lowbit_optimizer_create(&opt, &cfg, &hp));
+  /* Muon: the biases go to an AdamW group of the same optimizer. */
+  int32_t bias_group = 0;
+  if (run->algorithm == LOWBIT_ALGORITHM_MUON) {
+    lowbit_hparams_t adamw;
+    CHECK(opt, lowbit_hparams_init(&adamw, LOWBIT_ALGORITHM_ADAMW));
+    adamw.lr = 1e-2f;
+    adamw.weight_decay = 1e-4f;
+    CHECK(opt, lowbit_optimizer_add_group(opt, &adamw, &bias_group));
+  }
 
   for (int i = 0; i < NP; ++i) {
     lowbit_param_config_t pc;
     int64_t id = -1;
     CHECK(opt, lowbit_param_config_init(&pc));
+    if (run->algorithm == LOWBIT_ALGORITHM_MUON) {
+      if (ROWS[i]) {
+        pc.ndim = 2;
+        pc.shape[0] = ROWS[i];
+        pc.shape[1] = SIZES[i] / ROWS[i];
+      } else {
+        pc.group = bias_group;
+      }
+    }
     pc.param = (lowbit_tensor_t){m.p[i], SIZES[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
     pc.grad = (lowbit_tensor_t){m.g[i], SIZES[i], LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
     CHECK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
   }
   CHECK(opt, lowbit_optimizer_state_bytes(opt, -1, &run->state_bytes));
 
-  static const char* fmt_names[] = {"default", "fp32", "bf16", "8-bit", "4-bit", "fp8"};
+  static const char* fmt_names[] = {"default", "fp32", "bf16", "8-bit", "4-bit", "fp8", "4-bit-sr"};
   printf("\n%s (lr %g, weight decay %g): optimizer state per tensor:", run->name, (double)run->lr,
          (double)run->weight_decay);
   for (int i = 0; i < NP; ++i) {
@@ -290,6 +312,9 @@ int main(void) {
       {"AdamW, fp32 state", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_FP32, 1e-2f, 1e-4f, 0, 0, 0, 0},
       {"AdamW, 8-bit state", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, 1e-2f, 1e-4f, 0, 0, 0, 0},
       {"Lion, 8-bit state", LOWBIT_ALGORITHM_LION, LOWBIT_STATE_8BIT, 1e-3f, 1e-3f, 0, 0, 0, 0},
+      {"Muon, fp32 state", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_FP32, 2e-2f, 1e-4f, 0, 0, 0, 0},
+      {"Muon, 8-bit state", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_8BIT, 2e-2f, 1e-4f, 0, 0, 0, 0},
+      {"Muon, 4-bit state", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_4BIT, 2e-2f, 1e-4f, 0, 0, 0, 0},
   };
   const int nruns = (int)(sizeof runs / sizeof runs[0]);
   for (int r = 0; r < nruns; ++r) train(&runs[r], &init, all_idx);
