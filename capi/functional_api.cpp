@@ -12,6 +12,7 @@
 #include "core/functional_step.hpp"
 #include "core/state.hpp"
 #include "core/validation.hpp"
+#include "muon/muon_functional.hpp"
 #include "struct_abi.hpp"
 
 struct lowbit_step_context {
@@ -75,6 +76,7 @@ LOWBIT_API lowbit_status_t lowbit_step_context_create(lowbit_step_context_t* out
         abi::read_struct(config, lowbit::default_config(LOWBIT_ALGORITHM_ADAMW), "config");
     auto ctx = std::make_unique<lowbit_step_context>();
     ctx->impl = std::make_unique<lowbit::FunctionalStepper>(full);
+    if (full.algorithm == LOWBIT_ALGORITHM_MUON) lowbit::muon::install_functional_driver(*ctx->impl, full);
     *out = ctx.release();
   });
 }

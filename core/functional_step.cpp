@@ -92,9 +92,6 @@ void make_state_record(const lowbit_state_plan_t& plan, const Shape& shape, int3
 
 FunctionalStepper::FunctionalStepper(const lowbit_optimizer_config_t& config) : config_(config) {
   check_config(config);
-  LOWBIT_REQUIRE(config.algorithm != LOWBIT_ALGORITHM_MUON, LOWBIT_ERROR_UNSUPPORTED,
-                 "algorithm = Muon: the functional step runs AdamW, Adam, Lion and SGD (Muon's Newton-Schulz "
-                 "products need a handle's workspace; use lowbit_optimizer_create)");
   LOWBIT_REQUIRE(!is_onebit_algorithm(config.algorithm), LOWBIT_ERROR_UNSUPPORTED, "algorithm = ",
                  int(config.algorithm), ": the functional step runs AdamW, Adam, Lion and SGD (the ",
                  onebit_algorithm_name(config.algorithm), " optimizer needs a handle and a communicator)");
@@ -131,7 +128,10 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
 
   // The plan: what this algorithm keeps, in formats and normalisations the
   // engine has, with the sizes the layout rules give.
-  const lowbit_algorithm_t algorithm = config_.algorithm;
+  const lowbit_algorithm_t algorithm = hparams ? group_algorithm(hparams[p.group], config_.algorithm) : config_.algorithm;
+  LOWBIT_REQUIRE(algorithm != LOWBIT_ALGORITHM_MUON || p.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i,
+                 "].ndim = ", p.ndim, ": Muon orthogonalises matrices, so a param of its group needs a shape of at "
+                 "least 2 dims (1-D params go to a group whose hparams.algorithm is LOWBIT_ALGORITHM_ADAMW)");
   // SGD keeps a moment only with momentum: where the host cannot read the
   // group's momentum the device checks it (hparams_valid).
   const bool sgd_unknown = algorithm == LOWBIT_ALGORITHM_SGD && !hparams;
@@ -276,6 +276,13 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
   ctl.lr = lr;
   ctl.hparams = engine_hparams;
   ctl.layout = records;
+  if (config_.algorithm == LOWBIT_ALGORITHM_MUON) {
+    LOWBIT_REQUIRE(driver_ && hparams, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "algorithm = Muon: the functional step needs args.hparams in host memory (the Newton-Schulz "
+                   "iterations are laid out on the host; args.lr may still be engine memory)");
+    driver_(*engine_, params, grads_.data(), num_params, hparams, ctl, stream);
+    return;
+  }
   engine_->step(engine_algo(config_.algorithm), grads_.data(), num_params, ctl, stream);
 }
 

@@ -5,6 +5,7 @@
 // and stepped with one shared step count, as the JAX state keeps it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -47,6 +48,14 @@ class FunctionalStepper {
             const float* lr, const FunctionalCount& count, const int32_t* records, void* stream);
 
   bool last_step_skipped() const { return engine_->last_step_skipped(); }
+
+  // Muon's step (muon/), which is not one fused call: run on the engine once
+  // the call's buffers are checked and bound, with the call's params, their
+  // grads, the groups' host hparams and the StepControl a fused step would
+  // take. A Muon stepper without one refuses to step.
+  using StepDriver = std::function<void(Engine&, const lowbit_param_buffers_t*, const GradView*, int64_t,
+                                        const lowbit_hparams_t*, const StepControl&, void*)>;
+  void set_step_driver(StepDriver driver) { driver_ = std::move(driver); }
   lowbit_device_t device() const { return config_.device; }
 
  private:
@@ -62,6 +71,7 @@ class FunctionalStepper {
   std::vector<Chunk> chunks_;
   std::vector<int32_t> groups_;
   int32_t engine_groups_ = 0;  // groups the engine's own table has (set_hparams)
+  StepDriver driver_;
 };
 
 }  // namespace lowbit

@@ -467,6 +467,134 @@ static void test_hybrid_subsets_checkpoint(void** state) {
   for (int k = 0; k < 3; ++k) dev_free(gd[k]);
 }
 
+
+/* ---- the functional step (caller-owned state, one shared count): a hybrid
+ * Muon + AdamW step gives the handle optimizer's bits, with the count as a
+ * host value or in engine memory (count_out aliasing it), 8-bit
+ * momentum; host hparams are required; a 1-D param in the Muon group is
+ * refused and nothing changes. */
+typedef struct {
+  lowbit_state_plan_t plan;
+  lowbit_param_buffers_t b;
+} fparam_t;
+
+static void test_functional(void** state) {
+  (void)state;
+  hybrid_t h;
+  lowbit_optimizer_config_t c;
+  lowbit_optimizer_config_init(&c, LOWBIT_ALGORITHM_MUON);
+  c.device = DEVICE;
+  c.state_format = LOWBIT_STATE_8BIT;
+  c.min_quantized_numel = 0;
+  c.seed = 7;
+  hybrid_make(&h, 11, LOWBIT_STATE_8BIT);
+  lowbit_hparams_t groups[2];
+  groups[0].struct_size = groups[1].struct_size = sizeof groups[0];
+  CHECK(h.opt, lowbit_optimizer_get_hparams(h.opt, 0, &groups[0]));
+  CHECK(h.opt, lowbit_optimizer_get_hparams(h.opt, 1, &groups[1]));
+  lowbit_step_context_t ctx = NULL;
+  assert_int_equal(lowbit_step_context_create(&ctx, &c), LOWBIT_SUCCESS);
+  static const int64_t rows[3] = {40, 24, 16}, cols[3] = {24, 0, 16}, numel[3] = {960, 24, 256};
+  static const int32_t group_of[3] = {0, 1, 0};
+  fparam_t f[3];
+  lowbit_param_buffers_t bufs[3];
+  int32_t records[3 * LOWBIT_STATE_RECORD_INT32];
+  int32_t* records_d = dev_alloc(sizeof records);
+  int32_t* count_d = dev_alloc(sizeof(int32_t));
+  const float* init[3] = {h.w0, h.bias, h.w1};
+  for (int i = 0; i < 3; ++i) {
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = tensor(on_dev(init[i], numel[i], 4), numel[i], LOWBIT_DTYPE_FLOAT32);
+    pc.group = group_of[i];
+    pc.ndim = cols[i] ? 2 : 1;
+    pc.shape[0] = rows[i];
+    pc.shape[1] = cols[i];
+    lowbit_state_plan_init(&f[i].plan);
+    CHECK(NULL, lowbit_plan_param_state(&c, &groups[group_of[i]], &pc, &f[i].plan));
+    lowbit_param_buffers_init(&f[i].b);
+    f[i].b.param = pc.param;
+    f[i].b.grad = tensor(dev_alloc(4 * (size_t)numel[i]), numel[i], LOWBIT_DTYPE_FLOAT32);
+    f[i].b.group = pc.group;
+    f[i].b.plan = &f[i].plan;
+    f[i].b.ndim = pc.ndim;
+    f[i].b.shape[0] = pc.shape[0], f[i].b.shape[1] = pc.shape[1];
+    for (int m = 0; m < 2; ++m) {
+      f[i].b.moment[m] = dev_alloc((size_t)f[i].plan.data_bytes[m]);
+      f[i].b.moment_bytes[m] = f[i].plan.data_bytes[m];
+      f[i].b.scales[m] = dev_alloc(4 * (size_t)f[i].plan.scale_count[m]);
+      f[i].b.scale_count[m] = f[i].plan.scale_count[m];
+    }
+    CHECK(NULL, lowbit_state_record(&f[i].plan, pc.ndim, pc.shape, records + LOWBIT_STATE_RECORD_INT32 * i,
+                                    LOWBIT_STATE_RECORD_INT32));
+    bufs[i] = f[i].b;
+  }
+  to_dev(records_d, records, sizeof records);
+  void* gd[3] = {dev_alloc(4 * 960), dev_alloc(4 * 24), dev_alloc(4 * 256)};
+  lowbit_tensor_t gs[3];
+  for (int t = 0; t < 4; ++t) {
+    grads_for(t, gd, gs);
+    CHECK(h.opt, lowbit_optimizer_step_with_grads(h.opt, gs, 3, NULL));
+    for (int i = 0; i < 3; ++i) bufs[i].grad = gs[i];
+    lowbit_step_args_t a;
+    lowbit_step_args_init(&a);
+    a.hparams = groups;
+    a.num_groups = 2;
+    a.records = records_d;
+    if (t % 2) {
+      const int32_t count = t;
+      to_dev(count_d, &count, sizeof count);
+      a.count = count_d;
+      a.count_out = count_d;
+    } else {
+      a.step = t;
+    }
+    if (lowbit_functional_step(ctx, bufs, 3, &a, NULL) != LOWBIT_SUCCESS)
+      fail_msg("functional step %d: %s", t, lowbit_step_context_last_error(ctx));
+    if (t % 2) {
+      int32_t count = 0;
+      sync_all();
+      to_host(&count, count_d, sizeof count);
+      assert_int_equal(count, t + 1);
+    }
+  }
+  hybrid_fetch(&h);
+  float got[960];
+  to_host(got, bufs[0].param.data, 4 * 960);
+  assert_memory_equal(got, h.w0, 4 * 960);
+  to_host(got, bufs[1].param.data, 4 * 24);
+  assert_memory_equal(got, h.bias, 4 * 24);
+  to_host(got, bufs[2].param.data, 4 * 256);
+  assert_memory_equal(got, h.w1, 4 * 256);
+
+  /* engine_hparams instead of host values: refused for Muon, nothing changes. */
+  lowbit_step_args_t a;
+  lowbit_step_args_init(&a);
+  a.engine_hparams = groups;
+  a.num_groups = 2;
+  a.records = records_d;
+  a.step = 4;
+  assert_int_not_equal(lowbit_functional_step(ctx, bufs, 3, &a, NULL), LOWBIT_SUCCESS);
+  assert_non_null(strstr(lowbit_step_context_last_error(ctx), "hparams"));
+  /* A 1-D param in the Muon group. */
+  a.engine_hparams = NULL;
+  a.hparams = groups;
+  bufs[1].group = 0;
+  assert_int_equal(lowbit_functional_step(ctx, bufs, 3, &a, NULL), LOWBIT_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(lowbit_step_context_last_error(ctx), "Muon"));
+  to_host(got, bufs[0].param.data, 4 * 960);
+  assert_memory_equal(got, h.w0, 4 * 960);
+
+  for (int i = 0; i < 3; ++i) {
+    dev_free(f[i].b.param.data), dev_free(f[i].b.grad.data);
+    for (int m = 0; m < 2; ++m) dev_free(f[i].b.moment[m]), dev_free(f[i].b.scales[m]);
+    dev_free(gd[i]);
+  }
+  dev_free(records_d), dev_free(count_d);
+  lowbit_step_context_destroy(ctx);
+  hybrid_free(&h);
+}
+
 /* ---- state bytes per param of a 4096 x 4096 matrix: one scale per 256 or
  * 128 codes costs 1/64 or 1/32 B/param, rank-1 scales (a vector per dim) a
  * 2000th of that, which is what meets 8-bit <= 1.01 and 4-bit <= 0.52. */
@@ -576,7 +704,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reference_nesterov), cmocka_unit_test(test_reference_plain_adjusts),
       cmocka_unit_test(test_formats),            cmocka_unit_test(test_hybrid_subsets_checkpoint),
-      cmocka_unit_test(test_state_bytes),        cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_functional),         cmocka_unit_test(test_state_bytes),
+      cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
