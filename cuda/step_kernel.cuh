@@ -560,9 +560,10 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   int64_t t_generic = t_begin;
   const int64_t whole_tiles = (ch.end - ch.begin) / kTile;
   const int64_t t_whole = whole_tiles < t_end ? whole_tiles : t_end;
-  if (A != Algo::Muon && t_whole > t_begin &&
-      dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
-    t_generic = t_whole;
+  if constexpr (A != Algo::Muon) {  // Muon's output is not the param: the generic loop only
+    if (t_whole > t_begin && dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
+      t_generic = t_whole;
+  }
 
   for (int64_t t = t_generic + warp; t < t_end; t += kWarps) {
     const int64_t tile_off = ch.begin + t * kTile;
@@ -577,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     zero(praw);
     zero(eraw);
     load_elems(graw, dyn.grad, dyn.gdtype == kF32, e0, n, dyn.grad_al16);
-    if (A != Algo::Muon) {  // Muon's step reads no param (its p is an output)
+    if constexpr (A != Algo::Muon) {  // Muon's step reads no param (its p is an output)
       load_elems(praw, P.param, P.pdtype == kF32, e0, n, P.param_al16);
       if (ecc && n > 0) load_bytes(eraw, P.ecc + e0, n, 8);
     }
@@ -621,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     else
       encode_store_moment(mom1, smap[1], second1, v, e0, tile_off, n, lane, (P.coding[1] & kCodeStochastic) != 0,
                           state_rounding_key(key, 1));
-    if (A == Algo::Muon) {
+    if constexpr (A == Algo::Muon) {
       float* out = args.out + args.flat[ch.param].offset;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
