@@ -79,6 +79,7 @@ stage compare_peers 120 python3 "$ROOT/bench/gpu/compare_peers.py" --steps 10 --
 stage bench_comm_cuda 40 "$B/bench/comm/bench_comm_cuda"
 stage compare_jax 100 python3 "$ROOT/bench/gpu/compare_jax.py" --steps 10 --rounds 3
 stage offload_1b 90 python3 "$ROOT/bench/gpu/offload_1b.py"
+stage muon_llama1b 60 python3 "$ROOT/bench/gpu/muon_llama1b.py"
 
 # 3. side by side
 export LOWBIT_TEST_QUICK=1

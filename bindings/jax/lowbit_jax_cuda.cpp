@@ -29,11 +29,13 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count
                     int32_t nesterov, int32_t bias_correction, ffi::Span<const float> weight_decay,
                     ffi::Span<const int32_t> formats, ffi::Span<const int32_t> rounding,
                    ffi::Span<const int32_t> normalizations, ffi::Span<const int32_t> parts, uint64_t seed,
-                    int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names) {
+                    int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names, int32_t ns_steps,
+                   ffi::Span<const float> ns_coefficients, int32_t adjust_lr, int32_t ns_precision) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
     StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names};
+                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names,
+                ns_steps,     ns_coefficients, adjust_lr, ns_precision};
     int device = 0;
     cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     thread_local PreparedStep prep;

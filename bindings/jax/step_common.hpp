@@ -38,7 +38,10 @@
 //            parts (s32[N]: bit k set if state part k of the param, in the
 //            order mu, mu_scale, nu, nu_scale, ecc, travels; the others are
 //            read as empty arrays),
-//            names (string: the N leaf names separated by '\n', for messages).
+//            names (string: the N leaf names separated by '\n', for messages),
+//            ns_steps (s32), ns_coefficients (f32[3]), adjust_lr, ns_precision
+//            (s32): Muon's (lowbit_hparams_t; read only by algorithm muon (8),
+//            whose params all have 2 or more dims and are bound with them).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -99,7 +102,7 @@ inline const char* format_name(int32_t f) { return lowbit_state_format_name(lowb
 
 // Bumped whenever the buffer or attribute layout above changes; the Python
 // side refuses a module with another version.
-constexpr int32_t kProtocolVersion = 3;
+constexpr int32_t kProtocolVersion = 4;
 constexpr size_t kLeadingArgs = 3;
 constexpr size_t kArgsPerParam = 7;
 constexpr size_t kRetsPerParam = 6;
@@ -116,6 +119,9 @@ struct StepAttrs {
   uint64_t seed;
   int32_t skip_nonfinite;
   std::string_view names;
+  int32_t ns_steps;
+  ffi::Span<const float> ns_coefficients;
+  int32_t adjust_lr, ns_precision;
 };
 
 inline const char* ffi_dtype_name(ffi::DataType t) {
@@ -319,9 +325,12 @@ class StepDecoder {
   void prepare(const float* lr, const int32_t* count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
                lowbit_device_t device, int32_t device_index, PreparedStep& out) {
     const lowbit_algorithm_t algorithm = lowbit_algorithm_t(a_.algorithm);
-    LOWBIT_REQUIRE(algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD,
+    LOWBIT_REQUIRE((algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD) ||
+                       algorithm == LOWBIT_ALGORITHM_MUON,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", a_.algorithm,
-                   " is not one of adamw (1), adam (2), lion (3), sgd (4)");
+                   " is not one of adamw (1), adam (2), lion (3), sgd (4), muon (8)");
+    LOWBIT_REQUIRE(a_.ns_coefficients.size() == 3, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_coefficients has ",
+                   a_.ns_coefficients.size(), " values (expected 3: a, b, c)");
     const size_t n = a_.parts.size();
     LOWBIT_REQUIRE(n > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "the parts attribute is empty (no params)");
     LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n &&
@@ -351,8 +360,8 @@ class StepDecoder {
                    " but the optimizer has ", n, " params: expected (", n, ", ", kLayoutColumns,
                    ") (a state made by init() for another params tree, or by an older lowbit.jax?)");
 
-    lowbit_hparams_t h{};
-    h.struct_size = sizeof(h);
+    lowbit_hparams_t h;
+    lowbit_hparams_init(&h, algorithm);
     h.lr = lr ? *lr : 0.f;
     h.beta1 = a_.beta1;
     h.beta2 = a_.beta2;
@@ -361,6 +370,10 @@ class StepDecoder {
     h.dampening = a_.dampening;
     h.nesterov = a_.nesterov;
     h.bias_correction = a_.bias_correction;
+    h.ns_steps = a_.ns_steps;
+    for (int k = 0; k < 3; ++k) h.ns_coefficients[k] = a_.ns_coefficients[k];
+    h.adjust_lr = lowbit_muon_lr_adjust_t(a_.adjust_lr);
+    h.ns_precision = lowbit_ns_precision_t(a_.ns_precision);
 
     out.params.resize(n);
     if (out.keys.size() != n) {
@@ -370,7 +383,7 @@ class StepDecoder {
     }
     out.hparams.clear();
     out.copies.clear();
-    const int num_moments = algorithm == LOWBIT_ALGORITHM_LION ? 1
+    const int num_moments = algorithm == LOWBIT_ALGORITHM_LION || algorithm == LOWBIT_ALGORITHM_MUON ? 1
                             : algorithm == LOWBIT_ALGORITHM_SGD ? (a_.momentum != 0.f ? 1 : 0)
                                                                 : 2;
     for (size_t i = 0; i < n; ++i) {
@@ -476,11 +489,15 @@ class StepDecoder {
     // it).
     const bool shaped = nz[0] == LOWBIT_NORMALIZATION_RANK1 || nz[0] == LOWBIT_NORMALIZATION_FACTORED ||
                         nz[1] == LOWBIT_NORMALIZATION_RANK1 || nz[1] == LOWBIT_NORMALIZATION_FACTORED;
+    // Muon's params always carry their shape (its matrices); the state
+    // record keeps the bound one (flat unless a moment is shaped).
+    const bool muon = algorithm == LOWBIT_ALGORITHM_MUON;
     v.ndim = 0;
-    if (shaped) {
+    if (shaped || muon) {
       const auto dims = param.dimensions();
       LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
-                     name(i), " has shape ", shape_string(dims), ": rank1 and factored moments need 2 to ",
+                     name(i), " has shape ", shape_string(dims),
+                     muon ? ": Muon orthogonalises matrices of 2 to " : ": rank1 and factored moments need 2 to ",
                      kMaxDims, " dims");
       v.ndim = int32_t(dims.size());
       for (size_t k = 0; k < dims.size(); ++k) {
@@ -489,8 +506,9 @@ class StepDecoder {
         v.shape[k] = dims[k];
       }
     }
-    int32_t expected[kLayoutColumns] = {f[0], f[1], rounding, nz[0], nz[1], v.ndim};
-    for (int k = 0; k < v.ndim; ++k) expected[6 + k] = int32_t(v.shape[k]);
+    const int32_t bound_ndim = shaped ? v.ndim : 0;
+    int32_t expected[kLayoutColumns] = {f[0], f[1], rounding, nz[0], nz[1], bound_ndim};
+    for (int k = 0; k < bound_ndim; ++k) expected[6 + k] = int32_t(v.shape[k]);
     LOWBIT_REQUIRE(!recorded || std::equal(expected, expected + kLayoutColumns, recorded),
                    LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": the state was created with ",
                    recorded ? layout_string(recorded) : std::string(), " but this optimizer uses ",
@@ -639,7 +657,11 @@ auto bind_step_signature(Binding b) {
       .template Attr<uint64_t>("seed")
       .template Attr<int32_t>("skip_nonfinite")
       .template Attr<int32_t>("num_threads")
-      .template Attr<std::string_view>("names");
+      .template Attr<std::string_view>("names")
+      .template Attr<int32_t>("ns_steps")
+      .template Attr<ffi::Span<const float>>("ns_coefficients")
+      .template Attr<int32_t>("adjust_lr")
+      .template Attr<int32_t>("ns_precision");
 }
 
 // Enqueues the functional step over the prepared leaves: it reads lr and

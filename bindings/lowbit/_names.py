@@ -20,6 +20,9 @@ from ._ffi import ENUMS, Algorithm, CheckpointMode, Device, Normalization, State
 from ._lib import call
 
 Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR, ADAMW_4BIT_SR
+# Muon's enums (since 0.7; absent from an older library's declarations)
+MuonLrAdjust = ENUMS.get("lowbit_muon_lr_adjust_t")  # ORIGINAL, MATCH_RMS_ADAMW, SPECTRAL_UNCLAMPED, NONE
+NsPrecision = ENUMS.get("lowbit_ns_precision_t")  # DEFAULT, FP32, BF16
 
 # ----------------------------------------------------------------- integers for the C types
 
@@ -77,6 +80,11 @@ ALGORITHMS = {
     "onebit_lamb": Algorithm.ONEBIT_LAMB,
     "1bit_lamb": Algorithm.ONEBIT_LAMB,
 }
+if hasattr(Algorithm, "MUON"):  # since 0.7
+    ALGORITHMS["muon"] = Algorithm.MUON
+#: The algorithms a Muon optimizer's group may take instead of Muon (the hybrid:
+#: 1-D params, embeddings, heads stepped in the same optimizer).
+MUON_GROUP_ALGORITHMS = (Algorithm.ADAMW, Algorithm.ADAM, Algorithm.LION, Algorithm.SGD)
 #: The algorithms that exchange through a communicator (lowbit_optimizer_set_comm).
 ONEBIT_ALGORITHMS = (Algorithm.ONEBIT_ADAM, Algorithm.ZEROONE_ADAM, Algorithm.ONEBIT_LAMB)
 
@@ -93,6 +101,64 @@ def parse_algorithm(algorithm) -> Algorithm:
     if key not in ALGORITHMS:
         raise InvalidArgumentError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}")
     return ALGORITHMS[key]
+
+
+def algorithm_name(algorithm) -> str:
+    """The package's name of an Algorithm ("adamw", "muon", ...)."""
+    return Algorithm(int(algorithm)).name.lower()
+
+
+# ----------------------------------------------------------------- Muon's options
+
+#: torch.optim.Muon's adjust_lr_fn names (None and "original": its default) and
+#: "none" (the lr as given) -> lowbit_muon_lr_adjust_t.
+MUON_LR_ADJUSTS = {}
+MUON_LR_ADJUST_NAMES = {}
+#: How Muon's Newton-Schulz products are rounded -> lowbit_ns_precision_t.
+NS_PRECISIONS = {}
+NS_PRECISION_NAMES = {}
+if MuonLrAdjust is not None:
+    MUON_LR_ADJUSTS = {None: MuonLrAdjust.ORIGINAL, "original": MuonLrAdjust.ORIGINAL,
+                       "match_rms_adamw": MuonLrAdjust.MATCH_RMS_ADAMW,
+                       "spectral_unclamped": MuonLrAdjust.SPECTRAL_UNCLAMPED, "none": MuonLrAdjust.NONE}
+    MUON_LR_ADJUST_NAMES = {MuonLrAdjust.ORIGINAL: "original", MuonLrAdjust.MATCH_RMS_ADAMW: "match_rms_adamw",
+                            MuonLrAdjust.SPECTRAL_UNCLAMPED: "spectral_unclamped", MuonLrAdjust.NONE: "none"}
+if NsPrecision is not None:
+    NS_PRECISIONS = {None: NsPrecision.DEFAULT, "default": NsPrecision.DEFAULT, "fp32": NsPrecision.FP32,
+                     "float32": NsPrecision.FP32, "bf16": NsPrecision.BF16, "bfloat16": NsPrecision.BF16}
+    NS_PRECISION_NAMES = {NsPrecision.DEFAULT: "default", NsPrecision.FP32: "fp32", NsPrecision.BF16: "bf16"}
+
+
+def _parse_named(value, table, arg, enum_cls, what):
+    if enum_cls is None:
+        from ._errors import UnsupportedError
+
+        raise UnsupportedError(f"{arg}: the loaded library has no {what} (Muon needs lowbit >= 0.7)")
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        try:
+            return enum_cls(int(value))
+        except ValueError:
+            raise InvalidArgumentError(f"{arg}={value!r} is not a {what} value") from None
+    key = value.lower() if isinstance(value, str) else value
+    if isinstance(key, (list, dict, set, tuple)) or key not in table:
+        raise InvalidArgumentError(f"{arg}={value!r} is not one of {_names(table)}"
+                                   + (" (or None)" if None in table else ""))
+    return table[key]
+
+
+def parse_adjust_lr(value, arg="adjust_lr"):
+    """A lowbit_muon_lr_adjust_t from torch.optim.Muon's adjust_lr_fn names
+    (None / "original", "match_rms_adamw", "spectral_unclamped") or "none"
+    (no adjustment)."""
+    return _parse_named(value, MUON_LR_ADJUSTS, arg, MuonLrAdjust, "Muon lr adjustment")
+
+
+def parse_ns_precision(value, arg="ns_precision"):
+    """A lowbit_ns_precision_t from "default" (None; CPU fp32, CUDA bf16),
+    "fp32" or "bf16" (torch.optim.Muon's rounding)."""
+    return _parse_named(value, NS_PRECISIONS, arg, NsPrecision, "Newton-Schulz precision")
 
 
 # ----------------------------------------------------------------- state formats, normalisations, presets

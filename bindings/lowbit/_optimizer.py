@@ -78,6 +78,20 @@ class Optimizer(Handle):
             gw[...] = compute_grad(w)
             opt.step()                    # updates w in place
 
+    Muon (``algorithm="muon"``, as torch.optim.Muon) takes params of 2 or
+    more dims (their shape: the array's, or ``shape=``) and the options
+    ``ns_steps``, ``ns_coefficients`` (a, b, c), ``adjust_lr`` ("original",
+    "match_rms_adamw", "spectral_unclamped" or "none") and ``ns_precision``
+    ("default": fp32 on the CPU, bf16 on CUDA; "fp32"; "bf16": torch's
+    rounding), besides lr, weight_decay, momentum, nesterov and eps. A group
+    added with ``add_group(algorithm="adamw", ...)`` (or "adam", "lion",
+    "sgd") steps its params, 1-D ones included, with that algorithm::
+
+        opt = lowbit.Optimizer("muon", lr=0.02, state="8bit", first_normalization="rank1")
+        opt.add_param(w, grad=gw)                       # a matrix
+        g = opt.add_group(algorithm="adamw", lr=3e-4)   # AdamW's defaults
+        opt.add_param(b, grad=gb, group=g)              # a bias
+
     Arrays are used in place and never copied; the optimizer keeps references
     to registered arrays so their memory stays valid. Free the handle with
     :meth:`close` or a ``with`` block (garbage collection also frees it).
@@ -119,6 +133,10 @@ class Optimizer(Handle):
         dampening=None,
         nesterov=None,
         bias_correction=None,
+        ns_steps=None,
+        ns_coefficients=None,
+        adjust_lr=None,
+        ns_precision=None,
         state="fp32",
         second_state=None,
         first_normalization=None,
@@ -162,9 +180,16 @@ class Optimizer(Handle):
         if freeze_step is not None:
             cfg.freeze_step = c_int(freeze_step, "freeze_step")
 
+        muon_options = dict(ns_steps=ns_steps, ns_coefficients=ns_coefficients, adjust_lr=adjust_lr,
+                            ns_precision=ns_precision)
+        given = sorted(k for k, v in muon_options.items() if v is not None)
+        if given and self.algorithm != getattr(Algorithm, "MUON", None):
+            raise InvalidArgumentError(f"{', '.join(given)}: options of Muon (algorithm='muon'); this optimizer is "
+                                       f"{self.algorithm.name.lower()}")
         hp = new_hparams(self.algorithm)
         fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                               dampening=dampening, nesterov=nesterov, bias_correction=bias_correction))
+                               dampening=dampening, nesterov=nesterov, bias_correction=bias_correction,
+                               **muon_options))
         out = ffi.new("lowbit_optimizer_t *")
         call("lowbit_optimizer_create", out, cfg, hp)
         self._open(out[0], _destroy, int(ffi.cast("uintptr_t", out[0])))
@@ -263,9 +288,15 @@ class Optimizer(Handle):
         return self._num_groups
 
     @locked
-    def add_group(self, **hparams) -> int:
-        """Add a parameter group; unspecified hparams take the algorithm's defaults."""
-        hp = new_hparams(self.algorithm)
+    def add_group(self, *, algorithm=None, **hparams) -> int:
+        """Add a parameter group; unspecified hparams take the algorithm's defaults.
+
+        ``algorithm``: a Muon optimizer's group may take "adamw", "adam",
+        "lion" or "sgd" instead (the hybrid: 1-D params, embeddings and heads
+        stepped with AdamW in the same optimizer); its defaults are then that
+        algorithm's. Other optimizers' groups take their own algorithm only."""
+        group_algorithm = self.algorithm if algorithm is None or algorithm == 0 else parse_algorithm(algorithm)
+        hp = new_hparams(group_algorithm)
         fill_hparams(hp, hparams)
         self._call("lowbit_optimizer_add_group", hp, self._i32)
         group = self._i32[0]
@@ -280,7 +311,10 @@ class Optimizer(Handle):
 
     @locked
     def get_hparams(self, group: int = 0) -> dict:
-        return hparams_to_dict(self._get_hparams(group))
+        """The group's hyper-parameters by name (what set_hparams and
+        add_group take), with its ``algorithm`` (since 0.7) and, for a Muon
+        group, Muon's options."""
+        return hparams_to_dict(self._get_hparams(group), self.algorithm)
 
     @locked
     def set_hparams(self, group: int = 0, **hparams) -> None:
@@ -649,6 +683,14 @@ class Optimizer(Handle):
         """Bytes of optimizer state of one param, or of all params."""
         self._call("lowbit_optimizer_state_bytes", -1 if param_id is None else c_int(param_id, "param_id"),
                    self._i64)
+        return self._i64[0]
+
+    @locked
+    def workspace_bytes(self) -> int:
+        """Bytes of step workspace the optimizer holds on its device besides
+        its state (Muon: its batch of fp32 updates and Newton-Schulz products;
+        0 for the element-wise algorithms). Allocated at registration."""
+        self._call("lowbit_optimizer_workspace_bytes", self._i64)
         return self._i64[0]
 
     @locked

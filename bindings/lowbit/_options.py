@@ -12,9 +12,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._errors import InvalidArgumentError
-from ._ffi import Dtype, Normalization, StateFormat, ffi, struct_fields
+from ._ffi import Algorithm, Dtype, Normalization, StateFormat, ffi, struct_fields
 from ._lib import call
-from ._names import NORMALIZATION_NAMES, STATE_FORMAT_NAMES, c_int
+from ._names import (
+    MUON_LR_ADJUST_NAMES,
+    NORMALIZATION_NAMES,
+    NS_PRECISION_NAMES,
+    STATE_FORMAT_NAMES,
+    MuonLrAdjust,
+    NsPrecision,
+    algorithm_name,
+    c_int,
+    parse_adjust_lr,
+    parse_algorithm,
+    parse_ns_precision,
+)
 
 # ----------------------------------------------------------------- optimizer settings
 
@@ -36,14 +48,23 @@ def config_defaults(algorithm) -> dict:
 
 HPARAM_NAMES = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening", "nesterov",
                 "bias_correction")
+_HPARAM_FIELDS = set(struct_fields("lowbit_hparams_t"))
+#: Since 0.7: a group's own algorithm (a Muon optimizer's hybrid groups) and
+#: Muon's options; present where the loaded library declares them.
+MUON_HPARAM_NAMES = tuple(n for n in ("ns_steps", "ns_coefficients", "adjust_lr", "ns_precision")
+                          if n in _HPARAM_FIELDS)
+if "algorithm" in _HPARAM_FIELDS:
+    HPARAM_NAMES += ("algorithm",) + MUON_HPARAM_NAMES
 _HPARAM_FLAGS = ("nesterov", "bias_correction")
 _HPARAM_REALS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening")
 
 
 def new_hparams(algorithm):
-    """A cffi lowbit_hparams_t with the algorithm's defaults."""
+    """A cffi lowbit_hparams_t, the whole struct as declared, with the
+    algorithm's defaults (a group of another algorithm in a Muon optimizer:
+    that algorithm's defaults, and its ``algorithm`` field set)."""
     hp = ffi.new("lowbit_hparams_t *")
-    call("lowbit_hparams_init", hp, int(algorithm))
+    call("lowbit_hparams_init_sized", hp, ffi.sizeof(hp[0]), int(algorithm))
     return hp
 
 
@@ -68,12 +89,34 @@ def fill_hparams(hp, kw: dict) -> None:
             setattr(hp, name, int(bool(value)))
         elif name in _HPARAM_REALS:
             setattr(hp, name, as_real(name, value))
+        elif name == "algorithm" and "algorithm" in _HPARAM_FIELDS:
+            hp.algorithm = int(parse_algorithm(value)) if value != 0 else 0
+        elif name == "ns_steps" and name in _HPARAM_FIELDS:
+            hp.ns_steps = c_int(value, "ns_steps", "int32_t")
+        elif name == "ns_coefficients" and name in _HPARAM_FIELDS:
+            try:
+                coeffs = [as_real("ns_coefficients", c) for c in value]
+            except TypeError:
+                raise InvalidArgumentError(f"ns_coefficients={value!r} is not a sequence of 3 reals") from None
+            if len(coeffs) != 3:
+                raise InvalidArgumentError(f"ns_coefficients={value!r} must hold exactly 3 values (a, b, c)")
+            for k, c in enumerate(coeffs):
+                hp.ns_coefficients[k] = c
+        elif name == "adjust_lr" and name in _HPARAM_FIELDS:
+            hp.adjust_lr = int(parse_adjust_lr(value))
+        elif name == "ns_precision" and name in _HPARAM_FIELDS:
+            hp.ns_precision = int(parse_ns_precision(value))
         else:
             raise InvalidArgumentError(f"unknown hyper-parameter {name!r}; known: {', '.join(HPARAM_NAMES)}")
 
 
-def hparams_to_dict(hp) -> dict:
-    return {
+def hparams_to_dict(hp, optimizer_algorithm=None) -> dict:
+    """The hyper-parameters by name (what fill_hparams takes). Since 0.7
+    also the group's ``algorithm`` (its name; the optimizer's when the
+    library says 0 and `optimizer_algorithm` is given), and for a Muon group
+    Muon's options (``ns_steps``, ``ns_coefficients``,
+    ``adjust_lr``, ``ns_precision``, by name)."""
+    out = {
         "lr": hp.lr,
         "betas": (hp.beta1, hp.beta2),
         "eps": hp.eps,
@@ -83,6 +126,17 @@ def hparams_to_dict(hp) -> dict:
         "nesterov": bool(hp.nesterov),
         "bias_correction": bool(hp.bias_correction),
     }
+    if "algorithm" in _HPARAM_FIELDS:
+        algo = int(hp.algorithm) or (int(optimizer_algorithm) if optimizer_algorithm is not None else 0)
+        if algo:
+            out["algorithm"] = algorithm_name(algo)
+        muon = getattr(Algorithm, "MUON", None)
+        if muon is not None and algo == muon and MUON_HPARAM_NAMES:
+            out["ns_steps"] = int(hp.ns_steps)
+            out["ns_coefficients"] = tuple(float(c) for c in hp.ns_coefficients)
+            out["adjust_lr"] = MUON_LR_ADJUST_NAMES.get(MuonLrAdjust(hp.adjust_lr), int(hp.adjust_lr))
+            out["ns_precision"] = NS_PRECISION_NAMES.get(NsPrecision(hp.ns_precision), int(hp.ns_precision))
+    return out
 
 
 # ----------------------------------------------------------------- 1-bit options

@@ -193,8 +193,9 @@ def test_raw_unknown_struct_size_and_enum():
     cfg = ffi.new("lowbit_optimizer_config_t *")
     hp = ffi.new("lowbit_hparams_t *")
     _fn("lowbit_optimizer_config_init_sized")(cfg, ffi.sizeof(cfg[0]), lowbit.Algorithm.ADAMW)
+    # The plain-named init is the 0.2 entry point: it fills the 0.2 struct (48 bytes).
     _fn("lowbit_hparams_init")(hp, lowbit.Algorithm.ADAMW)
-    assert cfg.struct_size == ffi.sizeof(cfg[0]) and hp.struct_size == ffi.sizeof(hp[0])
+    assert cfg.struct_size == ffi.sizeof(cfg[0]) and hp.struct_size == 48 < ffi.sizeof(hp[0])
     h = ffi.new("lowbit_optimizer_t *")
     create = _fn("lowbit_optimizer_create")
     for field, value in [("struct_size", 3), ("algorithm", 42), ("state_format", 42), ("device", 7)]:

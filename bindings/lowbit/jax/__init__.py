@@ -18,6 +18,13 @@ in one pass and in place (the outputs alias the inputs).
     step = jax.jit(opt.step, donate_argnums=(0, 2))
     params, state = step(params, grads, state)
 
+Muon (``ljax.muon``, torch.optim.Muon's arguments) takes leaves of 2 or
+more dims; step the others with another transformation in the same
+``optax.partition`` (the Muon + AdamW hybrid):
+
+    labels = jax.tree_util.tree_map(lambda p: "muon" if p.ndim >= 2 else "adamw", params)
+    opt = optax.partition({"muon": ljax.muon(0.02, state_format="8bit"), "adamw": ljax.adamw(3e-4)}, labels)
+
 State formats are those of the C API: ``"fp32"``, ``"bf16"``, ``"8bit"``,
 ``"4bit"``, ``"fp8"``; params with fewer than ``min_quantized_numel`` (the library's default, 4096)
 elements keep fp32 state when a quantized format is asked for.
@@ -86,6 +93,7 @@ __all__ = [
     "library_path",
     "lion",
     "moments",
+    "muon",
     "sgd",
 ]
 
@@ -203,3 +211,41 @@ def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_d
                         nesterov=bool(nesterov), weight_decay=weight_decay, mask=mask,
                         **_common(Algorithm.SGD, state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
                                   seed, skip_nonfinite, num_threads, first_normalization)))
+
+
+def muon(learning_rate=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_coefficients=(3.4445, -4.775, 2.0315),
+         eps=1e-7, ns_steps=5, adjust_lr_fn=None, mask=None, *, ns_precision="default", state_format="fp32",
+         first_normalization=None, min_quantized_numel=None, stochastic_rounding=False, error_correction=False, seed=0,
+         skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
+    """Muon with the arguments and defaults of ``torch.optim.Muon`` (and of
+    lowbit.torch.Muon): per leaf of 2 or more dims (more dims are read as
+    rows = dim 0, cols = the rest), m = m + (1 - momentum) (g - m); the
+    update g + momentum (m - g) (Nesterov) or m, orthogonalised by
+    ``ns_steps`` Newton-Schulz iterations of ``ns_coefficients``; p = p (1 -
+    lr weight_decay) - adjusted lr * update, with ``adjust_lr_fn`` None /
+    "original", "match_rms_adamw", "spectral_unclamped" (torch's) or "none".
+    ``ns_precision``: "default" (fp32 on the CPU, bf16 on CUDA), "fp32", or
+    "bf16" (torch.optim.Muon's rounding).
+
+    Every leaf must have 2 or more dims; step biases, norms and embeddings
+    with another transformation, e.g.
+    ``optax.partition({"muon": ljax.muon(0.02), "adamw": ljax.adamw(3e-4)}, labels)``.
+    An 8-bit or 4-bit momentum is normalised rank-1 (one max vector per
+    dim) unless ``first_normalization`` says otherwise.""" + _COMMON_DOC
+    from .._names import parse_adjust_lr, parse_ns_precision
+
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int):
+        raise InvalidArgumentError(f"lowbit.jax: ns_steps={ns_steps!r} must be an int")
+    coeffs = tuple(float(c) for c in ns_coefficients)
+    if len(coeffs) != 3:
+        raise InvalidArgumentError(f"lowbit.jax: ns_coefficients={ns_coefficients!r} must hold 3 values (a, b, c)")
+    adjust = parse_adjust_lr("original" if adjust_lr_fn is None else adjust_lr_fn, "adjust_lr_fn")
+    precision = parse_ns_precision(ns_precision)
+    fmt = parse_state_option(state_format, arg="state_format", algorithm=Algorithm.MUON)[0]
+    if first_normalization is None and fmt in (StateFormat.BIT8, StateFormat.BIT4):
+        first_normalization = "rank1"
+    return _make(Config(Algorithm.MUON, learning_rate, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                        nesterov=bool(nesterov), bias_correction=False, mask=mask, ns_steps=ns_steps,
+                        ns_coefficients=coeffs, adjust_lr=int(adjust), ns_precision=int(precision),
+                        **_common(Algorithm.MUON, state_format, None, min_quantized_numel, stochastic_rounding,
+                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization)))

@@ -70,6 +70,11 @@ class Config:
     seed: int = 0
     skip_nonfinite: bool = True
     num_threads: int = 0
+    # Muon's (protocol 4; read by the step for algorithm muon only)
+    ns_steps: int = 5
+    ns_coefficients: tuple = (3.4445, -4.775, 2.0315)
+    adjust_lr: int = 0  # lowbit_muon_lr_adjust_t
+    ns_precision: int = 0  # lowbit_ns_precision_t
 
 
 class _Leaf(NamedTuple):
@@ -93,6 +98,10 @@ def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"lowbit.jax: param {name} has dtype {dtype}; lowbit updates float32, bfloat16 and float16")
     shape = tuple(int(d) for d in shape)
+    if cfg.algorithm == getattr(Algorithm, "MUON", None) and not 2 <= len(shape) <= MAX_DIMS:
+        raise ValueError(f"lowbit.jax.muon: param {name} has shape {shape}: Muon orthogonalises matrices (2 to "
+                         f"{MAX_DIMS} dims); step 1-D leaves (biases, norms) with another transformation, e.g. "
+                         "optax.partition with lowbit.jax.adamw")
     numel = int(np.prod(shape, dtype=np.int64))
     # The library plans 1..8 dims; a leaf of more dims (or none, or an empty
     # one) is planned flat, so its moments keep blocks.

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._ffi import Algorithm
 from ._module import _MODULE, _STEP_TARGET, _check_hparams
 from ._state import Config, LowbitState, _flatten_like, _init, _leaf_names, _plan_leaf, _present
 
@@ -116,6 +117,10 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
         skip_nonfinite=np.int32(cfg.skip_nonfinite),
         num_threads=np.int32(cfg.num_threads),
         names="\n".join(names),
+        ns_steps=np.int32(cfg.ns_steps),
+        ns_coefficients=np.array(cfg.ns_coefficients, np.float32),
+        adjust_lr=np.int32(cfg.adjust_lr),
+        ns_precision=np.int32(cfg.ns_precision),
     )
     un = treedef.unflatten
     pos = 1
@@ -143,13 +148,33 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     return new_params, new_state
 
 
+def _check_muon_hparams(cfg: Config, lr: float) -> None:
+    """Muon's hyper-parameters checked by the library (lowbit_hparams_check),
+    raising its error."""
+    from .._errors import InvalidArgumentError
+    from .._lib import call
+    from .._options import fill_hparams, new_hparams
+
+    hp = new_hparams(cfg.algorithm)
+    fill_hparams(hp, dict(lr=lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                          nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients,
+                          adjust_lr=cfg.adjust_lr, ns_precision=cfg.ns_precision))
+    try:
+        call("lowbit_hparams_check", hp, int(cfg.algorithm))
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"lowbit.jax: {e.message}", e.status) from None
+
+
 def _make(cfg: Config) -> LowbitTransformation:
     lr0 = 0.0 if callable(cfg.learning_rate) else float(cfg.learning_rate)
-    _check_hparams(cfg.algorithm, lr0, cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.momentum, cfg.dampening,
-                   cfg.nesterov, cfg.bias_correction)
+    if cfg.algorithm == getattr(Algorithm, "MUON", None):
+        _check_muon_hparams(cfg, lr0)
+    else:
+        _check_hparams(cfg.algorithm, lr0, cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.momentum, cfg.dampening,
+                       cfg.nesterov, cfg.bias_correction)
     # The library checks the state settings (formats, normalisations, the
     # threshold) as it plans a leaf: one now, so that they fail here.
-    _plan_leaf((1,), jnp.float32, cfg, "<settings>")
+    _plan_leaf((1, 1) if cfg.algorithm == getattr(Algorithm, "MUON", None) else (1,), jnp.float32, cfg, "<settings>")
 
     def init(params):
         return _init(params, cfg)

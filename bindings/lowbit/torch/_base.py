@@ -394,6 +394,11 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         """How many moments a param of this group keeps."""
         return len(self._moment_names)
 
+    def _param_options(self, p: torch.Tensor, group: dict) -> dict:
+        """Further add_param options of a param of `group` (a subclass's
+        per-param choices; Muon: rank-1 normalised momentum of its matrices)."""
+        return {}
+
     def _register(self, p: torch.Tensor, gi: int, group: dict) -> None:
         local = _local(p)  # a DTensor: the library keeps the state of this rank's shard
         dev = self._device_state(local.device)
@@ -403,7 +408,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             ref, None, group=gi,
             state=None if fmt == self._state_format else fmt,
             stochastic_rounding=group.get("stochastic_rounding"),
-            error_correction=group.get("error_correction"))  # the shape: the tensor's (Optimizer.add_param)
+            error_correction=group.get("error_correction"),
+            **self._param_options(p, group))  # the shape: the tensor's (Optimizer.add_param)
         dev.params.append(p)
         dev.ptrs.append(local.data_ptr())
         dev.numels.append(local.numel())

@@ -165,7 +165,11 @@ class CPUOffload(torch.optim.Optimizer):
         self._skipped = False
         self.last_grad_norm = None  # with clipping: the total norm of the last step (a tensor)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lowbit-offload")
-        super().__init__([dict(g) for g in groups], inner.defaults)
+        # The groups as the inner optimizer filled them: its add_param_group
+        # may fill a group with defaults of its own (Muon's AdamW groups get
+        # AdamW's, not Muon's), which _sync_groups copies back at each step.
+        super().__init__([{**{k: v for k, v in ig.items() if k != "params"}, "params": g["params"]}
+                          for g, ig in zip(groups, inner.param_groups)], inner.defaults)
         self._inner = inner
         self._host_of = host_of
         self._attach(range(len(self.param_groups)))
@@ -247,14 +251,16 @@ class CPUOffload(torch.optim.Optimizer):
             group["params"] = [ps] if isinstance(ps, torch.Tensor) else list(ps)
             for p in group["params"]:
                 self._check_param(p)
-            super().add_param_group(group)
-            group = self.param_groups[-1]
             hosts = [self._host_of[p] if p in self._host_of else self._host_copy(p) for p in group["params"]]
+            # the inner optimizer first: it fills the group's defaults (as at construction)
+            self._inner.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": hosts})
             try:
-                self._inner.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": hosts})
+                ig = self._inner.param_groups[-1]
+                super().add_param_group({**{k: v for k, v in ig.items() if k != "params"}, "params": group["params"]})
             except BaseException:
-                self.param_groups.pop()
+                self._inner.param_groups.pop()
                 raise
+            group = self.param_groups[-1]
             for p, h in zip(group["params"], hosts):
                 self._host_of[p] = h
             self._attach([len(self.param_groups) - 1])

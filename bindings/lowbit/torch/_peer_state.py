@@ -18,6 +18,11 @@ rules, without importing the library that wrote it:
   16-value ``qmap``; FP8: codes are float8_e4m3fn, value = code * scale.
   Small params keep plain float32 tensors.
 
+* torch's own ``torch.optim.Muon`` (kind ``"torch_muon"``, told by its
+  param groups, which hold ``ns_coefficients`` and ``ns_steps``): per param a
+  float32 ``momentum_buffer`` and no step count (taken as 0). Only
+  lowbit.torch.Muon loads it.
+
 Moments map to torch's names: a first moment (bitsandbytes' ``state1``,
 torchao's ``exp_avg``) to ``exp_avg``, a second to ``exp_avg_sq``; for
 Lion the first is lowbit's ``exp_avg`` too."""
@@ -86,9 +91,24 @@ def _torchao_moment(v, idx: int, name: str) -> torch.Tensor:
     return (flat * _blocks(scale, numel)).reshape(shape)
 
 
-def peer_kind(state: dict) -> str | None:
+#: The param-group keys of torch.optim.Muon (none of torch's other optimizers has them).
+_TORCH_MUON_GROUP_KEYS = ("ns_coefficients", "ns_steps", "adjust_lr_fn")
+
+
+def is_torch_muon(param_groups) -> bool:
+    """Whether param groups are torch.optim.Muon's (its own keys in every group)."""
+    groups = list(param_groups or ())
+    return bool(groups) and all(isinstance(g, dict) and all(k in g for k in _TORCH_MUON_GROUP_KEYS)
+                                for g in groups)
+
+
+def peer_kind(state: dict, param_groups=None) -> str | None:
     """Which library wrote an optimizer state (the "state" of a state dict):
-    "bitsandbytes", "torchao" or None (torch's layout, or lowbit's)."""
+    "bitsandbytes", "torchao", "torch_muon" (torch.optim.Muon, told by
+    `param_groups` when given: those of a state dict without lowbit's own
+    entry) or None (torch's layout, or lowbit's)."""
+    if param_groups is not None and is_torch_muon(param_groups):
+        return "torch_muon"
     for s in state.values():
         if not isinstance(s, dict):
             continue
@@ -99,18 +119,25 @@ def peer_kind(state: dict) -> str | None:
     return None
 
 
-def to_torch_layout(state: dict, shapes: dict) -> dict:
-    """A bitsandbytes or torchao optimizer state in torch's layout: per param
-    index, ``step`` and float32 ``exp_avg`` (and ``exp_avg_sq``) shaped like
-    the param (``shapes[idx]``)."""
-    kind = peer_kind(state)
+def to_torch_layout(state: dict, shapes: dict, kind: str | None = None) -> dict:
+    """A bitsandbytes, torchao or torch.optim.Muon optimizer state in the
+    layout the lowbit.torch optimizers import: per param index, ``step`` and
+    float32 ``exp_avg`` (and ``exp_avg_sq``), or Muon's ``momentum_buffer``,
+    shaped like the param (``shapes[idx]``). `kind`: peer_kind's answer
+    (found from `state` when not given)."""
+    kind = kind or peer_kind(state)
     out = {}
     for idx, s in state.items():
         if not s:
             out[idx] = s
             continue
         shape = shapes.get(idx)
-        if kind == "bitsandbytes":
+        if kind == "torch_muon":
+            buf = s.get("momentum_buffer")
+            if buf is None:
+                raise ValueError(f"torch.optim.Muon state of param {idx} lacks momentum_buffer (has {sorted(s)})")
+            out[idx] = {"step": s.get("step", 0), "momentum_buffer": buf.float()}
+        elif kind == "bitsandbytes":
             q = s.get(_BNB_KEY, s)
             if shape is None:
                 raise ValueError(f"the state dict has state for param index {idx}, which no group holds")

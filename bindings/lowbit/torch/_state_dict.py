@@ -131,10 +131,17 @@ class StateDicts:
         return type(p).from_local(m, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                   stride=p.stride())
 
+    def _moment_names_for(self, group) -> tuple:
+        """torch's names of the moments of a param of `group` (the first
+        _num_moments(group) are kept). The class's own by default; Muon's
+        hybrid groups (AdamW, Lion, SGD) name theirs as those optimizers do."""
+        return self._moment_names
+
     def _materialized_state(self, p, group) -> dict:
         out = {"step": torch.tensor(float(self._step_count(p)), dtype=torch.float32)}
+        names = self._moment_names_for(group)
         for k in range(self._num_moments(group)):
-            out[self._moment_names[k]] = self._moment(p, k)
+            out[names[k]] = self._moment(p, k)
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -185,8 +192,12 @@ class StateDicts:
                     for h in lowbit["handles"]]
         else:
             state = state_dict.get("state", {})
-            if peer_kind(state) is not None:  # bitsandbytes or torchao: decoded into torch's layout
-                state = to_torch_layout(state, {i: tuple(p.shape) for i, p in by_index.items()})
+            kind = peer_kind(state, saved_groups if lowbit is None else None)
+            if kind == "torch_muon" and self._algorithm != getattr(Algorithm, "MUON", None):
+                raise StateMismatchError(f"this is a torch.optim.Muon state dict; load it into lowbit.torch.Muon, "
+                                         f"not {type(self).__name__}")
+            if kind is not None:  # bitsandbytes, torchao, torch.optim.Muon: decoded into torch's layout
+                state = to_torch_layout(state, {i: tuple(p.shape) for i, p in by_index.items()}, kind)
             plan, empty = self._plan_torch_import(state, by_index, saved_groups)
 
         # Build the new handles aside; swap them in only when all loaded.
@@ -230,7 +241,6 @@ class StateDicts:
         step count to the library, which encodes them into this optimizer's
         formats and checks them. Returns the plan and the step counts of the
         DTensor params whose shard on this rank is empty."""
-        names = self._moment_names
         per_device: dict = {}
         empty: dict = {}
         group_of = {}
@@ -244,6 +254,7 @@ class StateDicts:
                 continue
             if "max_exp_avg_sq" in s:
                 raise ValueError("amsgrad state (max_exp_avg_sq) cannot be imported: lowbit has no amsgrad")
+            names = self._moment_names_for(group_of[by_index[idx]])
             moments = [s.get(n) for n in names]
             if self._algorithm == Algorithm.SGD and moments[0] is None:
                 continue  # SGD without momentum keeps no state
@@ -339,8 +350,9 @@ class _StateView(Mapping):
         if opt is None:
             return ()
         group = next((g for g in opt.param_groups if any(q is self._p for q in g["params"])), None)
-        n = opt._num_moments(group) if group is not None else 0
-        return ("step",) + tuple(opt._moment_names[:n])
+        if group is None:
+            return ("step",)
+        return ("step",) + tuple(opt._moment_names_for(group)[:opt._num_moments(group)])
 
     def __getitem__(self, key):
         keys = self._keys()
