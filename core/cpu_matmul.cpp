@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #ifdef LOWBIT_HAVE_CBLAS
 #include <cblas.h>
 #endif
+#ifdef LOWBIT_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
+#include "error.hpp"
 #include "float16.hpp"
 
 namespace lowbit {
@@ -36,19 +42,125 @@ void gemm_loop(const Matmul& mm, const float* a, const float* b, float* c, int n
 }
 #endif
 
+void gemm_fp32(const Matmul& mm, const float* a, const float* b, float* c, int num_threads) {
+#ifdef LOWBIT_HAVE_CBLAS
+  (void)num_threads;
+  if (mm.symmetric && mm.m == mm.n) {
+    // op(A) op(A)^T: the upper triangle by syrk (half a product's flops), mirrored.
+    const int n = int(mm.m), k = int(mm.k);
+    cblas_ssyrk(CblasRowMajor, CblasUpper, mm.trans_a ? CblasTrans : CblasNoTrans, n, k, mm.alpha, a,
+                mm.trans_a ? n : k, mm.beta, c, n);
+    for (int i = 1; i < n; ++i)
+      for (int j = 0; j < i; ++j) c[int64_t(i) * n + j] = c[int64_t(j) * n + i];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, mm.trans_a ? CblasTrans : CblasNoTrans, mm.trans_b ? CblasTrans : CblasNoTrans,
+              int(mm.m), int(mm.n), int(mm.k), mm.alpha, a, int(mm.trans_a ? mm.m : mm.k), b,
+              int(mm.trans_b ? mm.k : mm.n), mm.beta, c, int(mm.n));
+#else
+  gemm_loop(mm, a, b, c, num_threads);
+#endif
+}
+
+#if defined(LOWBIT_HAVE_DNNL) && DNNL_VERSION_MAJOR == 2
+// Products of bf16 values (Matmul::bf16) through oneDNN's bf16 matmul (the
+// one PyTorch's CPU bf16 matmul uses): the inputs are copied to bf16 (exact:
+// they hold bf16 values), the sum is fp32. Primitives are made once per
+// shape, transposition, alpha and beta (a Newton-Schulz run uses a handful).
+class DnnlBf16 {
+ public:
+  static DnnlBf16& get() {
+    static DnnlBf16 d;
+    return d;
+  }
+  void gemm(const Matmul& mm, const float* a, const float* b, float* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    using dt = dnnl::memory::data_type;
+    const int64_t na = mm.m * mm.k, nb = mm.k * mm.n;
+    abuf_.resize(size_t(na));
+    bbuf_.resize(size_t(nb));
+    to_bf16(a, abuf_.data(), na);
+    to_bf16(b, bbuf_.data(), nb);
+    dnnl::matmul& p = primitive(mm);
+    // op(A) is m x k: A stored m x k (strides k, 1) or k x m (strides 1, m).
+    const dnnl::memory::desc a_md({mm.m, mm.k}, dt::bf16,
+                                  mm.trans_a ? dnnl::memory::dims{1, mm.m} : dnnl::memory::dims{mm.k, 1});
+    const dnnl::memory::desc b_md({mm.k, mm.n}, dt::bf16,
+                                  mm.trans_b ? dnnl::memory::dims{1, mm.k} : dnnl::memory::dims{mm.n, 1});
+    const dnnl::memory::desc c_md({mm.m, mm.n}, dt::f32, dnnl::memory::dims{mm.n, 1});
+    dnnl::memory am(a_md, engine_, abuf_.data()), bm(b_md, engine_, bbuf_.data()), cm(c_md, engine_, c);
+    p.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream_.wait();
+  }
+
+ private:
+  DnnlBf16() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+  static void to_bf16(const float* in, uint16_t* out, int64_t n) {
+#pragma omp parallel for if (n >= (1 << 18))
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
+  }
+  struct Key {
+    int64_t m, n, k;
+    bool ta, tb;
+    float alpha, beta;
+    bool operator==(const Key& o) const {
+      return m == o.m && n == o.n && k == o.k && ta == o.ta && tb == o.tb &&
+             std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
+    }
+  };
+  dnnl::matmul& primitive(const Matmul& mm) {
+    const Key key{mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.alpha, mm.beta};
+    for (auto& e : cache_)
+      if (e.first == key) return e.second;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md({mm.m, mm.k}, dt::bf16,
+                                  mm.trans_a ? dnnl::memory::dims{1, mm.m} : dnnl::memory::dims{mm.k, 1});
+    const dnnl::memory::desc b_md({mm.k, mm.n}, dt::bf16,
+                                  mm.trans_b ? dnnl::memory::dims{1, mm.k} : dnnl::memory::dims{mm.n, 1});
+    const dnnl::memory::desc c_md({mm.m, mm.n}, dt::f32, dnnl::memory::dims{mm.n, 1});
+    dnnl::primitive_attr attr;
+    if (mm.alpha != 1.f) attr.set_output_scales(0, {mm.alpha});
+    if (mm.beta != 0.f) {
+      dnnl::post_ops ops;
+      ops.append_sum(mm.beta);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
+    if (cache_.size() >= 64) cache_.clear();
+    cache_.emplace_back(key, dnnl::matmul(pd));
+    return cache_.back().second;
+  }
+
+  std::mutex mu_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::vector<std::pair<Key, dnnl::matmul>> cache_;
+  std::vector<uint16_t> abuf_, bbuf_;  // keep their capacity: no allocation once a step has run
+};
+#define LOWBIT_DNNL_BF16 1
+#endif
+
 }  // namespace
 
 void cpu_matmul(const Matmul& mm, int num_threads) {
   const int64_t cn = mm.m * mm.n;
   for (int64_t i = 0; i < mm.batch; ++i) {
     float* c = mm.c + i * mm.stride_c;
+    const float* a = mm.a + i * mm.stride_a;
+    const float* b = mm.b + i * mm.stride_b;
     if (mm.beta != 0.f && mm.d != mm.c) std::memcpy(c, mm.d + i * mm.stride_c, size_t(cn) * sizeof(float));
-#ifdef LOWBIT_HAVE_CBLAS
-    cblas_sgemm(CblasRowMajor, mm.trans_a ? CblasTrans : CblasNoTrans, mm.trans_b ? CblasTrans : CblasNoTrans,
-                int(mm.m), int(mm.n), int(mm.k), mm.alpha, mm.a + i * mm.stride_a, int(mm.trans_a ? mm.m : mm.k),
-                mm.b + i * mm.stride_b, int(mm.trans_b ? mm.k : mm.n), mm.beta, c, int(mm.n));
+#ifdef LOWBIT_DNNL_BF16
+    if (mm.bf16) {
+      try {
+        DnnlBf16::get().gemm(mm, a, b, c);
+      } catch (const dnnl::error& e) {
+        fail(LOWBIT_ERROR_INTERNAL, "oneDNN's bf16 matmul failed: ", e.what());
+      }
+    } else {
+      gemm_fp32(mm, a, b, c, num_threads);
+    }
 #else
-    gemm_loop(mm, mm.a + i * mm.stride_a, mm.b + i * mm.stride_b, c, num_threads);
+    gemm_fp32(mm, a, b, c, num_threads);
 #endif
     if (mm.bf16) {
 #pragma omp parallel for num_threads(num_threads) if (cn >= (1 << 18))

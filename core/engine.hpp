@@ -92,6 +92,9 @@ struct Matmul {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // D has C's stride
   float alpha = 1.f, beta = 0.f;
   bool bf16 = false;
+  // op(B) = op(A)^T (so C, D symmetric: X X^T, X^T X, or A A of a symmetric
+  // A): an engine may compute one triangle and mirror it.
+  bool symmetric = false;
 };
 
 class Engine {

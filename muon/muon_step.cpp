@@ -145,6 +145,7 @@ void MuonSteps::orthogonalise(Engine& e, const Batch& b, const lowbit_hparams_t&
     g.a = x, g.b = x, g.c = gram;
     g.stride_a = numel, g.stride_b = numel, g.stride_c = k * k;
     g.bf16 = bf16;
+    g.symmetric = true;
     e.matmul(g, stream);
     Matmul p;  // B = b A + c A A
     p.m = k, p.n = k, p.k = k, p.batch = count;
@@ -152,6 +153,7 @@ void MuonSteps::orthogonalise(Engine& e, const Batch& b, const lowbit_hparams_t&
     p.stride_a = k * k, p.stride_b = k * k, p.stride_c = k * k;
     p.alpha = cc, p.beta = cb;
     p.bf16 = bf16;
+    p.symmetric = true;  // A is symmetric (mirrored or exactly so)
     e.matmul(p, stream);
     Matmul u;  // X' = a X + B X (wide) or a X + X B^T (tall)
     u.m = b.rows, u.n = b.cols, u.k = k, u.batch = count;

@@ -11,6 +11,7 @@ need_apt=()
 dpkg -s libcmocka-dev >/dev/null 2>&1 || need_apt+=(libcmocka-dev)
 dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || need_apt+=(libopenblas-dev)  # Muon's CPU products (CBLAS)
+dpkg -s libdnnl-dev >/dev/null 2>&1 || need_apt+=(libdnnl-dev)  # Muon's bf16 CPU products (oneDNN)
 dpkg -s openmpi-bin >/dev/null 2>&1 || need_apt+=(openmpi-bin)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 # The Rust crate's test (bindings/rust, CTest rust.train_linear): Debian's

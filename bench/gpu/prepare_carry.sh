@@ -18,10 +18,13 @@ grep -qxF "/.dev/" "$ROOT/.git/info/exclude" 2>/dev/null || echo "/.dev/" >>"$RO
 
 # 1. The build: sm_90 only (the lent machines are Hopper), MPI on (the carried
 # Open MPI provides libmpi.so.40 there), the JAX handlers when jax is here.
+# Without OpenBLAS and oneDNN (76 MB together, past the carry's 64 MiB): the
+# CPU side of Muon then uses its own product loop there; CUDA uses cuBLAS.
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOWBIT_WITH_MPI=ON \
-  -DLOWBIT_CUDA_FAST_MATH=OFF -DLOWBIT_CUDA_STEP_MIN_BLOCKS= -DLOWBIT_CUDA_PTXAS_VERBOSE=ON >/dev/null
+  -DLOWBIT_CUDA_FAST_MATH=OFF -DLOWBIT_CUDA_STEP_MIN_BLOCKS= -DLOWBIT_CUDA_PTXAS_VERBOSE=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DCMAKE_DISABLE_FIND_PACKAGE_dnnl=ON >/dev/null
 targets=(lowbit test_cuda_vs_cpu test_cuda_graph_capi test_cuda_engine_graph test_onebit_cuda test_comm_cuda
-         test_functional_step_cuda test_step_params_cuda bench_gpu_step bench_comm_cuda)
+         test_functional_step_cuda test_step_params_cuda test_muon_cuda bench_gpu_step bench_comm_cuda)
 python3 -c "import jax" 2>/dev/null && targets+=(lowbit_jax)
 cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
 
@@ -37,8 +40,7 @@ cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
 cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
 
 # 2. Shared libraries the binaries take from this machine's system.
-# OpenBLAS (Muon's CPU products) and what it links.
-for lib in libcmocka.so.0 libgomp.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
+for lib in libcmocka.so.0 libgomp.so.1; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
 cudart=$(ldd "$B/tests/cuda/test_cuda_vs_cpu" | awk '/libcudart.so/ {print $3}')
 [ -n "$cudart" ] && cp -L "$cudart" "$C/lib/"
 
@@ -67,5 +69,10 @@ export LOWBIT_MPIRUN=/tmp/ompi/bin/mpirun
 export PYTHONPATH=$_carry/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=/tmp/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$_carry/lib
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# cuBLAS for Muon's CUDA products (loaded at run time): torch's nvidia-cublas
+# wheel where no toolkit provides libcublas.so.13 on the loader's path.
+for _d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
+  [ -e "$_d/libcublas.so.13" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$_d
+done
 ENV
 du -sh "$C"
