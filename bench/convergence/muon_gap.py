@@ -12,7 +12,8 @@ lowbit's fp32 Muon, per seed and horizon.
 
 Configurations: torch (torch.optim.Muon + torch.optim.AdamW, fp32), fp32,
 8bit and 4bit (lowbit.torch.Muon's state=, the AdamW group's state with it;
-8-bit and 4-bit momentum of a Muon matrix are rank-1 normalised), 4bit-sr,
+8-bit and 4-bit momentum of a Muon matrix are rank-1 normalised), 4bit-sr
+(blocks, stochastic codes), 4bit-block and 8bit-block (blocks of 128 / 256),
 and adamw (char_lm's AdamW alone, for scale)."""
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class _Pair:
         self.adamw.step()
 
 
-def _lowbit(state, ns_precision="fp32"):
+def _lowbit(state, ns_precision="fp32", **options):
     def make(model):
         import lowbit.torch as lbt
         import char_lm as task
@@ -65,7 +66,7 @@ def _lowbit(state, ns_precision="fp32"):
         groups = [{"params": m},
                   {"params": o, "algorithm": "adamw", "betas": task.BETAS, "weight_decay": task.WEIGHT_DECAY}]
         return lbt.Muon(groups, lr=task.LR, weight_decay=task.WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw",
-                        state=state, ns_precision=ns_precision, num_threads=1)
+                        state=state, ns_precision=ns_precision, num_threads=1, **options)
     return make
 
 
@@ -82,6 +83,8 @@ CONFIGS = {
     "8bit": _lowbit("8bit"),
     "4bit": _lowbit("4bit"),
     "4bit-sr": _lowbit("4bit-sr"),
+    "4bit-block": _lowbit("4bit", first_normalization="block"),
+    "8bit-block": _lowbit("8bit", first_normalization="block"),
     "adamw": _adamw,
 }
 

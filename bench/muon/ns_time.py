@@ -23,10 +23,11 @@ Per optimizer, after 2 warm-up steps, --steps steps on fixed random grads:
 Threads: torch.set_num_threads(--threads), which lowbit.torch also takes
 for its CPU engine; lowbit's products run in OpenBLAS, whose threads are
 OPENBLAS_NUM_THREADS's (this script sets it to --threads before loading the
-library unless it is set). On the CPU lowbit's "bf16" is torch.optim.Muon's
-rounding emulated over fp32 products (sgemm, then each product rounded to
-bf16), so it costs what "fp32" costs; torch's bf16 products run in its own
-bf16 GEMM.
+library unless it is set). On the CPU lowbit's "bf16" products run in
+oneDNN's bf16 matmul when the build found oneDNN (libdnnl-dev; else fp32
+sgemm products rounded to bf16, at "fp32"'s cost), and its "fp32" products
+in OpenBLAS (sgemm, ssyrk for the two symmetric ones); torch's bf16 products
+run in its own bf16 GEMM (oneDNN).
 """
 
 from __future__ import annotations
