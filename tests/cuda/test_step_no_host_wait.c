@@ -10,7 +10,9 @@
  * takes steps with registered gradients and with step_with_grads, on a
  * created stream and on the legacy default stream, after an lr change: every
  * call inside lowbit_optimizer_step counts 0 of each kind, the first step
- * after registration included.
+ * after registration included. Muon (fp32, 8-bit, 4-bit rank-1 momentum,
+ * bf16 params with SR, an AdamW group beside it) likewise: its momentum,
+ * norm, scale and update passes and its products stay on the stream.
  *
  * With skip_nonfinite = 1 a NaN gradient still skips the whole step: once the
  * stream is synchronised, lowbit_optimizer_last_step_skipped() is 1 and the
@@ -167,6 +169,79 @@ static void test_every_step_is_wait_free(void** state) {
   printf("%lld step calls: no host wait, no allocation\n", (long long)g_checked);
 }
 
+
+/* Muon (a momentum step per batch of equal matrices, passes and cuBLAS
+ * products on the stream) with an AdamW group beside it: the same, from the
+ * first step after registration, in fp32, 8-bit and 4-bit rank-1. */
+static void test_muon_steps_are_wait_free(void** state) {
+  (void)state;
+  static const int64_t ROWS[NP] = {300, 61, 129}, COLS[NP] = {233, 82, 1};
+  const lowbit_state_format_t fmts[3] = {LOWBIT_STATE_FP32, LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT};
+  cudaStream_t s;
+  CT_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int fi = 0; fi < 3; ++fi)
+    for (int skip = 0; skip <= 1; ++skip) {
+      char label[96];
+      snprintf(label, sizeof label, "muon format %d skip_nonfinite=%d", (int)fmts[fi], skip);
+      fixture_t f;
+      memset(&f, 0, sizeof f);
+      lowbit_optimizer_config_t cfg;
+      lowbit_hparams_t h, ha;
+      assert_int_equal(lowbit_optimizer_config_init(&cfg, LOWBIT_ALGORITHM_MUON), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_hparams_init(&h, LOWBIT_ALGORITHM_MUON), LOWBIT_SUCCESS);
+      assert_int_equal(lowbit_hparams_init(&ha, LOWBIT_ALGORITHM_ADAMW), LOWBIT_SUCCESS);
+      cfg.device = LOWBIT_DEVICE_CUDA;
+      cfg.state_format = fmts[fi];
+      cfg.first_normalization = fmts[fi] == LOWBIT_STATE_4BIT ? LOWBIT_NORMALIZATION_RANK1 : LOWBIT_NORMALIZATION_BLOCK;
+      cfg.min_quantized_numel = 0;
+      cfg.skip_nonfinite = skip;
+      cfg.seed = next_u64();
+      if (lowbit_optimizer_create(&f.opt, &cfg, &h) != LOWBIT_SUCCESS) fail_msg("create: %s", lowbit_last_error());
+      int32_t g1;
+      assert_int_equal(lowbit_optimizer_add_group(f.opt, &ha, &g1), LOWBIT_SUCCESS);
+      for (int i = 0; i < NP; ++i) {
+        const int64_t n = ROWS[i] * COLS[i];
+        CT_CUDA(cudaMalloc(&f.param[i], (size_t)n * ct_dtype_bytes(PDT[i])));
+        CT_CUDA(cudaMalloc(&f.grad[i], (size_t)n * ct_dtype_bytes(PDT[i])));
+        ct_fill(f.param[i], PDT[i], n, -4, 0, &g_rng);
+        lowbit_param_config_t pc;
+        lowbit_param_config_init(&pc);
+        pc.param = (lowbit_tensor_t){f.param[i], n, PDT[i], LOWBIT_DEVICE_CUDA, 0};
+        pc.grad = (lowbit_tensor_t){f.grad[i], n, PDT[i], LOWBIT_DEVICE_CUDA, 0};
+        pc.stochastic_rounding = SR[i];
+        pc.error_correction = ECC[i];
+        if (COLS[i] > 1) {
+          pc.ndim = 2, pc.shape[0] = ROWS[i], pc.shape[1] = COLS[i];
+        } else {
+          pc.group = g1;  /* the AdamW group */
+        }
+        int64_t id;
+        if (lowbit_optimizer_add_param(f.opt, &pc, &id) != LOWBIT_SUCCESS)
+          fail_msg("add_param: %s", lowbit_optimizer_last_error(f.opt));
+      }
+      for (int i = 0; i < NP; ++i) ct_fill(f.grad[i], PDT[i], ROWS[i] * COLS[i], -12, 0, &g_rng);
+      NO_WAIT(label, lowbit_optimizer_step(f.opt, s)); /* the first step after registration */
+      NO_WAIT(label, lowbit_optimizer_step(f.opt, NULL));
+      assert_int_equal(lowbit_optimizer_set_lr(f.opt, 0, 1e-4f), LOWBIT_SUCCESS);
+      lowbit_tensor_t grads[NP];
+      for (int i = 0; i < NP; ++i)
+        grads[i] = (lowbit_tensor_t){f.grad[i], ROWS[i] * COLS[i], PDT[i], LOWBIT_DEVICE_CUDA, 0};
+      grads[1].data = NULL; /* param 1 sits this step out */
+      NO_WAIT(label, lowbit_optimizer_step_with_grads(f.opt, grads, NP, s));
+      CT_CUDA(cudaStreamSynchronize(s));
+      int32_t skipped = -1;
+      assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
+      assert_int_equal(skipped, 0);
+      lowbit_param_info_t info;
+      memset(&info, 0, sizeof info);
+      info.struct_size = sizeof info;
+      assert_int_equal(lowbit_optimizer_param_info(f.opt, 1, &info), LOWBIT_SUCCESS);
+      assert_int_equal(info.step, 2);
+      teardown(&f);
+    }
+  cudaStreamDestroy(s);
+}
+
 static void test_nan_skips_and_changes_nothing(void** state) {
   (void)state;
   for (size_t a = 0; a < sizeof ALGOS / sizeof ALGOS[0]; ++a) {
@@ -266,6 +341,7 @@ int main(void) {
   g_rng = lowbit_test_seed("test_step_no_host_wait");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_step_is_wait_free),
+      cmocka_unit_test(test_muon_steps_are_wait_free),
       cmocka_unit_test(test_nan_skips_and_changes_nothing),
       cmocka_unit_test(test_default_step_in_a_graph),
   };
