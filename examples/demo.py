@@ -12,6 +12,8 @@ from the same weights and fed the same mini-batches, is trained with
   AdamW, 4-bit blockwise state (and lpmm's rank-1 / Factor presets, and 4bit-sr)
   AdamW, FP8 (e4m3) state
   Lion,  8-bit state
+  Muon,  fp32, 8-bit and 4-bit momentum (the weight matrices; the biases with
+         AdamW in the same optimizer, the usual hybrid)
 
 through the `lowbit` Python package (ctypes over liblowbit; the weights and
 gradient buffers are numpy arrays the library updates in place, or, with
@@ -62,6 +64,10 @@ RUNS = [
     ("4-bit SR", "adamw", "4bit-sr", 3e-3, 1e-4),  # m with stochastic 4-bit codes: keeps fp32's loss on long runs
     ("AdamW fp8", "adamw", "fp8", 3e-3, 1e-4),
     ("Lion 8-bit", "lion", "8bit", 1e-3, 1e-3),
+    # Muon: lr adjusted as Moonshot's match_rms_adamw, so AdamW's peak lr serves both groups
+    ("Muon fp32", "muon", "fp32", 3e-3, 1e-4),
+    ("Muon 8-bit", "muon", "8bit", 3e-3, 1e-4),
+    ("Muon 4-bit", "muon", "4bit", 3e-3, 1e-4),
 ]
 
 
@@ -154,9 +160,17 @@ def train(label, algorithm, state, peak_lr, wd, init, data, steps, log_every):
     # num_threads=1: a model this small gains nothing from threads, and the
     # engine's threads would compete with numpy's BLAS threads.
     device = "cpu" if xp is np else "cuda"
-    with lowbit.Optimizer(algorithm, lr=peak_lr, weight_decay=wd, state=state, num_threads=1, device=device) as opt:
+    options = {}
+    if algorithm == "muon":  # quantized momentum of a matrix: rank-1 scales (one max vector per dim)
+        options = dict(adjust_lr="match_rms_adamw", first_normalization="rank1" if "bit" in state else None)
+    with lowbit.Optimizer(algorithm, lr=peak_lr, weight_decay=wd, state=state, num_threads=1, device=device,
+                          **options) as opt:
+        biases = opt.add_group(algorithm="adamw", lr=peak_lr, weight_decay=wd) if algorithm == "muon" else 0
         for p, g in zip(model.params, model.grads):
-            opt.add_param(p, g)  # updated in place from the registered grad buffer
+            if algorithm == "muon" and p.ndim == 2:
+                opt.add_param(p, g, shape=p.shape)  # a matrix: Muon
+            else:
+                opt.add_param(p, g, group=biases)  # updated in place from the registered grad buffer
         state_bytes = opt.state_bytes()
         formats = sorted({opt.param_info(i).state_format for i in range(len(model.params))})
         t0 = time.perf_counter()
