@@ -790,7 +790,10 @@ typedef struct lowbit_step_args {
   /* Engine memory or NULL: num_groups lowbit_hparams_t of this header's layout
    * (struct_size is not read), instead of `hparams`; exactly one of the two
    * is set. A CUDA context checks them where the step reads them (a bad
-   * value skips the step), so a schedule on the device needs no host value. */
+   * value skips the step), so a schedule on the device needs no host value.
+   * The layout is this header's: 0.7 grew lowbit_hparams_t (72 bytes, was 48),
+   * so a caller built against 0.6 that passes engine_hparams must be rebuilt
+   * (host `hparams` of any released size are still read by their struct_size). */
   const lowbit_hparams_t* engine_hparams;
 } lowbit_step_args_t;
 
