@@ -69,6 +69,7 @@ pub mod sys {
     pub const LOWBIT_ALGORITHM_ONEBIT_ADAM: lowbit_algorithm_t = 5;
     pub const LOWBIT_ALGORITHM_ZEROONE_ADAM: lowbit_algorithm_t = 6;
     pub const LOWBIT_ALGORITHM_ONEBIT_LAMB: lowbit_algorithm_t = 7;
+    pub const LOWBIT_ALGORITHM_MUON: lowbit_algorithm_t = 8;
 
     pub type lowbit_state_format_t = i32;
     pub const LOWBIT_STATE_DEFAULT: lowbit_state_format_t = 0;
@@ -123,6 +124,12 @@ pub mod sys {
         pub dampening: f32,
         pub nesterov: i32,
         pub bias_correction: i32,
+        // Since 0.7: a group's algorithm (0: the optimizer's) and Muon's settings.
+        pub algorithm: lowbit_algorithm_t,
+        pub ns_steps: i32,
+        pub ns_coefficients: [f32; 3],
+        pub adjust_lr: i32,
+        pub ns_precision: i32,
     }
 
     #[repr(C)]
@@ -297,7 +304,7 @@ use sys::*;
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(size_of::<lowbit_tensor_t>() == 32, "lowbit_tensor_t");
-    assert!(size_of::<lowbit_hparams_t>() == 48, "lowbit_hparams_t");
+    assert!(size_of::<lowbit_hparams_t>() == 72, "lowbit_hparams_t");
     assert!(
         size_of::<lowbit_optimizer_config_t>() == 80,
         "lowbit_optimizer_config_t"
