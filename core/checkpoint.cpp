@@ -175,7 +175,8 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   // Saturating: a sum past 2^64 only makes the bound larger.
   auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
   auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
-  const uint64_t fixed = 56, group = config_.algorithm == LOWBIT_ALGORITHM_MUON ? 64 : 36, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
+  const uint64_t fixed = 56, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
+  const uint64_t group = config_.algorithm == LOWBIT_ALGORITHM_MUON ? 36 + 28 : 36;  // Muon's group fields
   uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
   for (const ParamState& p : params_) {
     const uint64_t n = uint64_t(p.param.numel);

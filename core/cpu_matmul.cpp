@@ -75,21 +75,14 @@ class DnnlBf16 {
   }
   void gemm(const Matmul& mm, const float* a, const float* b, float* c) {
     std::lock_guard<std::mutex> lock(mu_);
-    using dt = dnnl::memory::data_type;
     const int64_t na = mm.m * mm.k, nb = mm.k * mm.n;
     abuf_.resize(size_t(na));
     bbuf_.resize(size_t(nb));
     to_bf16(a, abuf_.data(), na);
     to_bf16(b, bbuf_.data(), nb);
-    dnnl::matmul& p = primitive(mm);
-    // op(A) is m x k: A stored m x k (strides k, 1) or k x m (strides 1, m).
-    const dnnl::memory::desc a_md({mm.m, mm.k}, dt::bf16,
-                                  mm.trans_a ? dnnl::memory::dims{1, mm.m} : dnnl::memory::dims{mm.k, 1});
-    const dnnl::memory::desc b_md({mm.k, mm.n}, dt::bf16,
-                                  mm.trans_b ? dnnl::memory::dims{1, mm.k} : dnnl::memory::dims{mm.n, 1});
-    const dnnl::memory::desc c_md({mm.m, mm.n}, dt::f32, dnnl::memory::dims{mm.n, 1});
-    dnnl::memory am(a_md, engine_, abuf_.data()), bm(b_md, engine_, bbuf_.data()), cm(c_md, engine_, c);
-    p.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    const Descs d(mm);
+    dnnl::memory am(d.a, engine_, abuf_.data()), bm(d.b, engine_, bbuf_.data()), cm(d.c, engine_, c);
+    primitive(mm, d).execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     stream_.wait();
   }
 
@@ -99,6 +92,17 @@ class DnnlBf16 {
 #pragma omp parallel for if (n >= (1 << 18))
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
   }
+  // op(A) is m x k: A stored m x k (strides k, 1) or k x m (strides 1, m);
+  // likewise op(B) k x n; C m x n fp32.
+  struct Descs {
+    dnnl::memory::desc a, b, c;
+    explicit Descs(const Matmul& mm)
+        : a({mm.m, mm.k}, dnnl::memory::data_type::bf16,
+            mm.trans_a ? dnnl::memory::dims{1, mm.m} : dnnl::memory::dims{mm.k, 1}),
+          b({mm.k, mm.n}, dnnl::memory::data_type::bf16,
+            mm.trans_b ? dnnl::memory::dims{1, mm.k} : dnnl::memory::dims{mm.n, 1}),
+          c({mm.m, mm.n}, dnnl::memory::data_type::f32, dnnl::memory::dims{mm.n, 1}) {}
+  };
   struct Key {
     int64_t m, n, k;
     bool ta, tb;
@@ -108,16 +112,10 @@ class DnnlBf16 {
              std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
     }
   };
-  dnnl::matmul& primitive(const Matmul& mm) {
+  dnnl::matmul& primitive(const Matmul& mm, const Descs& d) {
     const Key key{mm.m, mm.n, mm.k, mm.trans_a, mm.trans_b, mm.alpha, mm.beta};
     for (auto& e : cache_)
       if (e.first == key) return e.second;
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md({mm.m, mm.k}, dt::bf16,
-                                  mm.trans_a ? dnnl::memory::dims{1, mm.m} : dnnl::memory::dims{mm.k, 1});
-    const dnnl::memory::desc b_md({mm.k, mm.n}, dt::bf16,
-                                  mm.trans_b ? dnnl::memory::dims{1, mm.k} : dnnl::memory::dims{mm.n, 1});
-    const dnnl::memory::desc c_md({mm.m, mm.n}, dt::f32, dnnl::memory::dims{mm.n, 1});
     dnnl::primitive_attr attr;
     if (mm.alpha != 1.f) attr.set_output_scales(0, {mm.alpha});
     if (mm.beta != 0.f) {
@@ -125,7 +123,7 @@ class DnnlBf16 {
       ops.append_sum(mm.beta);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(d.a, d.b, d.c), attr, engine_);
     if (cache_.size() >= 64) cache_.clear();
     cache_.emplace_back(key, dnnl::matmul(pd));
     return cache_.back().second;
@@ -164,7 +162,7 @@ void cpu_matmul(const Matmul& mm, int num_threads) {
 #endif
     if (mm.bf16) {
 #pragma omp parallel for num_threads(num_threads) if (cn >= (1 << 18))
-      for (int64_t e = 0; e < cn; ++e) c[e] = bf16_to_float(float_to_bf16(c[e]));
+      for (int64_t e = 0; e < cn; ++e) c[e] = round_bf16(c[e]);
     }
   }
 }

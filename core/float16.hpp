@@ -40,6 +40,9 @@ LOWBIT_HD uint16_t float_to_bf16(float f) {
   return uint16_t((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
 }
 
+// f rounded to the nearest bf16 (even on ties), as an fp32 value.
+LOWBIT_HD float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
 // Moments given as fp32 values (write_moment, checkpoints) stored as bf16: as
 // float_to_bf16, except that a finite f beyond bf16's range (|f| >= 3.3961e38,
 // which rounds to Inf) saturates to the largest bf16 of its sign (+-3.3895e38);

@@ -32,15 +32,14 @@ inline Algo engine_algo(lowbit_algorithm_t a) {
 LOWBIT_HD bool hparams_valid(const lowbit_hparams_t& h, Algo algo, int num_moments) {
   const float kMax = 3.40282347e38f;
   bool ok = h.lr >= 0.f && h.lr <= kMax && h.weight_decay >= 0.f && h.weight_decay <= kMax;
-  if (algo == Algo::Muon)
-    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && (h.nesterov == 0 || h.nesterov == 1) && h.eps > 0.f &&
-         h.eps <= kMax;
-  if (algo != Algo::Sgd && algo != Algo::Muon) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
-  if (algo == Algo::AdamW || algo == Algo::Adam)
-    ok = ok && h.eps > 0.f && h.eps <= kMax && (h.bias_correction == 0 || h.bias_correction == 1);
+  const bool adam = algo == Algo::AdamW || algo == Algo::Adam;
+  if (adam || algo == Algo::Lion) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
+  if (adam || algo == Algo::Muon) ok = ok && h.eps > 0.f && h.eps <= kMax;
+  if (adam) ok = ok && (h.bias_correction == 0 || h.bias_correction == 1);
+  if (algo == Algo::Sgd || algo == Algo::Muon)
+    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && (h.nesterov == 0 || h.nesterov == 1);
   if (algo == Algo::Sgd)
-    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && h.dampening >= 0.f && h.dampening <= 1.f &&
-         (h.nesterov == 0 || h.nesterov == 1) && (!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f)) &&
+    ok = ok && h.dampening >= 0.f && h.dampening <= 1.f && (!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f)) &&
          (h.momentum != 0.f) == (num_moments == 1);
   return ok;
 }

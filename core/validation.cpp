@@ -51,13 +51,15 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algor
                  "weight_decay = ", h.weight_decay, " must be finite and >= 0");
   bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM ||
               is_onebit_algorithm(algorithm);
+  const bool muon = algorithm == LOWBIT_ALGORITHM_MUON;
   if (adam || algorithm == LOWBIT_ALGORITHM_LION) {
     check_unit_interval(h.beta1, "beta1");
     check_unit_interval(h.beta2, "beta2");
   }
-  if (adam) {
+  if (adam || muon)
     LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
                    " must be finite and > 0");
+  if (adam) {
     check_flag(h.bias_correction, "bias_correction", false);
     const bool no_bc = algorithm == LOWBIT_ALGORITHM_ZEROONE_ADAM || algorithm == LOWBIT_ALGORITHM_ONEBIT_LAMB;
     LOWBIT_REQUIRE(!no_bc || h.bias_correction == 0, LOWBIT_ERROR_INVALID_ARGUMENT,
@@ -72,11 +74,10 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algor
     LOWBIT_REQUIRE(!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f), LOWBIT_ERROR_INVALID_ARGUMENT,
                    "nesterov = 1 requires momentum > 0 and dampening = 0 (got momentum = ", h.momentum,
                    ", dampening = ", h.dampening, ")");
-  }  if (algorithm == LOWBIT_ALGORITHM_MUON) {
+  }
+  if (muon) {
     check_unit_interval(h.momentum, "momentum");
     check_flag(h.nesterov, "nesterov", false);
-    LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
-                   " must be finite and > 0");
     LOWBIT_REQUIRE(h.ns_steps >= 1 && h.ns_steps < 100, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_steps = ", h.ns_steps,
                    " must be in 1..99 (Newton-Schulz iterations; torch.optim.Muon also refuses 100 or more)");
     for (int k = 0; k < 3; ++k)

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
 // of the ranks' non-finite flags).
 __global__ void __launch_bounds__(kThreads) round_bf16_kernel(float* x, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-    x[i] = bf16_to_float(float_to_bf16(x[i]));
+    x[i] = round_bf16(x[i]);
 }
 
 __global__ void skip_if_positive_kernel(const float* value, int32_t* flag) {

@@ -100,7 +100,11 @@ void Blas::gemm(const Matmul& mm, void* stream) {
                       CUDA_R_32F, int(mm.n), mm.stride_c, int(mm.batch), compute, CUBLAS_GEMM_DEFAULT),
                "cublasGemmStridedBatchedEx");
   if (mm.bf16) {
-    for (int64_t i = 0; i < mm.batch; ++i) launch_round_bf16(mm.c + i * mm.stride_c, mm.m * mm.n, stream);
+    const int64_t cn = mm.m * mm.n;
+    if (mm.stride_c == cn)  // the batch's results back to back: one launch
+      launch_round_bf16(mm.c, mm.batch * cn, stream);
+    else
+      for (int64_t i = 0; i < mm.batch; ++i) launch_round_bf16(mm.c + i * mm.stride_c, cn, stream);
     check_cuda(cudaGetLastError(), "launching the bf16 rounding of a product");
   }
 }

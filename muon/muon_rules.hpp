@@ -12,8 +12,6 @@
 namespace lowbit {
 namespace muon {
 
-LOWBIT_HD float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
-
 // Each matrix's Frobenius norm, clamped below at eps: norm[param]. In bf16
 // (torch.optim.Muon's precision) the update is first rounded to bf16 and the
 // norm is rounded too, as torch's bf16 tensor.norm() returns it.

@@ -15,7 +15,8 @@ void run_pass(Engine& engine, const Rule& rule, const PassStep& step, void* stre
   engine.run_pass(pass, stream);
 }
 
-#define LOWBIT_INSTANTIATE_MUON_RUN_PASS(Rule) template void run_pass<Rule>(Engine&, const Rule&, const PassStep&, void*);
+#define LOWBIT_INSTANTIATE_MUON_RUN_PASS(Rule) \
+  template void run_pass<Rule>(Engine&, const Rule&, const PassStep&, void*);
 LOWBIT_MUON_RULES(LOWBIT_INSTANTIATE_MUON_RUN_PASS)
 
 }  // namespace muon
