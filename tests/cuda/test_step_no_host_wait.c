@@ -128,6 +128,20 @@ static uint8_t* save(lowbit_optimizer_t opt, int64_t* size) {
   return b;
 }
 
+/* Once `s` has run them: the last step was not skipped, and param 1 (which
+ * sat one step out) has taken `steps` steps. */
+static void expect_stepped(lowbit_optimizer_t opt, cudaStream_t s, int64_t steps) {
+  CT_CUDA(cudaStreamSynchronize(s));
+  int32_t skipped = -1;
+  assert_int_equal(lowbit_optimizer_last_step_skipped(opt, &skipped), LOWBIT_SUCCESS);
+  assert_int_equal(skipped, 0);
+  lowbit_param_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  assert_int_equal(lowbit_optimizer_param_info(opt, 1, &info), LOWBIT_SUCCESS);
+  assert_int_equal(info.step, steps);
+}
+
 static void test_every_step_is_wait_free(void** state) {
   (void)state;
   cudaStream_t s;
@@ -153,15 +167,7 @@ static void test_every_step_is_wait_free(void** state) {
         grads[1].data = NULL; /* param 1 sits this step out */
         NO_WAIT(label, lowbit_optimizer_step_with_grads(f.opt, grads, NP, s));
         NO_WAIT(label, lowbit_optimizer_step(f.opt, s));
-        CT_CUDA(cudaStreamSynchronize(s));
-        int32_t skipped = -1;
-        assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
-        assert_int_equal(skipped, 0);
-        lowbit_param_info_t info;
-        memset(&info, 0, sizeof info);
-        info.struct_size = sizeof info;
-        assert_int_equal(lowbit_optimizer_param_info(f.opt, 1, &info), LOWBIT_SUCCESS);
-        assert_int_equal(info.step, 3);
+        expect_stepped(f.opt, s, 3);
         teardown(&f);
       }
     }
@@ -228,15 +234,7 @@ static void test_muon_steps_are_wait_free(void** state) {
         grads[i] = (lowbit_tensor_t){f.grad[i], ROWS[i] * COLS[i], PDT[i], LOWBIT_DEVICE_CUDA, 0};
       grads[1].data = NULL; /* param 1 sits this step out */
       NO_WAIT(label, lowbit_optimizer_step_with_grads(f.opt, grads, NP, s));
-      CT_CUDA(cudaStreamSynchronize(s));
-      int32_t skipped = -1;
-      assert_int_equal(lowbit_optimizer_last_step_skipped(f.opt, &skipped), LOWBIT_SUCCESS);
-      assert_int_equal(skipped, 0);
-      lowbit_param_info_t info;
-      memset(&info, 0, sizeof info);
-      info.struct_size = sizeof info;
-      assert_int_equal(lowbit_optimizer_param_info(f.opt, 1, &info), LOWBIT_SUCCESS);
-      assert_int_equal(info.step, 2);
+      expect_stepped(f.opt, s, 2);
       teardown(&f);
     }
   cudaStreamDestroy(s);

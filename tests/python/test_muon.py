@@ -56,6 +56,21 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def _step_both(a, b, ta, tb, g):
+    """One step of ta over params a and of tb over params b, both given the
+    same fresh random grads."""
+    for pa, pb in zip(a, b):
+        grad = torch.randn(pa.shape, generator=g)
+        pa.grad, pb.grad = grad.clone(), grad.clone()
+    ta.step()
+    tb.step()
+
+
+def _param_errs(a, b):
+    """_rel of each param of b to its twin in a."""
+    return [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     old = torch.get_num_threads()
@@ -77,11 +92,7 @@ def _run_pair(shapes, steps, salt, **hp):
     ta = torch.optim.Muon(a, **hp)
     tb = lt.Muon(b, ns_precision="bf16", state="fp32", **hp)
     for _ in range(steps):
-        for pa, pb in zip(a, b):
-            grad = torch.randn(pa.shape, generator=g)
-            pa.grad, pb.grad = grad.clone(), grad.clone()
-        ta.step()
-        tb.step()
+        _step_both(a, b, ta, tb, g)
     return a, b, ta, tb
 
 
@@ -91,7 +102,7 @@ def _run_pair(shapes, steps, salt, **hp):
 def test_matches_torch_muon(nesterov, adjust):
     a, b, ta, tb = _run_pair(SHAPES_2D, 50, (nesterov, str(adjust)), lr=1e-3, nesterov=nesterov,
                              adjust_lr_fn=adjust)
-    errs = [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
+    errs = _param_errs(a, b)
     bufs = [_rel(tb.read_moment(pb), ta.state[pa]["momentum_buffer"]) for pa, pb in zip(a, b)]
     print(f"nesterov={nesterov} adjust_lr_fn={adjust}: param rel diff {errs}, momentum rel diff {bufs}")
     assert max(errs) < 1e-5
@@ -104,7 +115,7 @@ def test_matches_torch_muon_at_large_lr():
     the inputs (module docstring); the drift stays at torch's own
     sensitivity (~1e-4), far below what a wrong step gives (~1)."""
     a, b, _, _ = _run_pair(SHAPES_2D, 50, ("large",), lr=2e-2)
-    errs = [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
+    errs = _param_errs(a, b)
     print(f"lr 2e-2: param rel diff {errs}")
     assert max(errs) < 5e-4
 
@@ -120,12 +131,8 @@ def test_bf16_drift_is_torchs_own_sensitivity():
     b = [p.clone().requires_grad_() for p in init]
     ta, tb = torch.optim.Muon(a, lr=2e-2), torch.optim.Muon(b, lr=2e-2, momentum=_f32(0.95))
     for _ in range(50):
-        for pa, pb in zip(a, b):
-            grad = torch.randn(pa.shape, generator=g)
-            pa.grad, pb.grad = grad.clone(), grad.clone()
-        ta.step()
-        tb.step()
-    errs = [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
+        _step_both(a, b, ta, tb, g)
+    errs = _param_errs(a, b)
     print(f"torch.optim.Muon against itself (momentum 0.95 vs float32(0.95)): {errs}")
     assert 1e-6 < max(errs) < 5e-4
 
@@ -472,12 +479,8 @@ def test_torch_muon_state_dict_import():
     assert tb.param_groups[0]["ns_precision"] == "bf16"  # lowbit's own option stays
     for pa, pb in zip(a, b):
         assert torch.equal(tb.read_moment(pb), ta.state[pa]["momentum_buffer"])
-    for pa, pb in zip(a, b):
-        grad = torch.randn(pa.shape, generator=g)
-        pa.grad, pb.grad = grad.clone(), grad.clone()
-    ta.step()
-    tb.step()
-    errs = [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
+    _step_both(a, b, ta, tb, g)
+    errs = _param_errs(a, b)
     print(f"next step after importing torch.optim.Muon's state: rel diff {errs}")
     # one step of lr 2e-2 from the same momentum: a bf16 rounding flipped in
     # Newton-Schulz moves ~1e-5; a momentum lost in the import, ~1e-3
