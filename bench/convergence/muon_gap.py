@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from concurrent.futures import ProcessPoolExecutor
 
 import _paths  # noqa: F401,E402  (sys.path and LOWBIT_LIBRARY, before lowbit)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-_DATA = None
+from run_gap import train_all  # noqa: E402
 
 
 def _split(model):
@@ -89,19 +86,6 @@ CONFIGS = {
 }
 
 
-def _run(job):
-    global _DATA
-    import torch
-    import char_lm
-    torch.set_num_threads(1)
-    if _DATA is None:
-        _DATA = char_lm.dataset()
-    name, steps, seed = job
-    t = time.time()
-    loss = char_lm.train(CONFIGS[name], steps, seed, _DATA)
-    return job, loss, time.time() - t
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", nargs="+", default=["torch", "fp32", "8bit", "4bit", "4bit-sr", "adamw"],
@@ -111,13 +95,7 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args(argv)
     configs = args.configs if "fp32" in args.configs else ["fp32"] + args.configs
-    jobs = sorted(((c, s, seed) for s in args.steps for seed in args.seeds for c in configs), key=lambda j: -j[1])
-    losses, t0 = {}, time.time()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for (c, s, seed), loss, secs in pool.map(_run, jobs):
-            losses[(c, s, seed)] = loss
-            print(f"  {c:8s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
-    print(f"\n{len(jobs)} runs in {time.time() - t0:.0f} s\n")
+    losses = train_all("muon_gap:CONFIGS", configs, args.steps, args.seeds, args.jobs)
     head = "| config | " + " | ".join(f"{s} steps: loss (gap to fp32 Muon)" for s in args.steps) + " |"
     print(head)
     print("|---" * (1 + len(args.steps)) + "|")

@@ -26,16 +26,33 @@ _DATA = None
 
 def _run(job):
     global _DATA
+    import importlib
     import torch
     import char_lm
-    from gap_formats import FORMATS
     torch.set_num_threads(1)
     if _DATA is None:
         _DATA = char_lm.dataset()
-    fmt, steps, seed = job
+    table, name, steps, seed = job
+    module, attr = table.split(":")
+    make = getattr(importlib.import_module(module), attr)[name]
     t = time.time()
-    loss = char_lm.train(FORMATS[fmt], steps, seed, _DATA)
-    return job, loss, time.time() - t
+    loss = char_lm.train(make, steps, seed, _DATA)
+    return (name, steps, seed), loss, time.time() - t
+
+
+def train_all(table, names, steps_list, seeds, jobs):
+    """char_lm.train of every (name, steps, seed) on a pool of `jobs`
+    processes, long runs first (so that the pool ends together). `table`:
+    "module:dict" of name -> function(model) -> optimizer, in this folder.
+    Prints each run as it ends; returns {(name, steps, seed): final loss}."""
+    work = sorted(((table, n, s, seed) for s in steps_list for seed in seeds for n in names), key=lambda j: -j[2])
+    losses, t0 = {}, time.time()
+    with ProcessPoolExecutor(jobs) as pool:
+        for (n, s, seed), loss, secs in pool.map(_run, work):
+            losses[(n, s, seed)] = loss
+            print(f"  {n:14s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
+    print(f"\n{len(work)} runs in {time.time() - t0:.0f} s\n")
+    return losses
 
 
 def main(argv=None):
@@ -49,14 +66,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write every run's loss here")
     args = ap.parse_args(argv)
     formats = args.formats if "fp32" in args.formats else ["fp32"] + args.formats
-    jobs = [(f, s, seed) for s in args.steps for seed in args.seeds for f in formats]
-    jobs.sort(key=lambda j: -j[1])  # long runs first: the pool ends together
-    losses, t0 = {}, time.time()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        for (f, s, seed), loss, secs in pool.map(_run, jobs):
-            losses[(f, s, seed)] = loss
-            print(f"  {f:14s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
-    print(f"\n{len(jobs)} runs in {time.time() - t0:.0f} s\n")
+    losses = train_all("gap_formats:FORMATS", formats, args.steps, args.seeds, args.jobs)
     print(table(losses, formats, args.steps, args.seeds))
     if args.json:
         Path(args.json).write_text(json.dumps([dict(format=f, steps=s, seed=seed, loss=l)
