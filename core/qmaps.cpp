@@ -66,7 +66,10 @@ QMap make_map(std::vector<double> values) {
     if (double(f) > mid) f = std::nextafter(f, -INFINITY);
     map.midpoints[i] = f;
   }
-  for (int i = map.n - 1; i < 256; ++i) map.midpoints[i] = INFINITY;
+  for (int i = map.n - 1; i < 257; ++i) map.midpoints[i] = INFINITY;
+  map.zero_code = -1;
+  for (int i = 0; i < map.n; ++i)
+    if (map.values[i] == 0.f) map.zero_code = i;
   build_bucket_tables(map);
   return map;
 }

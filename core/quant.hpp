@@ -4,6 +4,7 @@
 // rounded down to float so that `x > mid` in float is exactly `x > true
 // midpoint`: ties go to the lower code.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "float16.hpp"
@@ -31,8 +32,9 @@ constexpr int kQMaxScan = 2;
 // the bucket tables of the fast search.
 struct QMap {
   int n;
+  int zero_code;         // index of the value 0, -1 if the map has none (floor_positive)
   float values[256];
-  float midpoints[256];  // n - 1 midpoints, then +Inf
+  float midpoints[257];  // n - 1 midpoints, then +Inf up to index 256 (bucket_code_finite reads c + 1)
   uint8_t below[2][kQBuckets];  // [0]: x >= 0 in bucket b: #{midpoints < lower edge of b}
                                 // [1]: x <  0 in bucket b: #{midpoints <= -upper edge of b}
 };
@@ -66,6 +68,89 @@ LOWBIT_HD int bucket_code(const QMap& map, const Int (&below)[2][kQBuckets], flo
 }
 
 LOWBIT_HD int bucket_code(const QMap& map, float x) { return bucket_code(map, map.below, x); }
+
+// bucket_code() of a finite x in fewer operations (the CUDA encoders', where
+// each integer operation counts): the bucket from |x|'s bits clamped to
+// [2^-24, 2) before the shift (the same bucket as q_bucket), and the two scan
+// compares from one table index, midpoints[c] and midpoints[c + 1], which
+// count the same as the sequential scan since the midpoints are sorted and
+// +Inf-padded. A NaN gives some code in range instead of 0.
+// c plus the number of midpoints[c], midpoints[c + 1] below x.
+LOWBIT_HD int scan2(const QMap& map, int c, float x) {
+#if defined(__CUDA_ARCH__)
+  // set.lt gives all ones for true: c - t0 - t1 is one add
+  // (int(m < x) would be a predicate and a select each).
+  int t0, t1;
+  asm("set.lt.s32.f32 %0, %1, %2;" : "=r"(t0) : "f"(map.midpoints[c]), "f"(x));
+  asm("set.lt.s32.f32 %0, %1, %2;" : "=r"(t1) : "f"(map.midpoints[c + 1]), "f"(x));
+  return c - t0 - t1;
+#else
+  return c + int(map.midpoints[c] < x) + int(map.midpoints[c + 1] < x);
+#endif
+}
+
+LOWBIT_HD int bucket_code_finite(const QMap& map, float x) {
+  constexpr uint32_t lo = uint32_t(kQMinExp) << 23, hi = (uint32_t(kQMaxExp + 1) << 23) - 1u;
+  const uint32_t u = float_bits(x);
+  uint32_t a = u & 0x7FFFFFFFu;
+  a = a < lo ? lo : (a > hi ? hi : a);
+  const int b = int(a >> (23 - kQMantBits)) - (kQMinExp << kQMantBits);
+  return scan2(map, (&map.below[0][0])[int(u >> 31) * kQBuckets + b], x);
+}
+
+// bucket_code_finite() for a map whose values are all >= 0 (the second
+// moments'): the bits as a signed integer clamp every negative x (and -0)
+// into bucket 0 of the table of x >= 0, whose count and scan give code 0,
+// the nearest code of any x <= 0 there. No sign table.
+LOWBIT_HD int bucket_code_unsigned(const QMap& map, float x) {
+  constexpr int32_t lo = kQMinExp << 23, hi = ((kQMaxExp + 1) << 23) - 1;
+  int32_t a = int32_t(float_bits(x));
+  a = a < lo ? lo : (a > hi ? hi : a);
+  const int b = (a >> (23 - kQMantBits)) - (kQMinExp << kQMantBits);
+  return scan2(map, map.below[0][b], x);
+}
+
+LOWBIT_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fmaf(a, b, c);
+#endif
+}
+
+// x / d as the IEEE quotient, from a reciprocal and two FMAs (Markstein's
+// theorem): q = RN(x y) with y = RN(1 / d), then q + (x - q d) y. Exact when
+// d is in [2^-100, 2^27] (ok) and |x| in [lo, d 2^100], lo = max(2^-100, d 2^-100);
+// x = +-0 gives +0, the same code as the quotient -0. For d = 0 (ok too) every
+// x gives +0, as normalize(). The CUDA encoders divide
+// a block by its absmax (or FP8 scale) this way: an IEEE division there is
+// about 10 instructions and a branch, this is 3 (bench/NOTES.md, issue 31).
+struct BlockDivisor {
+  float d, y, lo;
+  bool ok;
+};
+
+LOWBIT_HD BlockDivisor block_divisor(float d) {
+  BlockDivisor b;
+  // d = 0 (an all-zero block): y = 0 gives the +0 that normalize() gives.
+  b.ok = (d >= 0x1p-100f && d <= 0x1p27f) || d == 0.f;  // false for NaN
+  b.d = d;
+  b.y = b.ok && d != 0.f ? 1.f / d : 0.f;
+  b.lo = d <= 1.f ? 0x1p-100f : d * 0x1p-100f;
+  return b;
+}
+
+// Whether divide(b, x) is x / d; |x| <= d * 2^100 is the caller's (a block's
+// elements are at most its absmax, 448 times its FP8 scale).
+LOWBIT_HD bool divides_exactly(const BlockDivisor& b, float x) {
+  const float a = std::fabs(x);
+  return a >= b.lo || a == 0.f;
+}
+
+LOWBIT_HD float divide(const BlockDivisor& b, float x) {
+  const float q = x * b.y;
+  return fma_rn(fma_rn(-q, b.d, x), b.y, q);
+}
 
 // The code of x rounded stochastically (4BIT_SR), in the decoded domain:
 // `decoded` holds the 16 values the codes of x's block decode to (the map's
@@ -104,6 +189,10 @@ LOWBIT_HD void decoded_values16(const QMap& map, float absmax, float (&out)[16])
 // eps while the first moment of the same element is non-zero.
 LOWBIT_HD int floor_positive(const QMap& map, int code, float x) {
   return code + int((map.values[code] == 0.f) & (x > 0.f));
+}
+// The same without the table load.
+LOWBIT_HD int floor_positive_fast(const QMap& map, int code, float x) {
+  return code + int((code == map.zero_code) & (x > 0.f));
 }
 // The code floor_positive() moves a positive value off, as an index a vector
 // loop compares each code with (no table load per element): the map's code

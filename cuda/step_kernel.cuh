@@ -20,6 +20,7 @@
 // the loads of one tile are in flight together.
 #pragma once
 #ifndef LOWBIT_CUDA_EMULATION  // tests/cuda/emu: the same kernel code run on the host
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #endif
 
@@ -151,6 +152,28 @@ __device__ __forceinline__ void tensor_to_float(uint8_t dtype, const Raw& r, flo
   }
 }
 
+// float_to_bf16 of x[j] in halfword j of w: on the GPU one paired conversion
+// (cvt.rn.bf16x2.f32, round to nearest even) per two values unless one is a
+// NaN, whose bf16 that conversion makes canonical where float_to_bf16 keeps
+// its sign and payload.
+__device__ __forceinline__ void pack_bf16(const float (&x)[8], uint32_t* w) {
+#if defined(__CUDA_ARCH__)
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) nan |= x[j] != x[j];
+  if (!nan) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * k], x[2 * k + 1]);
+      w[k] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    return;
+  }
+#endif
+#pragma unroll
+  for (int k = 0; k < 4; ++k) w[k] = uint32_t(float_to_bf16(x[2 * k])) | uint32_t(float_to_bf16(x[2 * k + 1])) << 16;
+}
+
 // ---- moments ----------------------------------------------------------------
 
 struct MomentRef {
@@ -229,9 +252,73 @@ __device__ __forceinline__ float block_absmax(const float (&x)[8], int n, int fi
   return bits_float(a);  // a NaN wins (its bits are the largest): the block decodes as NaN, as on the CPU
 }
 
+// The codes of a block's values x[j] (j < n) with this absmax, as
+// nearest_code(x / absmax) (floor_positive for a second moment): the division
+// as divide() of core/quant.hpp and bucket_code_finite() when every value
+// allows it (absmax finite and in range, no tiny nonzero value), else
+// codes_any(). The same codes either way.
+__device__ __forceinline__ void codes_any(const QMap& sm, bool second, const float (&x)[8], float absmax,
+                                       uint32_t (&c)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float xn = normalize(x[j], absmax);
+    const int code = bucket_code(sm, xn);
+    c[j] = uint32_t(second ? floor_positive(sm, code, xn) : code);
+  }
+}
+
+// kUnsignedMap: the map's values are all >= 0 (bucket_code_unsigned).
+template <bool kUnsignedMap>
+__device__ __forceinline__ void block_codes(const QMap& sm, bool second, const float (&x)[8], int n, float absmax,
+                                            uint32_t (&c)[8]) {
+  const BlockDivisor b = block_divisor(absmax);
+  bool fast = b.ok;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < n) fast &= divides_exactly(b, x[j]);
+  if (!fast) {
+    codes_any(sm, second, x, absmax, c);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float xn = divide(b, x[j]);
+    const int code = kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn);
+    c[j] = uint32_t(second ? floor_positive_fast(sm, code, xn) : code);
+  }
+}
+
+// FP8 codes of a block's values with scale s (absmax / 448): float_to_e4m3(x / s),
+// the division as block_codes() takes it.
+__device__ __forceinline__ void fp8_codes_any(bool second, const float (&x)[8], float s, uint32_t (&c)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t code = s > 0.f ? float_to_e4m3(x[j] / s) : uint8_t(0);
+    c[j] = second ? floor_positive_e4m3(code, x[j]) : code;
+  }
+}
+
+__device__ __forceinline__ void fp8_codes(bool second, const float (&x)[8], int n, float s, uint32_t (&c)[8]) {
+  const BlockDivisor b = block_divisor(s);
+  bool fast = b.ok;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < n) fast &= divides_exactly(b, x[j]);
+  if (!fast) {
+    fp8_codes_any(second, x, s, c);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t code = float_to_e4m3(divide(b, x[j]));
+    c[j] = second ? floor_positive_e4m3(code, x[j]) : code;
+  }
+}
+
 // `second`: a second moment, whose positive values never encode to 0 (floor_positive in core/quant.hpp).
 // `stochastic`: a 4BIT_SR moment: codes rounded stochastically with the
 // bits of state_rounding_key `sr_key` (core/codec.cpp encode_moment_tile_stochastic).
+template <bool kUnsignedMap = false>
 __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, bool second,
                                                     const float (&x)[8], int64_t e0, int64_t tile_off, int n,
                                                     int lane, bool stochastic = false, uint64_t sr_key = 0) {
@@ -244,20 +331,16 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       store_elems(mr.data, true, e0, n, true, r);
       break;
     case LOWBIT_STATE_BF16:
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r.w[j >> 1] |= uint32_t(float_to_bf16(x[j])) << (16 * (j & 1));
+      pack_bf16(x, r.w);
       store_elems(mr.data, false, e0, n, true, r);
       break;
     case LOWBIT_STATE_8BIT: {
       float absmax = block_absmax(x, n, 16);
       if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
+      uint32_t c[8];
+      block_codes<kUnsignedMap>(sm, second, x, n, absmax, c);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float xn = normalize(x[j], absmax);
-        int code = bucket_code(sm, xn);
-        uint32_t c = uint32_t(second ? floor_positive(sm, code, xn) : code);
-        r.w[j >> 2] |= c << (8 * (j & 3));
-      }
+      for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
       break;
     }
@@ -276,26 +359,20 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
         if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
         break;
       }
+      uint32_t c[8];
+      block_codes<kUnsignedMap>(sm, second, x, n, absmax, c);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        // Past the end of the tensor the high nibble of the last byte is 0.
-        float xn = normalize(x[j], absmax);
-        int code = bucket_code(sm, xn);
-        uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, xn) : code) : 0u;
-        r.w[0] |= c << (4 * j);
-      }
+      for (int j = 0; j < 8; ++j) r.w[0] |= (j < n ? c[j] : 0u) << (4 * j);  // past the end: nibble 0
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
       break;
     }
     case LOWBIT_STATE_FP8: {
       float s = block_absmax(x, n, 16) / kFp8Max;
       if (lane == 0) mr.scales[tile_off / kBlock8] = s;
+      uint32_t c[8];
+      fp8_codes(second, x, n, s, c);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint8_t code = s > 0.f ? float_to_e4m3(x[j] / s) : uint8_t(0);
-        uint32_t c = second ? floor_positive_e4m3(code, x[j]) : code;
-        r.w[j >> 2] |= c << (8 * (j & 3));
-      }
+      for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
       break;
     }
@@ -393,12 +470,11 @@ __device__ __forceinline__ void store_param(uint8_t pdtype, uint8_t rounding, vo
       uint16_t h = bf16 ? float_to_bf16_sr(p[j], bits) : float_to_fp16_sr(p[j], bits);
       r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
     }
+  } else if (bf16) {
+    pack_bf16(p, r.w);
   } else {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      uint16_t h = bf16 ? float_to_bf16(p[j]) : float_to_fp16(p[j]);
-      r.w[j >> 1] |= uint32_t(h) << (16 * (j & 1));
-    }
+    for (int j = 0; j < 8; ++j) r.w[j >> 1] |= uint32_t(float_to_fp16(p[j])) << (16 * (j & 1));
   }
   store_elems(param, false, e0, n, al16, r);
 }
@@ -453,7 +529,7 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
     encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
-    encode_store_moment(mom1, smap[1], second1, v, e0, tile_off, 8, lane);
+    encode_store_moment<true>(mom1, smap[1], second1, v, e0, tile_off, 8, lane);  // v: an unsigned map
     store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
   }
 }
@@ -469,6 +545,9 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
       dyn.gdtype != P.pdtype)
     return false;
   if (NM > 1 && (P.norm[1] != uint8_t(Norm::Block) || P.format[1] != P.format[0])) return false;
+  // The second moment's codes take bucket_code_unsigned: its map must have no negative value.
+  if (NM > 1 && (P.format[1] == LOWBIT_STATE_8BIT || P.format[1] == LOWBIT_STATE_4BIT) && !(smap[1].values[0] >= 0.f))
+    return false;
   if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
 #define LOWBIT_FAST_CASE(pd, f)                                                               \
   case (pd) * 8 + (f):                                                                        \
@@ -524,11 +603,14 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     if (k >= Pg->num_moments || id == kNoMap) continue;
     const QMap& src = args.maps->map[id];
     const int n = __ldg(&src.n);
-    // bucket_code() reads the bucket tables and the midpoints up to the
-    // first +Inf one (index n - 1); decoding reads the n values.
-    if (threadIdx.x == 0) smap[k].n = n;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      smap[k].values[i] = __ldg(&src.values[i]);
+    // The code search reads the bucket tables and the midpoints up to index
+    // n (+Inf from n - 1 on); decoding reads the n values.
+    if (threadIdx.x == 0) {
+      smap[k].n = n;
+      smap[k].zero_code = __ldg(&src.zero_code);
+    }
+    for (int i = threadIdx.x; i <= n; i += kThreads) {  // midpoints[n] (+Inf) too: bucket_code_finite
+      if (i < n) smap[k].values[i] = __ldg(&src.values[i]);
       smap[k].midpoints[i] = __ldg(&src.midpoints[i]);
     }
     const uint32_t* from = reinterpret_cast<const uint32_t*>(&src.below[0][0]);

@@ -44,8 +44,14 @@ NEAREST_NO_ECC = [
     (STEP, "float_to_fp16_ecc(p[j], h, b)", None),
     (STEP, "p[j] = bf16_ecc_to_float(", None),
     (STEP, "p[j] = fp16_ecc_to_float(", None),
-    ("core/quant.hpp", "return code + int((map.values[code] == 0.f)", MOM0),
+    ("core/quant.hpp", "return code + int((code == map.zero_code)", MOM0),
     ("core/quant.hpp", "floor_positive_e4m3(uint8_t code, float x) {", MOM0),
+    # the paths for rare values (as the IEEE division's slow path): a block
+    # whose absmax is out of the reciprocal's range or holds a tiny nonzero
+    # value, and a NaN among a lane's bf16 stores
+    (STEP, "const float xn = normalize(x[j], absmax);", None),
+    (STEP, "const uint8_t code = s > 0.f ? float_to_e4m3(x[j] / s)", None),
+    (STEP, "for (int k = 0; k < 4; ++k) w[k] = uint32_t(float_to_bf16(x[2 * k]))", None),
 ]
 
 

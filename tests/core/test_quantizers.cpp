@@ -82,6 +82,9 @@ void test_nearest_code_is_brute_force(void**) {
       int got = nearest_code(map, x), want = brute_nearest(map, x), fast = bucket_code(map, x);
       if (got != want) fail_msg("map %d: x = %.9g -> code %d, brute force %d", id, double(x), got, want);
       if (fast != want) fail_msg("map %d: x = %.9g -> bucket code %d, brute force %d", id, double(x), fast, want);
+      if (bucket_code_finite(map, x) != want) fail_msg("map %d: x = %.9g: bucket_code_finite", id, double(x));
+      if (map.values[0] >= 0.f && bucket_code_unsigned(map, x) != want)
+        fail_msg("map %d: x = %.9g: bucket_code_unsigned", id, double(x));
       if (got + 1 < map.n &&
           std::fabs(double(x) - map.values[got]) == std::fabs(double(x) - map.values[got + 1]))
         ++ties;
@@ -112,18 +115,101 @@ void test_bucket_search_everywhere(void**) {
     const QMap& map = qmap(MapId(id));
     for (int i = 0; i < 2000000; ++i) {
       float x = from_bits(bits(rng));
-      if (std::isnan(x)) assert_int_equal(bucket_code(map, x), 0);
-      else if (bucket_code(map, x) != nearest_code(map, x)) fail_msg("map %d x %.9g", id, double(x));
+      if (std::isnan(x)) {
+        assert_int_equal(bucket_code(map, x), 0);
+        continue;
+      }
+      const int want = nearest_code(map, x);
+      if (bucket_code(map, x) != want) fail_msg("map %d x %.9g", id, double(x));
+      if (bucket_code_finite(map, x) != want) fail_msg("map %d x %.9g: bucket_code_finite", id, double(x));
+      if (map.values[0] >= 0.f && bucket_code_unsigned(map, x) != want)
+        fail_msg("map %d x %.9g: bucket_code_unsigned", id, double(x));
     }
     for (int b = 0; b < kQBuckets; ++b)
       for (int d = -2; d <= 2; ++d) {
         uint32_t edge = uint32_t(b + (kQMinExp << kQMantBits)) << (23 - kQMantBits);
         for (uint32_t sign : {0u, 0x80000000u}) {
           float x = from_bits((edge + uint32_t(d)) | sign);
-          if (!std::isnan(x) && bucket_code(map, x) != nearest_code(map, x)) fail_msg("map %d edge x %.9g", id, double(x));
+          if (std::isnan(x)) continue;
+          if (bucket_code(map, x) != nearest_code(map, x)) fail_msg("map %d edge x %.9g", id, double(x));
+          if (bucket_code_finite(map, x) != nearest_code(map, x))
+            fail_msg("map %d edge x %.9g: bucket_code_finite", id, double(x));
+          if (map.values[0] >= 0.f && bucket_code_unsigned(map, x) != nearest_code(map, x))
+            fail_msg("map %d edge x %.9g: bucket_code_unsigned", id, double(x));
         }
       }
   }
+}
+
+// floor_positive_fast (the map's zero_code) is floor_positive, for every code
+// and sign; zero_code is the index of the value 0.
+void test_floor_positive_fast(void**) {
+  for (int id = 0; id < 4; ++id) {
+    const QMap& map = qmap(MapId(id));
+    int zeros = 0;
+    for (int c = 0; c < map.n; ++c) {
+      zeros += map.values[c] == 0.f;
+      if (map.values[c] == 0.f) assert_int_equal(map.zero_code, c);
+      for (float x : {-1.f, -0.f, 0.f, 1e-30f, 0.5f})
+        assert_int_equal(floor_positive_fast(map, c, x), floor_positive(map, c, x));
+    }
+    if (zeros == 0) assert_int_equal(map.zero_code, -1);
+    assert_true(std::isinf(map.midpoints[256]));  // bucket_code_finite reads one past the last code
+  }
+}
+
+// divide(block_divisor(d), x) is the IEEE quotient x / d wherever
+// divides_exactly() says so (random d over the whole range it accepts, x
+// random below d and at the edges of the accepted range), gives the code of
+// -0 for x = -0, and the range check refuses what it must.
+void test_block_divisor_is_ieee(void**) {
+  std::uniform_int_distribution<uint32_t> mant(0, 0x7FFFFFu);
+  long exact = 0, refused = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const int de = int(rng() % 128) - 100;  // d in [2^-100, 2^28)
+    const float d = std::ldexp(1.f + float(mant(rng)) * 0x1p-23f, de);
+    const BlockDivisor b = block_divisor(d);
+    assert_true(b.ok == (d <= 0x1p27f));
+    if (!b.ok) {
+      ++refused;
+      continue;
+    }
+    for (int k = 0; k < 8; ++k) {
+      float x;
+      switch (k) {
+        case 0: x = d; break;
+        case 1: x = -std::nextafter(d, 0.f); break;
+        case 2: x = b.lo; break;
+        case 3: x = -std::nextafter(b.lo, 1.f); break;
+        case 4: x = std::nextafter(b.lo, 0.f); break;  // below the range: refused unless 0
+        default: {  // |x| <= d, exponents down to 2^-126 below d
+          const float m = 1.f + float(mant(rng)) * 0x1p-23f;
+          x = std::fmin(d, std::ldexp(m, de - int(rng() % 127))) * (rng() & 1 ? 1.f : -1.f);
+        }
+      }
+      if (!divides_exactly(b, x)) {
+        assert_true(std::fabs(x) < b.lo && x != 0.f);
+        ++refused;
+        continue;
+      }
+      const float want = x / d, got = divide(b, x);
+      if (x == 0.f ? got != 0.f : float_bits(want) != float_bits(got))  // -0: +0 (checked below)
+        fail_msg("x %a / d %a: IEEE %a, reciprocal form %a", double(x), double(d), double(want), double(got));
+      ++exact;
+    }
+  }
+  for (float d : {0x1p-101f, 0x1.fffffep27f, INFINITY, NAN, -1.f}) assert_false(block_divisor(d).ok);
+  const BlockDivisor zero = block_divisor(0.f);  // an all-zero block
+  assert_true(zero.ok && divides_exactly(zero, 0.f) && divides_exactly(zero, -0.f));
+  assert_int_equal(float_bits(divide(zero, 0.f)), float_bits(normalize(0.f, 0.f)));
+  assert_int_equal(float_bits(divide(zero, -0.f)), float_bits(normalize(-0.f, 0.f)));
+  const BlockDivisor one = block_divisor(1.f);
+  assert_true(divides_exactly(one, -0.f) && divides_exactly(one, 0.f));
+  assert_int_equal(float_bits(divide(one, 0.f)), 0u);
+  for (int id = 0; id < 4; ++id)  // +0 for -0: the same code
+    assert_int_equal(bucket_code(qmap(MapId(id)), divide(one, -0.f)), bucket_code(qmap(MapId(id)), -0.f));
+  print_message("block divisor: %ld quotients exact, %ld refused\n", exact, refused);
+  assert_true(exact > 2000000);
 }
 
 void test_block_encoding_is_brute_force(void**) {
@@ -298,6 +384,8 @@ int main(void) {
       cmocka_unit_test(test_maps_match_golden),
       cmocka_unit_test(test_nearest_code_is_brute_force),
       cmocka_unit_test(test_bucket_search_everywhere),
+      cmocka_unit_test(test_floor_positive_fast),
+      cmocka_unit_test(test_block_divisor_is_ieee),
       cmocka_unit_test(test_block_encoding_is_brute_force),
       cmocka_unit_test(test_nan_poisons_its_block),
       cmocka_unit_test(test_e4m3),
