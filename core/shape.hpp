@@ -68,6 +68,10 @@ LOWBIT_HD uint32_t umax(uint32_t a, uint32_t b) { return a > b ? a : b; }
 // for each, j its index in the vectors laid back to back (k = d-2 down to 0).
 template <class At>
 LOWBIT_HD void rank1_row_entries(const Shape& s, int64_t q, const At& at) {
+  if (s.ndim == 2) {  // the one leading dim: i_0 = q (no division)
+    at(q);
+    return;
+  }
   int64_t off = 0;
   for (int k = 0; k < s.ndim - 1; ++k) off += s.dim[k];
   for (int k = s.ndim - 2; k >= 0; --k) {

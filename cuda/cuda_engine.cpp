@@ -426,6 +426,12 @@ void CudaEngine::bind_shaped(const ParamView* params, int64_t num_params) {
     if (!r1[0] && !r1[1] && !fac) continue;
     const Shape& sh = pv.shape;
     const int64_t C = shape_cols(sh), rows = shape_rows(sh, pv.numel);
+    if (!fac && C % 8 == 0) {  // rank-1 only: both maxima in one read
+      for (int64_t k = 0; k < col_chunks(rows); ++k)
+        for (int64_t c = 0; c < C; c += kTile) items.push_back({int32_t(i), 2, c, std::min(C, c + kTile), 0, k, 0});
+      shaped.push_back({int32_t(i), 0, partials});
+      continue;
+    }
     const int64_t per = std::max<int64_t>(kWarps, 8192 / C);
     for (int64_t q = 0; q < rows; q += per) items.push_back({int32_t(i), 0, q, std::min(rows, q + per), 0, 0, 0});
     const int64_t R = fac ? shape_batch_rows(sh) : rows, B = rows / R;

@@ -63,13 +63,166 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
   update_moments<A, true, true>(s, p, g, m, v);
 }
 
+// The 8 elements e0 .. e0 + 7 (n of them valid) of a 16-bit or fp32 tensor
+// as floats: one 16-byte load (two for fp32) when whole and aligned.
+__device__ __forceinline__ void load8(const void* data, uint8_t dtype, int64_t e0, int n, bool al16, float (&x)[8]) {
+  if (n == 8 && al16 && dtype != kF32) {
+    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + e0);
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    if (dtype == kBF16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = bf16_to_float(uint16_t(ws[j >> 1] >> (16 * (j & 1))));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = fp16_to_float(uint16_t(ws[j >> 1] >> (16 * (j & 1))));
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = j < n ? load_element(data, lowbit_dtype_t(dtype + 1), e0 + j) : 0.f;
+}
+
+// The codes of elements e0 .. e0 + 7 (e0 a multiple of 8; n valid).
+__device__ __forceinline__ void load_codes8(const void* data, bool four, int64_t e0, int n, uint32_t (&c)[8]) {
+  const uint8_t* b = static_cast<const uint8_t*>(data);
+  if (n == 8) {
+    if (four) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(b + e0 / 2);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) c[j] = (w >> (4 * j)) & 0xFu;
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(b + e0);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) c[j] = ((j < 4 ? w.x : w.y) >> (8 * (j & 3))) & 0xFFu;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) c[j] = j < n ? load_code(data, four, e0 + j) : 0u;
+}
+
+// Rows [r0, r1e) of a kind-2 item (below), warp by warp: the row maxima go
+// to the next vectors, the column maxima of the lane's 8 columns into cmax.
+// kFast: a 2-D param with bf16 grads at a 16-byte aligned base and 8 valid
+// columns in every lane (no scalar loads, no division for the row's entries).
+template <Algo A, bool kFast>
+__device__ __forceinline__ void rank1_stats_rows(const DevParam& P, const DevDyn& dyn, const StepScalars& s,
+                                                 const float (&values)[2][256], const bool (&r1)[2], int64_t c0, int n,
+                                                 int64_t r0, int64_t r1e, const uint32_t (&colbits)[2][8],
+                                                 uint32_t (&cmax)[2][8]) {
+  const Shape& sh = P.shape;
+  const int64_t C = shape_cols(sh), S = shape_dim_sum(sh);
+  const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
+  if (kFast) n = 8;
+  for (int64_t q = r0 + warp; q < r1e; q += kWarps) {
+    const int64_t e0 = q * C + c0;
+    float g[8], p[8], x[2][8];
+    if (kFast)
+      load8(dyn.grad, kBF16, e0, 8, true, g);
+    else
+      load8(dyn.grad, dyn.gdtype, e0, n, dyn.grad_al16 != 0, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      p[j] = kMomentsReadParam<A> && j < n
+                 ? load_param_element(P.param, lowbit_dtype_t(P.pdtype + 1), P.rounding, P.ecc, e0 + j)
+                 : 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      uint32_t code[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+      uint32_t rb = 0u;
+      if (r1[k]) {
+        rb = kFast ? float_bits(P.mscale[k][q]) : rank1_row_bits(sh, P.mscale[k], q);
+        load_codes8(P.mdata[k], P.format[k] == LOWBIT_STATE_4BIT, e0, n, code);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        x[k][j] = r1[k] && j < n ? values[k][code[j]] * bits_float(umin(rb, colbits[k][j])) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) update_moments<A, true, true>(s, p[j], g[j], x[0][j], x[1][j]);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (!r1[k]) continue;
+      uint32_t rmax = 0u;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b = j < n ? float_bits(x[k][j]) & 0x7FFFFFFFu : 0u;
+        rmax = umax(rmax, b);
+        cmax[k][j] = umax(cmax[k][j], b);
+      }
+      rmax = warp_umax(rmax);
+      float* next = P.mscale[k] + S;
+      if (lane == 0) {
+        if (kFast)
+          atomic_umax(next + q, rmax);
+        else
+          rank1_scatter_row(sh, q, rmax, [&](int64_t j, uint32_t bits) { atomic_umax(next + j, bits); });
+      }
+    }
+  }
+}
+
+// Pass 1 of a param whose shaped moments are all rank-1, with C % 8 == 0
+// (kind 2): one read of the elements gives both the row and the column
+// maxima. The item is columns [a, b) (<= 256: 8 per lane) of the rows of
+// chunk `chunk`; warp w takes rows w, w + kWarps, ... of it. A row's maximum
+// over the item's columns is the warp's (one atomic per row and item), the
+// columns' over the item's rows are combined over the warps in shared memory.
+// Maxima are exact in any order: the same vectors as the CPU's.
+template <Algo A>
+__device__ __forceinline__ void rank1_stats_item(const DevStatItem& it, const DevParam& P, const DevDyn& dyn,
+                                                 const StepScalars& s, const QMap* maps, const bool (&r1)[2]) {
+  __shared__ uint32_t colmax[2][kWarps][kTile];
+  __shared__ float values[2][256];  // the rank-1 moments' map values
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    if (r1[k]) {
+      const QMap& map = maps[P.map[k]];
+      for (int i = int(threadIdx.x); i < map.n; i += kThreads) values[k][i] = map.values[i];
+    }
+  __syncthreads();
+  const Shape& sh = P.shape;
+  const int64_t S = shape_dim_sum(sh), last = rank1_last_offset(sh);
+  const int64_t rows = shape_rows(sh, P.numel);
+  const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
+  const int64_t c0 = it.a + lane * 8;
+  const int n = it.b - c0 >= 8 ? 8 : (it.b > c0 ? int(it.b - c0) : 0);
+  const int64_t r0 = it.chunk * kColChunkRows, r1e = r0 + kColChunkRows < rows ? r0 + kColChunkRows : rows;
+  uint32_t colbits[2][8], cmax[2][8];
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      colbits[k][j] = r1[k] && j < n ? float_bits(P.mscale[k][last + c0 + j]) : 0u;
+      cmax[k][j] = 0u;
+    }
+  if (sh.ndim == 2 && it.b - it.a == kTile && dyn.gdtype == kBF16 && dyn.grad_al16)
+    rank1_stats_rows<A, true>(P, dyn, s, values, r1, c0, n, r0, r1e, colbits, cmax);
+  else
+    rank1_stats_rows<A, false>(P, dyn, s, values, r1, c0, n, r0, r1e, colbits, cmax);
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) colmax[k][warp][lane * 8 + j] = cmax[k][j];
+  __syncthreads();
+  const int64_t c = it.a + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (!r1[k] || c >= it.b) continue;
+    uint32_t best = 0u;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) best = umax(best, colmax[k][w][threadIdx.x]);
+    atomic_umax(P.mscale[k] + S + last + c, best);
+  }
+}
+
 template <Algo A>
 __global__ void __launch_bounds__(kThreads) stats_kernel(const ShapedArgs a, const QMap* maps) {
   if (a.skip_flag && *static_cast<const volatile int32_t*>(a.skip_flag) != 0) return;
   const DevStatItem it = a.items[blockIdx.x];
   const DevDyn dyn = a.dyn[it.param];
   if (dyn.grad == nullptr) return;
-  const DevParam P = a.params[it.param];
+  const DevParam& P = a.params[it.param];  // a copy would live in local memory (dims indexed at run time)
   const StepScalars s = a.scalars[dyn.scalar_idx];
   const Shape& sh = P.shape;
   const int64_t C = shape_cols(sh), S = shape_dim_sum(sh);
@@ -77,6 +230,10 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const ShapedArgs a, con
                       P.num_moments > 1 && P.norm[1] == uint8_t(Norm::Rank1)};
   const bool fac = P.num_moments > 1 && P.norm[1] == uint8_t(Norm::Factored);
   const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
+  if (it.kind == 2) {
+    rank1_stats_item<A>(it, P, dyn, s, maps, r1);
+    return;
+  }
   if (it.kind == 0) {
     for (int64_t q = it.a + warp; q < it.b; q += kWarps) {
       uint32_t rb[2] = {0u, 0u};

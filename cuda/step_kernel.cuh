@@ -534,6 +534,111 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
   }
 }
 
+// The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
+// of core/shape.hpp (its nearest_code as bucket_code, the same code).
+// kUnsignedMap: as block_codes().
+template <bool kUnsignedMap>
+__device__ __forceinline__ void rank1_codes(const QMap& sm, bool second, const float (&x)[8], const float (&sc)[8],
+                                            uint32_t (&c)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float xn = normalize(x[j], sc[j]);
+    const int code = kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn);
+    c[j] = xn != xn ? 0u : uint32_t(second ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
+  }
+}
+
+// A rank-1 moment's codes of a lane's 8 elements (whole, 8-bit or 4-bit) stored.
+template <uint8_t F>
+__device__ __forceinline__ void store_codes(void* data, int64_t e0, const uint32_t (&c)[8]) {
+  Raw r;
+  zero(r);
+  if (F == LOWBIT_STATE_8BIT) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
+    store_bytes(static_cast<uint8_t*>(data) + e0, 8, 8, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.w[0] |= c[j] << (4 * j);
+    store_bytes(static_cast<uint8_t*>(data) + e0 / 2, 4, 4, r);
+  }
+}
+
+// The current and new rank-1 scales of a lane's 8 elements (q, c0 .. c0 + 7)
+// of a 2-D param: as shaped_lane (the row's entry of r_0, 8 entries of r_1).
+__device__ __forceinline__ void rank1_scales_2d(const float* vc, int64_t S, int64_t last, int64_t q, int64_t c0,
+                                                float (&cur)[8], float (&nxt)[8]) {
+  const float* vn = vc + S;
+  const uint32_t rc = float_bits(vc[q]), rn = float_bits(vn[q]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    cur[j] = bits_float(umin(rc, float_bits(vc[last + c0 + j])));
+    nxt[j] = bits_float(umin(rn, float_bits(vn[last + c0 + j])));
+  }
+}
+
+// Whole tiles of a 2-D param with rows a multiple of 8 long whose two moments
+// are both of format F, each per block or rank-1 (at least one rank-1), with
+// params and grads of dtype PD at 16-byte aligned bases (Adam, AdamW): a
+// lane's 8 elements lie in one row. The generic loop's operations in the same
+// order: the same bits.
+template <Algo A, uint8_t PD, uint8_t F>
+__device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* grad, const StepScalars& s,
+                                                 uint64_t key, const QMap (&smap)[2], int64_t begin, int64_t t_from,
+                                                 int64_t t_to, int lane, int warp) {
+  constexpr bool wide = PD == kF32;
+  const bool r1[2] = {P.norm[0] == uint8_t(Norm::Rank1), P.norm[1] == uint8_t(Norm::Rank1)};
+  const bool ecc = !wide && P.rounding == kEcc;
+  const bool second[2] = {(P.coding[0] & kCodeSecond) != 0, (P.coding[1] & kCodeSecond) != 0};
+  const MomentRef mom[2] = {{F, P.mdata[0], r1[0] ? nullptr : P.mscale[0]},
+                            {F, P.mdata[1], r1[1] ? nullptr : P.mscale[1]}};
+  const int64_t C = P.shape.dim[1], last = P.shape.dim[0], S = last + C;
+  const bool narrow = begin + t_to * kTile <= int64_t(0xFFFFFFFFu) && C <= int64_t(0xFFFFFFFFu);
+  for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
+    const int64_t tile_off = begin + t * kTile;
+    const int64_t e0 = tile_off + lane * kElemsPerThread;
+    Raw graw, praw, eraw, raw[2];
+    float scale[2];
+    zero(eraw);
+    load_elems(graw, grad, wide, e0, 8, true);
+    load_elems(praw, P.param, wide, e0, 8, true);
+    if (ecc) load_bytes(eraw, P.ecc + e0, 8, 8);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) load_moment(raw[k], scale[k], mom[k], e0, tile_off, 8, lane);
+    const int64_t q = narrow ? int64_t(uint32_t(e0) / uint32_t(C)) : e0 / C;  // 32-bit where it fits
+    const int64_t c0 = e0 - q * C;
+
+    float g[8], p[8], x[2][8], cur[2][8], nxt[2][8];
+    tensor_to_float(PD, graw, g);
+    param_to_float(p, PD, ecc, praw, eraw);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      decode_moment(x[k], F, raw[k], scale[k], smap[k]);
+      if (r1[k]) {
+        rank1_scales_2d(P.mscale[k], S, last, q, c0, cur[k], nxt[k]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[k][j] *= cur[k][j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], x[0][j], x[1][j]);
+    uint32_t c[8];
+    if (r1[0]) {  // a rank-1 first moment
+      rank1_codes<false>(smap[0], second[0], x[0], nxt[0], c);
+      store_codes<F>(P.mdata[0], e0, c);
+    } else {
+      encode_store_moment(mom[0], smap[0], second[0], x[0], e0, tile_off, 8, lane);
+    }
+    if (r1[1]) {
+      rank1_codes<true>(smap[1], second[1], x[1], nxt[1], c);
+      store_codes<F>(P.mdata[1], e0, c);
+    } else {
+      encode_store_moment<true>(mom[1], smap[1], second[1], x[1], e0, tile_off, 8, lane);
+    }
+    store_param(PD, P.rounding, P.param, P.ecc, true, p, e0, 8, key);
+  }
+}
+
 // The fast loop for this parameter's dtype and format, if there is one; false
 // when the generic loop must take the tiles.
 template <Algo A>
@@ -541,14 +646,30 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
                                               const StepScalars& s, uint64_t key, const QMap (&smap)[2],
                                               int64_t begin, int64_t t_from, int64_t t_to, int lane, int warp) {
   constexpr int NM = kFastMoments<A>;
-  if (P.num_moments != NM || P.norm[0] != uint8_t(Norm::Block) || !P.param_al16 || !dyn.grad_al16 ||
-      dyn.gdtype != P.pdtype)
-    return false;
+  if (P.num_moments != NM || !P.param_al16 || !dyn.grad_al16 || dyn.gdtype != P.pdtype) return false;
+  if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
+  if constexpr (NM == 2) {
+    // rank-1 moments (lpmm's 4-bit v): fast_rank1_tiles
+    const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
+    if (shaped) {
+      if (P.norm[0] == uint8_t(Norm::Factored) || P.norm[1] == uint8_t(Norm::Factored) ||
+          P.format[0] != LOWBIT_STATE_4BIT || P.format[1] != LOWBIT_STATE_4BIT || P.shape.ndim != 2 ||
+          P.shape.dim[1] % 8 != 0 || !(smap[1].values[0] >= 0.f))
+        return false;
+      if (P.pdtype == kBF16)
+        fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);
+      else if (P.pdtype == kF32)
+        fast_rank1_tiles<A, kF32, LOWBIT_STATE_4BIT>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);
+      else
+        return false;
+      return true;
+    }
+  }
+  if (P.norm[0] != uint8_t(Norm::Block)) return false;
   if (NM > 1 && (P.norm[1] != uint8_t(Norm::Block) || P.format[1] != P.format[0])) return false;
   // The second moment's codes take bucket_code_unsigned: its map must have no negative value.
   if (NM > 1 && (P.format[1] == LOWBIT_STATE_8BIT || P.format[1] == LOWBIT_STATE_4BIT) && !(smap[1].values[0] >= 0.f))
     return false;
-  if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
 #define LOWBIT_FAST_CASE(pd, f)                                                               \
   case (pd) * 8 + (f):                                                                        \
     fast_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \

@@ -59,7 +59,10 @@ static_assert(sizeof(DevParam) == 144, "DevParam layout (no implicit padding: ta
 // Pass 1 of the shaped parameters (core/shape.hpp): rows [a, b) of a
 // parameter (kind 0: one warp per row), or columns [a, b) (<= kThreads, one
 // thread each) of batch `batch` over the rows of column chunk `chunk`
-// (kind 1). Written by bind().
+// (kind 1), or, for a param whose shaped moments are all rank-1 and whose
+// rows are a multiple of 8 long, both maxima from columns [a, b) (<= 256, 8
+// per lane) over the rows of chunk `chunk` (kind 2, in place of kinds 0 and
+// 1). Written by bind().
 struct DevStatItem {
   int32_t param, kind;
   int64_t a, b, batch, chunk;

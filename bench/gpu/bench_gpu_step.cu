@@ -219,10 +219,14 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
     bytes += double(n) * double(3 * eb);  // param read + write, grad read
     if (c.skip_nonfinite) bytes += double(n) * double(eb);
     if (c.preset) {
-      // shaped: the state as allocated, read and written; pass 1 reads the grads twice (rows, columns)
-      // and a rank-1 v's codes twice
-      bytes += 2.0 * double(info.state_bytes) + 2.0 * double(n) * double(eb);
-      if (info.second_normalization == LOWBIT_NORMALIZATION_RANK1) bytes += double(n);
+      // shaped: the state as allocated, read and written; pass 1 reads the grads and a rank-1 v's
+      // codes once (both maxima in one read, rows a multiple of 8 long), a factored v's grads twice
+      // (rows, then columns)
+      bytes += 2.0 * double(info.state_bytes);
+      if (info.second_normalization == LOWBIT_NORMALIZATION_RANK1 && pc.shape[1] % 8 == 0)
+        bytes += double(n) * double(eb) + double(n) / 2;
+      else
+        bytes += 2.0 * double(n) * double(eb) + (info.second_normalization == LOWBIT_NORMALIZATION_RANK1 ? double(n) : 0.0);
     } else {
       bytes += 2 * moment_bytes(info.state_format, n);
       if (c.algo == LOWBIT_ALGORITHM_ADAMW) bytes += 2 * moment_bytes(info.second_state_format, n);

@@ -55,6 +55,10 @@ NEAREST_NO_ECC = [
 ]
 
 
+# lpmm's preset: m per block, v rank-1 (the rank-1 first moment is another configuration)
+LPMM_NO_ECC = NEAREST_NO_ECC + [(STEP, "rank1_codes<false>(smap[0], second[0]", None)]
+
+
 def fast(algo, pd, f):
     return dict(src="cuda/step_adam.cu" if algo == 0 else "cuda/step_lion_sgd.cu",
                 kernel="step_kernelILNS_4AlgoE%dEE" % algo, file=STEP, line=True,
@@ -73,12 +77,18 @@ ROWS = [
     ("AdamW fp32 state, fp32", fast(0, "kF32", "FP32")),
     ("Lion 8-bit, bf16", fast(2, "kBF16", "8BIT")),
     ("Lion 4-bit, bf16", fast(2, "kBF16", "4BIT")),
+    ("AdamW 4-bit, rank-1 v (pass 2), bf16",
+     dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
+          anchor="fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(", elems=256, skip=LPMM_NO_ECC)),
     ("AdamW generic loop (rank-1/factored pass 2)",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP,
           anchor="for (int64_t t = t_generic + warp", elems=256)),
     ("AdamW shaped pass 1, rows",
      dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED,
           anchor="for (int64_t c = lane; c < C; c += 32)", elems=32)),
+    ("AdamW shaped pass 1, rank-1 (rows and columns, 2-D bf16)",
+     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="rank1_stats_rows(",
+          anchor="for (int64_t q = r0 + warp; q < r1e; q += kWarps)", elems=256, shortest=True)),
     ("AdamW shaped pass 1, columns",
      dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED,
           anchor="for (int64_t r = r0; r < r1e; ++r)", elems=32)),
@@ -214,7 +224,7 @@ def source_lines(rel, spec):
     die("%s: unbalanced braces after line %d" % (rel, k + 1))
 
 
-def pick_loop(cfg, rel, lo, hi):
+def pick_loop(cfg, rel, lo, hi, shortest=False):
     """The loop whose instructions come from source lines [lo, hi] of `rel`, most and least of all
     from elsewhere (hits - misses). Where the compiler made several versions of the loop (unswitched
     on a loop-invariant condition), the one with the most 16-byte accesses, then the shortest pass."""
@@ -231,12 +241,14 @@ def pick_loop(cfg, rel, lo, hi):
         return None, 0
     best = max(s for s, _ in scored)
     # versions: loops of (nearly) the same score that do not nest in one another
-    versions = [lp for s, lp in scored if s >= best * 0.5 and s > 0] or [max(scored, key=lambda x: x[0])[1]]
+    # (shortest: every version, however short: a specialised copy of the loop may be much shorter)
+    versions = [lp for s, lp in scored if s >= (1 if shortest else best * 0.5) and s > 0] or \
+        [max(scored, key=lambda x: x[0])[1]]
     versions = [lp for lp in versions if not any(o is not lp and lp.body < o.body for o in versions)]
 
     def key(lp):
         n, ins, _ = lp.hot_path()
-        return (-sum(".128" in i.op for i in ins), n)
+        return n if shortest else (-sum(".128" in i.op for i in ins), n)
 
     return min(versions, key=key), len(versions)
 
@@ -271,7 +283,7 @@ def analyse(listings):
         fn = funcs[spec["src"]][fns[0]]
         cfg = cfgs.get(fns[0]) or cfgs.setdefault(fns[0], sass_cfg.Cfg(fn))
         lo, hi = source_lines(spec["file"], spec)
-        lp, nver = pick_loop(cfg, spec["file"], lo, hi)
+        lp, nver = pick_loop(cfg, spec["file"], lo, hi, spec.get("shortest", False))
         if lp is None:
             failed.append("%s: no loop from %s lines %d-%d in %s" % (label, spec["file"], lo, hi, fns[0]))
             continue
