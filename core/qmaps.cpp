@@ -67,6 +67,8 @@ QMap make_map(std::vector<double> values) {
     map.midpoints[i] = f;
   }
   for (int i = map.n - 1; i < 257; ++i) map.midpoints[i] = INFINITY;
+  map.linear16 = map.n == 16;
+  for (int i = 0; i < map.n; ++i) map.linear16 &= map.values[i] == float(i + 1) / 16.f;
   map.zero_code = -1;
   for (int i = 0; i < map.n; ++i)
     if (map.values[i] == 0.f) map.zero_code = i;

@@ -33,6 +33,7 @@ constexpr int kQMaxScan = 2;
 struct QMap {
   int n;
   int zero_code;         // index of the value 0, -1 if the map has none (floor_positive)
+  int linear16;          // 1: the values are k / 16, k = 1..16 (linear16_code)
   float values[256];
   float midpoints[257];  // n - 1 midpoints, then +Inf up to index 256 (bucket_code_finite reads c + 1)
   uint8_t below[2][kQBuckets];  // [0]: x >= 0 in bucket b: #{midpoints < lower edge of b}
@@ -108,6 +109,24 @@ LOWBIT_HD int bucket_code_unsigned(const QMap& map, float x) {
   a = a < lo ? lo : (a > hi ? hi : a);
   const int b = (a >> (23 - kQMantBits)) - (kQMinExp << kQMantBits);
   return scan2(map, map.below[0][b], x);
+}
+
+LOWBIT_HD float fma_rn(float a, float b, float c);
+
+// The code of q in [-1, 1] in the 4-bit linear map (values k / 16, k = 1..16)
+// without a search: its midpoints (2k + 1) / 32 are exact floats and
+// midpoint k < q exactly when k < 16 q - 1.5, a difference that is exact
+// wherever it is >= -0.75 (the CPU codec's linear4_codes16 gives the
+// argument), so the code is ceil(16 q - 1.5) clamped to [0, 15]; NaN gives 0.
+LOWBIT_HD int linear16_code(float q) {
+  const float t = fma_rn(q, 16.f, -1.5f);
+#if defined(__CUDA_ARCH__)
+  const int c = __float2int_ru(t);  // NaN: 0 or INT_MIN, clamped to 0 below
+  return c < 0 ? 0 : (c > 15 ? 15 : c);
+#else
+  const float c = std::ceil(t);
+  return c > 0.f ? (c < 15.f ? int(c) : 15) : 0;
+#endif
 }
 
 LOWBIT_HD float fma_rn(float a, float b, float c) {

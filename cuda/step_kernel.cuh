@@ -222,9 +222,9 @@ __device__ __forceinline__ void decode_moment(float (&x)[8], uint8_t format, con
 #pragma unroll
       for (int j = 0; j < 8; ++j) x[j] = sm.values[(r.w[0] >> (4 * j)) & 0xFu] * scale;
       break;
-    case LOWBIT_STATE_FP8:
+    case LOWBIT_STATE_FP8:  // sm.values: the 256 e4m3 values (step_kernel's prologue)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = e4m3_to_float(uint8_t(byte_at(r, j))) * scale;
+      for (int j = 0; j < 8; ++j) x[j] = sm.values[byte_at(r, j)] * scale;
       break;
     default:
 #pragma unroll
@@ -267,8 +267,17 @@ __device__ __forceinline__ void codes_any(const QMap& sm, bool second, const flo
   }
 }
 
-// kUnsignedMap: the map's values are all >= 0 (bucket_code_unsigned).
-template <bool kUnsignedMap>
+// What a fast loop knows of a moment's map: nothing (bucket_code_finite), that
+// its values are all >= 0 (bucket_code_unsigned), or that it is the 4-bit
+// linear map (linear16_code, no search).
+enum MapKind { kAnyMap = 0, kUnsignedMap = 1, kLinear16Map = 2 };
+
+__device__ __forceinline__ int fast_code(int kind, const QMap& sm, float xn) {
+  return kind == kLinear16Map ? linear16_code(xn)
+                              : (kind == kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn));
+}
+
+template <int kMap>
 __device__ __forceinline__ void block_codes(const QMap& sm, bool second, const float (&x)[8], int n, float absmax,
                                             uint32_t (&c)[8]) {
   const BlockDivisor b = block_divisor(absmax);
@@ -283,7 +292,7 @@ __device__ __forceinline__ void block_codes(const QMap& sm, bool second, const f
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float xn = divide(b, x[j]);
-    const int code = kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn);
+    const int code = fast_code(kMap, sm, xn);
     c[j] = uint32_t(second ? floor_positive_fast(sm, code, xn) : code);
   }
 }
@@ -318,7 +327,7 @@ __device__ __forceinline__ void fp8_codes(bool second, const float (&x)[8], int 
 // `second`: a second moment, whose positive values never encode to 0 (floor_positive in core/quant.hpp).
 // `stochastic`: a 4BIT_SR moment: codes rounded stochastically with the
 // bits of state_rounding_key `sr_key` (core/codec.cpp encode_moment_tile_stochastic).
-template <bool kUnsignedMap = false>
+template <int kMap = kAnyMap>
 __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const QMap& sm, bool second,
                                                     const float (&x)[8], int64_t e0, int64_t tile_off, int n,
                                                     int lane, bool stochastic = false, uint64_t sr_key = 0) {
@@ -338,7 +347,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       float absmax = block_absmax(x, n, 16);
       if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
       uint32_t c[8];
-      block_codes<kUnsignedMap>(sm, second, x, n, absmax, c);
+      block_codes<kMap>(sm, second, x, n, absmax, c);
 #pragma unroll
       for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
@@ -360,7 +369,7 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
         break;
       }
       uint32_t c[8];
-      block_codes<kUnsignedMap>(sm, second, x, n, absmax, c);
+      block_codes<kMap>(sm, second, x, n, absmax, c);
 #pragma unroll
       for (int j = 0; j < 8; ++j) r.w[0] |= (j < n ? c[j] : 0u) << (4 * j);  // past the end: nibble 0
       if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
@@ -529,21 +538,22 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
     encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
-    encode_store_moment<true>(mom1, smap[1], second1, v, e0, tile_off, 8, lane);  // v: an unsigned map
+    // v: an unsigned map, for 4-bit the linear one (dispatch_fast checks)
+    encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom1, smap[1], second1, v, e0, tile_off,
+                                                                              8, lane);
     store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
   }
 }
 
 // The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
 // of core/shape.hpp (its nearest_code as bucket_code, the same code).
-// kUnsignedMap: as block_codes().
-template <bool kUnsignedMap>
+template <int kMap>
 __device__ __forceinline__ void rank1_codes(const QMap& sm, bool second, const float (&x)[8], const float (&sc)[8],
                                             uint32_t (&c)[8]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float xn = normalize(x[j], sc[j]);
-    const int code = kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn);
+    const int code = fast_code(kMap, sm, xn);
     c[j] = xn != xn ? 0u : uint32_t(second ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
   }
 }
@@ -624,16 +634,17 @@ __device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* 
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], x[0][j], x[1][j]);
     uint32_t c[8];
     if (r1[0]) {  // a rank-1 first moment
-      rank1_codes<false>(smap[0], second[0], x[0], nxt[0], c);
+      rank1_codes<kAnyMap>(smap[0], second[0], x[0], nxt[0], c);
       store_codes<F>(P.mdata[0], e0, c);
     } else {
       encode_store_moment(mom[0], smap[0], second[0], x[0], e0, tile_off, 8, lane);
     }
     if (r1[1]) {
-      rank1_codes<true>(smap[1], second[1], x[1], nxt[1], c);
+      rank1_codes<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(smap[1], second[1], x[1], nxt[1], c);
       store_codes<F>(P.mdata[1], e0, c);
     } else {
-      encode_store_moment<true>(mom[1], smap[1], second[1], x[1], e0, tile_off, 8, lane);
+      encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom[1], smap[1], second[1], x[1], e0,
+                                                                                  tile_off, 8, lane);
     }
     store_param(PD, P.rounding, P.param, P.ecc, true, p, e0, 8, key);
   }
@@ -654,7 +665,7 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
     if (shaped) {
       if (P.norm[0] == uint8_t(Norm::Factored) || P.norm[1] == uint8_t(Norm::Factored) ||
           P.format[0] != LOWBIT_STATE_4BIT || P.format[1] != LOWBIT_STATE_4BIT || P.shape.ndim != 2 ||
-          P.shape.dim[1] % 8 != 0 || !(smap[1].values[0] >= 0.f))
+          P.shape.dim[1] % 8 != 0 || !smap[1].linear16)
         return false;
       if (P.pdtype == kBF16)
         fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);
@@ -667,9 +678,9 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   }
   if (P.norm[0] != uint8_t(Norm::Block)) return false;
   if (NM > 1 && (P.norm[1] != uint8_t(Norm::Block) || P.format[1] != P.format[0])) return false;
-  // The second moment's codes take bucket_code_unsigned: its map must have no negative value.
-  if (NM > 1 && (P.format[1] == LOWBIT_STATE_8BIT || P.format[1] == LOWBIT_STATE_4BIT) && !(smap[1].values[0] >= 0.f))
-    return false;
+  // The second moment's codes take bucket_code_unsigned (its map has no negative value) or, 4-bit, linear16_code.
+  if (NM > 1 && P.format[1] == LOWBIT_STATE_8BIT && !(smap[1].values[0] >= 0.f)) return false;
+  if (NM > 1 && P.format[1] == LOWBIT_STATE_4BIT && !smap[1].linear16) return false;
 #define LOWBIT_FAST_CASE(pd, f)                                                               \
   case (pd) * 8 + (f):                                                                        \
     fast_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
@@ -721,6 +732,13 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     const uint8_t id = Pg->map[k];
+    if (k < Pg->num_moments && Pg->format[k] == LOWBIT_STATE_FP8) {
+      // An FP8 moment decodes through the table of its 256 values (a shared-memory load instead of
+      // e4m3_to_float's branches; the same values).
+      smap[k].values[threadIdx.x] = e4m3_to_float(uint8_t(threadIdx.x));
+      static_assert(kThreads == 256, "one e4m3 code per thread");
+      continue;
+    }
     if (k >= Pg->num_moments || id == kNoMap) continue;
     const QMap& src = args.maps->map[id];
     const int n = __ldg(&src.n);
@@ -729,6 +747,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     if (threadIdx.x == 0) {
       smap[k].n = n;
       smap[k].zero_code = __ldg(&src.zero_code);
+      smap[k].linear16 = __ldg(&src.linear16);
     }
     for (int i = threadIdx.x; i <= n; i += kThreads) {  // midpoints[n] (+Inf) too: bucket_code_finite
       if (i < n) smap[k].values[i] = __ldg(&src.values[i]);

@@ -56,7 +56,7 @@ NEAREST_NO_ECC = [
 
 
 # lpmm's preset: m per block, v rank-1 (the rank-1 first moment is another configuration)
-LPMM_NO_ECC = NEAREST_NO_ECC + [(STEP, "rank1_codes<false>(smap[0], second[0]", None)]
+LPMM_NO_ECC = NEAREST_NO_ECC + [(STEP, "rank1_codes<kAnyMap>(smap[0], second[0]", None)]
 
 
 def fast(algo, pd, f):

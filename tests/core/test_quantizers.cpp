@@ -85,6 +85,8 @@ void test_nearest_code_is_brute_force(void**) {
       if (bucket_code_finite(map, x) != want) fail_msg("map %d: x = %.9g: bucket_code_finite", id, double(x));
       if (map.values[0] >= 0.f && bucket_code_unsigned(map, x) != want)
         fail_msg("map %d: x = %.9g: bucket_code_unsigned", id, double(x));
+      if (map.linear16 && std::fabs(x) <= 1.f && linear16_code(x) != want)
+        fail_msg("map %d: x = %.9g: linear16_code", id, double(x));
       if (got + 1 < map.n &&
           std::fabs(double(x) - map.values[got]) == std::fabs(double(x) - map.values[got + 1]))
         ++ties;
@@ -124,7 +126,10 @@ void test_bucket_search_everywhere(void**) {
       if (bucket_code_finite(map, x) != want) fail_msg("map %d x %.9g: bucket_code_finite", id, double(x));
       if (map.values[0] >= 0.f && bucket_code_unsigned(map, x) != want)
         fail_msg("map %d x %.9g: bucket_code_unsigned", id, double(x));
+      if (map.linear16 && std::fabs(x) <= 1.f && linear16_code(x) != want)
+        fail_msg("map %d x %.9g: linear16_code", id, double(x));
     }
+    if (map.linear16) assert_int_equal(linear16_code(NAN), 0);
     for (int b = 0; b < kQBuckets; ++b)
       for (int d = -2; d <= 2; ++d) {
         uint32_t edge = uint32_t(b + (kQMinExp << kQMantBits)) << (23 - kQMantBits);
@@ -154,6 +159,7 @@ void test_floor_positive_fast(void**) {
         assert_int_equal(floor_positive_fast(map, c, x), floor_positive(map, c, x));
     }
     if (zeros == 0) assert_int_equal(map.zero_code, -1);
+    assert_int_equal(map.linear16, MapId(id) == MapId::UnsignedLinear4);
     assert_true(std::isinf(map.midpoints[256]));  // bucket_code_finite reads one past the last code
   }
 }
