@@ -69,6 +69,7 @@ stage engine_graph 45 "$T/test_cuda_engine_graph"
 stage functional_step 60 "$T/test_functional_step_cuda"
 stage step_params 60 "$T/test_step_params_cuda"
 stage muon 60 "$T/test_muon_cuda"
+stage extremes 60 "$T/test_extremes_vs_cpu"  # rank-1 one-read pass 1 and fast pass 2, bf16, vs the CPU
 
 # 2. timings, alone on the card
 stage bench_gpu_step 120 "$B/bench/gpu/bench_gpu_step" all all 20

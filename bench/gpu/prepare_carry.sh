@@ -24,7 +24,8 @@ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTUR
   -DLOWBIT_CUDA_FAST_MATH=OFF -DLOWBIT_CUDA_STEP_MIN_BLOCKS= -DLOWBIT_CUDA_PTXAS_VERBOSE=ON \
   -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DCMAKE_DISABLE_FIND_PACKAGE_dnnl=ON >/dev/null
 targets=(lowbit test_cuda_vs_cpu test_cuda_graph_capi test_cuda_engine_graph test_onebit_cuda test_comm_cuda
-         test_functional_step_cuda test_step_params_cuda test_muon_cuda bench_gpu_step bench_comm_cuda)
+         test_functional_step_cuda test_step_params_cuda test_muon_cuda test_extremes_vs_cpu bench_gpu_step
+         bench_comm_cuda)
 python3 -c "import jax" 2>/dev/null && targets+=(lowbit_jax)
 cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
 
@@ -34,7 +35,7 @@ mkdir -p "$B/tests/cuda" "$B/tests/comm" "$B/bench/gpu" "$B/bench/comm" "$C/lib"
 cp -a "$BUILD"/liblowbit.so* "$BUILD/lowbit_cdef.h" "$B/"
 [ -f "$BUILD/liblowbit_jax.so" ] && cp "$BUILD/liblowbit_jax.so" "$B/"
 cp "$BUILD"/tests/cuda/{test_cuda_vs_cpu,test_cuda_graph_capi,test_cuda_engine_graph,test_onebit_cuda} "$B/tests/cuda/"
-cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda,test_muon_cuda} "$B/tests/cuda/"
+cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda,test_muon_cuda,test_extremes_vs_cpu} "$B/tests/cuda/"
 cp "$BUILD/tests/comm/test_comm_cuda" "$B/tests/comm/"
 cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
 cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
