@@ -403,9 +403,9 @@ def test_rejections():
         o3.step()
     e = torch.nn.Parameter(torch.zeros(4))
     o4 = lt.SGD([e], lr=0.1)
-    e.grad = torch.zeros(4).to_sparse()
-    with pytest.raises(lowbit.ArrayError, match="sparse"):
-        o4.step()
+    e.grad = torch.zeros(4).to_sparse()  # taken: densified for the step (test_torch_sparse_grad.py)
+    o4.step()
+    assert torch.equal(e, torch.zeros(4))
     with pytest.raises(lowbit.InvalidArgumentError, match="state"):
         lt.AdamW([e], state="2bit")
     with pytest.raises(lowbit.InvalidArgumentError, match="lr"):

@@ -85,7 +85,15 @@ Params may live on the CPU and on CUDA devices (one lowbit handle per
 device); each step runs on the current CUDA stream of its device. Params and
 grads are used in place, never copied: params must be contiguous float32,
 bfloat16 or float16 tensors; grads contiguous, of the same size (any of those
-dtypes, e.g. bf16 grads for fp32 params).
+dtypes, e.g. bf16 grads for fp32 params). The exception: sparse
+(``torch.sparse_coo``) grads, as ``nn.Embedding(sparse=True)`` gives, are
+densified for the step of their param (``opt.step()``: for the step's one
+library call; step_in_backward: for their bucket's) and the dense copy freed
+right after; the step is the optimizer's usual step on that dense gradient
+(zeros in the rows absent; decay and moments move every row), bit for bit
+the dense embedding's, not ``torch.optim.SparseAdam``. ``CPUOffload`` refuses
+sparse grads; under ``torch.compile`` a step with one falls back to eager
+(dynamo does not take sparse tensors; ``fullgraph=True`` raises there).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from .._optimizer import Optimizer
 from ._compile import eager_in_compile, is_compiling, register_optimizer
 from ._in_backward import refuse_step
 from ._state_dict import LowbitState, StateDicts, _StateView
-from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _tensor_ref
+from ._tensors import _device_key, _DeviceState, _is_dtensor, _local, _nonfinite_values, _tensor_ref
 
 _REFUSED = {"amsgrad": "amsgrad=True is not supported by lowbit",
             "maximize": "maximize=True is not supported by lowbit (negate the loss)"}
@@ -155,17 +155,25 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             self._opt_called = True
             self._skipped = False
             try:
-                ready = self._prepare_step(grads, lrs)
-            except Exception as e:
-                self._failed_before_step(e)
-                raise
-            if ready is None:
-                # Sharded params: a rank sees only its shards of the grads, so the
-                # skip is agreed over the device meshes; the step is skipped on all.
-                self._skipped = True
-                return
-            for dev, n in ready:
-                self._step_device(dev, n)
+                try:
+                    ready = self._prepare_step(grads, lrs)
+                except Exception as e:
+                    self._failed_before_step(e)
+                    raise
+                if ready is None:
+                    # Sharded params: a rank sees only its shards of the grads, so the
+                    # skip is agreed over the device meshes; the step is skipped on all.
+                    self._skipped = True
+                    return
+                for dev, n in ready:
+                    self._step_device(dev, n)
+                    # sparse grads' dense forms: dropped as soon as the call
+                    # that reads them returns (on CUDA the caching allocator
+                    # reuses the memory after the step's kernels, same stream)
+                    dev.dense_grads = None
+            finally:
+                for dev in self._devices.values():
+                    dev.dense_grads = None
             for p in self._empty_shards:
                 if (p.grad if grads is None else grads.get(p)) is not None:
                     self._empty_shards[p] += 1
@@ -287,7 +295,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
 
         bad = False
         for _, grads, params in work:
-            gs = [g for g in grads if g is not None]
+            gs = [_nonfinite_values(g) for g in grads if g is not None]
+            gs = [v for v in gs if v.numel()]  # a sparse grad with no entries is all zeros
             if gs:
                 top = torch.stack([torch.linalg.vector_norm(g, float("inf")).float() for g in gs]).sum()
                 bad = bad or not bool(torch.isfinite(top))

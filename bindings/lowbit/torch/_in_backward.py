@@ -1,7 +1,13 @@
 """The optimizer step inside backward (:func:`step_in_backward`): each param
 is stepped as soon as its gradient is complete and the gradient is freed at
 once, so a model never holds all its gradients (PyTorch's recipe with
-``register_post_accumulate_grad_hook``; LOMO and AdaLomo build on it)."""
+``register_post_accumulate_grad_hook``; LOMO and AdaLomo build on it).
+
+Sparse gradients (``nn.Embedding(sparse=True)``: ``torch.sparse_coo``) wait
+in their bucket as they are and are densified when the bucket is stepped,
+the dense form freed right after that step: the usual step on the dense
+gradient (zeros in the absent rows), bits equal to the dense embedding's,
+not torch.optim.SparseAdam."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import torch
 
 from .._ffi import Device
 from .._lib import InvalidStateError
-from ._tensors import _local, _tensor_ref
+from ._tensors import _dense_grad, _local, _tensor_ref
 
 _WHY = ("the step runs inside backward, as each gradient is ready, and frees the gradient: nothing can see all "
         "the gradients before a step, so gradient clipping by global norm and GradScaler (which unscales and "
@@ -143,9 +149,12 @@ class StepInBackward:
         if b is None or not b.ids:
             return
         dev = self._opt._devices[key]
-        refs = [_tensor_ref(g, "grad") for g in b.grads]
+        # a sparse grad (nn.Embedding(sparse=True)) is densified here, at its
+        # bucket's step, and its dense form dropped with refs right after it
+        refs = [_tensor_ref(_dense_grad(g, _local(p)), "grad") for p, g in zip(b.params, b.grads)]
         stream = torch.cuda.current_stream(dev.device) if dev.device.type == "cuda" else None
         applied = dev.handle.step_params(b.ids, refs, stream=stream.cuda_stream if stream is not None else None)
+        del refs
         if dev.handle.device == Device.CPU and not applied:
             self._skipped = True
         self._opt._opt_called = True  # what torch's lr schedulers look for (opt.step() is never called)
@@ -184,7 +193,11 @@ def step_in_backward(optimizer, *, bucket_numel: int = 1 << 20, ddp_model=None, 
     params (DTensors) are stepped when their reduced shard is accumulated.
     ``optimizer.step()`` then raises, as gradient clipping by global norm and
     GradScaler cannot work in this mode: no step can wait for all the
-    gradients. A NaN/Inf gradient skips its bucket only."""
+    gradients. A NaN/Inf gradient skips its bucket only. A sparse gradient
+    (``nn.Embedding(sparse=True)``) is densified for its bucket's step and
+    the dense form freed after it (the optimizer's step on the dense
+    gradient, not SparseAdam): an untied embedding then holds only the
+    batch's rows until its step."""
     return StepInBackward(optimizer, bucket_numel=bucket_numel, ddp_model=ddp_model, free_grads=free_grads)
 
 

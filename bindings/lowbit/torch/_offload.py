@@ -300,6 +300,13 @@ class CPUOffload(torch.optim.Optimizer):
                     f"CPUOffload: {self._name(i)} got a second gradient before step(): each backward steps the "
                     "params; call step() after every backward, and run the backward passes of gradient "
                     "accumulation but the last inside `with opt.accumulating():`")
+            if grad.layout is torch.sparse_coo:
+                raise RuntimeError(
+                    f"CPUOffload: the gradient of {self._name(i)} is sparse (torch.sparse_coo, e.g. from "
+                    "nn.Embedding(sparse=True)); CPUOffload copies each gradient as it arrives into the param's "
+                    "dense host buffer and steps it on a worker thread, and takes dense gradients only: build "
+                    "this module with sparse=False (the plain lowbit.torch optimizers and step_in_backward take "
+                    "sparse gradients)")
             if grad.layout != torch.strided or grad.numel() != p.numel() or grad.device != p.device:
                 raise RuntimeError(f"CPUOffload: the gradient of {self._name(i)} is not a dense tensor of the "
                                    f"param's size on its device ({grad.layout}, {grad.numel()} elements, "

@@ -60,6 +60,33 @@ def _tensor_ref(t: torch.Tensor, role: str) -> ArrayRef:
     return ArrayRef(t.data_ptr(), tuple(t.shape), dtype, device, index, t)
 
 
+def _dense_grad(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """The gradient a step reads: ``g`` itself when dense, else for a
+    ``torch.sparse_coo`` gradient (``nn.Embedding(sparse=True)``) a new dense
+    tensor holding it (zeros in the rows it has no entries for, duplicate
+    entries summed, as ``g.to_dense()``), which the caller drops as soon as
+    the step that reads it is done. The step is then the optimizer's usual
+    step on the dense gradient, bit for bit: every element is updated
+    (weight decay and the moments' decay included), not only the rows
+    present; this is not torch.optim.SparseAdam. Other layouts (CSR, ...)
+    raise, naming the param."""
+    layout = g.layout
+    if layout is torch.strided:
+        return g
+    if layout is torch.sparse_coo:
+        if tuple(g.shape) != tuple(p.shape):
+            raise ArrayError(f"grad of param {tuple(p.shape)}: the sparse gradient has shape {tuple(g.shape)}")
+        return g.to_dense()
+    raise ArrayError(f"grad of param {tuple(p.shape)}: {layout} gradients are not supported (dense or "
+                     "torch.sparse_coo gradients, which are densified for the step)")
+
+
+def _nonfinite_values(g: torch.Tensor) -> torch.Tensor:
+    """The values whose finiteness is the gradient's: g itself, or the
+    summed entries of a sparse COO gradient (the other elements are 0)."""
+    return g.coalesce().values() if g.layout is torch.sparse_coo else g
+
+
 class _DeviceState:
     """One lowbit handle and the torch params registered in it, in id order,
     and the grad descriptors its steps take (a TensorArray reused from step
@@ -78,6 +105,7 @@ class _DeviceState:
         self.cuda_index = device.index if device.type == "cuda" else None
         self.grad_device = torch.device(_device_key(device))  # with its index on CUDA
         self.dtensor = False  # some params are DTensors: the library steps their local shards
+        self.dense_grads = None  # the dense forms of this step's sparse grads (fill_grads_checked), until stepped
 
     def local_params(self) -> list:
         return [_local(p) for p in self.params] if self.dtensor else self.params
@@ -133,8 +161,11 @@ class _DeviceState:
     def fill_grads_checked(self, params: list, grads: list) -> bool:
         """The per-param path: checks that no param moved and each grad (the
         culprit named), fills its descriptor (None: the param sits this step
-        out). Returns whether any param has a grad."""
+        out). A torch.sparse_coo grad is densified (_dense_grad) and its
+        dense form kept in ``dense_grads`` until the caller has stepped and
+        drops it. Returns whether any param has a grad."""
         self.grad_meta = None  # the dtypes are written here, one by one
+        self.dense_grads = None
         any_grad = False
         for i, (p, g) in enumerate(zip(params, grads)):
             if p.data_ptr() != self.ptrs[i]:
@@ -147,6 +178,13 @@ class _DeviceState:
                 continue
             if g.device != p.device:
                 raise ArrayError(f"grad of param {tuple(p.shape)} is on {g.device} but the param is on {p.device}")
+            if g.layout is not torch.strided:
+                # a sparse gradient: densified here, kept (dense_grads) until
+                # the step that reads it is done, then dropped by the caller
+                g = _dense_grad(g, p)
+                if self.dense_grads is None:
+                    self.dense_grads = []
+                self.dense_grads.append(g)
             if g.numel() != p.numel():
                 raise ArrayError(f"grad of param {tuple(p.shape)} has {g.numel()} elements, the param "
                                  f"{p.numel()}")
