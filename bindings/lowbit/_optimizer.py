@@ -331,6 +331,18 @@ class Optimizer(Handle):
         for g in groups:
             self._call("lowbit_optimizer_set_lr", g, value)
 
+    @locked
+    def lr_address(self, group: int = 0) -> int:
+        """The address of the group's lr (a float32) in the engine's own copy
+        of its hyper-parameters (lowbit_optimizer_device_hparams): device
+        memory on CUDA, host memory on the CPU. Steps read lr there, so a
+        captured CUDA graph takes a new lr at each replay when the graph
+        writes it there before its step. set_lr / set_hparams replace it at
+        the next step."""
+        out = ffi.new("lowbit_hparams_t **")
+        self._call("lowbit_optimizer_device_hparams", c_int(group, "group", "int32_t"), out)
+        return int(ffi.cast("uintptr_t", out[0])) + ffi.offsetof("lowbit_hparams_t", "lr")
+
     @property
     @locked
     def lr(self) -> float:

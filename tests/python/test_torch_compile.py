@@ -340,3 +340,80 @@ def test_cuda_reduce_overhead_gives_eager_bits():
     for a, b in zip(eager_p, comp_p):
         assert torch.equal(a, b)
     assert math.isclose(float(comp.param_groups[0]["lr"]), float(eager.param_groups[0]["lr"]))
+
+
+@pytest.mark.parametrize("name", ["adamw-8bit", "lion-4bit"])
+def test_captured_op_takes_lr_from_tensors_on_the_engine(name, monkeypatch):
+    """The op's path inside a CUDA graph capture (_step_captured), run on the
+    CPU with the capture simulated: the lr tensors go into the engine's copy of
+    the hyper-parameters (lr_address; host memory here, device memory on
+    CUDA) and nothing is pushed from the host, so steps whose lr tensors change
+    give the bits of eager steps with those lrs."""
+    from lowbit.torch import _base
+
+    steps = 4
+    eager_p, op_p = _params(), _params()
+    eager = OPTIMIZERS[name](eager_p, 0.01)
+    opt = OPTIMIZERS[name](op_p, 0.01)
+    _set_grads(0, eager_p, op_p)
+    eager.step()
+    opt.step()  # registration happens before any capture
+    lrs = [torch.tensor(0.01), torch.tensor(0.03)]
+    monkeypatch.setattr(_base, "_capturing", lambda params: True)
+    for step in range(1, steps):
+        lr = 0.01 * (1 + step)
+        for gi, group in enumerate(eager.param_groups):
+            group["lr"] = lr * (3 if gi else 1)
+            lrs[gi].fill_(lr * (3 if gi else 1))  # what a scheduler writes between replays
+        _set_grads(step, eager_p, op_p)
+        eager.step()
+        torch.ops.lowbit.step(opt._compile_key, op_p, [p.grad for p in op_p], lrs)
+        for a, b in zip(eager_p, op_p):
+            assert torch.equal(a, b), step
+        # the host side kept its lr: the engine's copy holds the tensor's
+        assert float(opt.param_groups[0]["lr"]) == 0.01
+    monkeypatch.undo()
+    # an eager step after the "replays" pushes the groups' hyper-parameters again
+    for group, g2 in zip(opt.param_groups, eager.param_groups):
+        group["lr"] = g2["lr"]
+    _set_grads(steps, eager_p, op_p)
+    eager.step()
+    opt.step()
+    for a, b in zip(eager_p, op_p):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_op_captured_in_a_cuda_graph_replays_with_new_lrs():
+    """The op captured in a CUDA graph (torch.cuda.graph around it): each
+    replay takes the lr tensors' values of that moment and the params equal
+    eager steps with those lrs (the GPU round's check of issue 34's capture)."""
+    steps = 6
+    eager_p, cap_p = _params(device="cuda"), _params(device="cuda")
+    eager = lt.AdamW(eager_p, lr=0.01, weight_decay=0.1, state="8bit")
+    cap = lt.AdamW(cap_p, lr=0.01, weight_decay=0.1, state="8bit")
+    _set_grads(0, eager_p, cap_p)
+    eager.step()
+    cap.step()
+    lr = torch.tensor(0.01, device="cuda")
+    grads = [torch.zeros_like(p) for p in cap_p]  # static inputs of the graph
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph):
+            torch.ops.lowbit.step(cap._compile_key, cap_p, grads, [lr])
+    torch.cuda.current_stream().wait_stream(side)
+    # capturing ran nothing: the params are still those of step 0
+    for step in range(1, steps):
+        value = 0.01 * (1 + step)
+        eager.param_groups[0]["lr"] = value
+        lr.fill_(value)
+        _set_grads(step, eager_p, cap_p)
+        for g, p in zip(grads, cap_p):
+            g.copy_(p.grad)
+        eager.step()
+        graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(eager_p, cap_p):
+        assert torch.equal(a, b)

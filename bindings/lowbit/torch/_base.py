@@ -5,6 +5,8 @@ StateDicts' (_state_dict.py)."""
 
 from __future__ import annotations
 
+import ctypes
+
 import operator
 import threading
 
@@ -145,9 +147,10 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._run_step()
         return loss
 
-    def _run_step(self, grads=None, lrs=None) -> None:
+    def _run_step(self, grads=None, lrs=None, push_hparams=True) -> None:
         """The step, eager: grads None (each param's .grad) or {param: grad};
-        lrs None (the groups' "lr") or one float per group."""
+        lrs None (the groups' "lr") or one float per group; push_hparams
+        False: the library keeps the hyper-parameters it has (_step_captured)."""
         with self._step_lock:
             # for torch's lr schedulers (_patch_step_function); here, where
             # torch.compile never traces: it drops attribute writes to
@@ -156,7 +159,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             self._skipped = False
             try:
                 try:
-                    ready = self._prepare_step(grads, lrs)
+                    ready = self._prepare_step(grads, lrs, push_hparams)
                 except Exception as e:
                     self._failed_before_step(e)
                     raise
@@ -215,9 +218,34 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         copies = [(p, q) for p, q in zip(mine, params) if q is not p and q.data_ptr() != p.data_ptr()]
         for p, q in copies:
             p.copy_(q)
-        self._run_step(dict(zip(mine, grads)), [float(t.item()) for t in lrs])
+        if _capturing(mine):
+            self._step_captured(dict(zip(mine, grads)), lrs)
+        else:
+            self._run_step(dict(zip(mine, grads)), [float(t.item()) for t in lrs])
         for p, q in copies:
             q.copy_(p)
+
+    def _step_captured(self, grads: dict, lrs: list) -> None:
+        """The op while a CUDA graph is being captured: each group's lr goes
+        from its tensor into the engine's copy of the group's hyper-parameters
+        by a copy on the stream (captured: every replay copies the tensor's
+        value of that moment), and the host-side hyper-parameters are not
+        pushed (that would read the lr on the host: a sync, and a value frozen
+        into the graph). The step counts live on the device already. Params
+        must have stepped once before (registration allocates)."""
+        for dev in self._devices.values():
+            views = dev.lr_views
+            if views is None or len(views) != len(lrs):
+                views = dev.lr_views = [_engine_lr(dev, gi) for gi in range(len(lrs))]
+            for gi, (view, t) in enumerate(zip(views, lrs)):
+                if t.device != view.device:
+                    raise RuntimeError(
+                        f"lowbit::step in a captured CUDA graph: param group {gi}'s lr is a tensor on {t.device}, "
+                        f"the group's params on {view.device}: a replay can only read an lr on their device "
+                        f"(e.g. lr=torch.tensor(3e-4, device='{view.device}'))")
+                view.copy_(t.reshape(1))
+            dev.pushed = [None] * len(dev.pushed)  # an eager step after replays pushes its hparams again
+        self._run_step(grads, lrs=None, push_hparams=False)
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -229,7 +257,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         """Called with an error raised before the library's step (which is
         re-raised after): the 1-bit optimizers tell the other ranks."""
 
-    def _prepare_step(self, grads=None, lrs=None):
+    def _prepare_step(self, grads=None, lrs=None, push_hparams=True):
         """Everything before the library's steps: registration (params at
         their first step with a grad), hyper-parameters, the grad
         descriptors. Returns the (device state, number of params) to step,
@@ -242,7 +270,8 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             self._register_new_params(grads)
         work = []
         for dev in self._devices.values():
-            self._push_hparams(dev, lrs)
+            if push_hparams:
+                self._push_hparams(dev, lrs)
             n = len(dev.params)
             if dev.grads is None or len(dev.grads) != n:
                 dev.resize(n)
@@ -438,6 +467,30 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             if dev.pushed[gi] != key:
                 dev.handle.set_hparams(gi, **hp)
                 dev.pushed[gi] = key
+
+
+def _capturing(params: list) -> bool:
+    """Whether this op runs inside a CUDA graph capture (of its params' stream)."""
+    return (torch.cuda.is_available() and any(p.is_cuda for p in params)
+            and torch.cuda.is_current_stream_capturing())
+
+
+class _CudaWord:
+    """One float32 at a device address, for torch.as_tensor (__cuda_array_interface__)."""
+
+    def __init__(self, address: int):
+        self.__cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (address, False),
+                                         "version": 2, "strides": None}
+
+
+def _engine_lr(dev, group: int) -> torch.Tensor:
+    """A one-element float32 tensor over the engine's lr of a group (lr_address):
+    device memory on CUDA, host memory on the CPU. Valid for the handle's life."""
+    address = dev.handle.lr_address(group)
+    if dev.device.type == "cuda":
+        with torch.cuda.device(dev.device):
+            return torch.as_tensor(_CudaWord(address), device=dev.device)
+    return torch.frombuffer((ctypes.c_float * 1).from_address(address), dtype=torch.float32)
 
 
 def _lr_tensor(lr):

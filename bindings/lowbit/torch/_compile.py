@@ -19,10 +19,15 @@ functionalizes the op without putting it back in place (aot_eager) hands it
 copies of the params and copies them back afterwards; inductor gives it the
 params themselves (see LowbitOptimizer._step_from_op).
 
-The op carries the ``cudagraph_unsafe`` tag: the library reads the
-hyper-parameters and its step counts on the host and launches its kernels
-with them, which a captured CUDA graph would replay unchanged, so inductor's
-``mode="reduce-overhead"`` runs the op outside the captured partitions of its
+Inside a CUDA graph capture the op does not read the lrs on the host: it
+copies each lr tensor (on the params' device) into the library's own copy of
+the group's hyper-parameters (``lowbit_optimizer_device_hparams``) on the
+stream and steps with those, the step counts being on the device already, so
+a captured op replays with the lr tensors' values of each replay
+(LowbitOptimizer._step_captured; ``test_op_captured_in_a_cuda_graph_replays_
+with_new_lrs`` captures it with ``torch.cuda.graph``). Until a GPU round has
+run that test, the op keeps the ``cudagraph_unsafe`` tag: inductor's
+``mode="reduce-overhead"`` runs it outside the captured partitions of its
 graph (graph partition) instead of capturing it.
 """
 

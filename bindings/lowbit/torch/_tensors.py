@@ -98,6 +98,7 @@ class _DeviceState:
         self.params: list = []
         self.ptrs: list = []
         self.pushed: list = []  # per group: the hparams tuple last given to the library
+        self.lr_views = None  # per group: a tensor over the engine's lr (_step_captured)
         self.grads = None  # TensorArray of the grads, reused every step
         self.view = None  # its records
         self.numels: list = []  # per param
