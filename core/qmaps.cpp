@@ -113,12 +113,10 @@ const QMapWide& qmap_wide(const QMap& map) {
         for (int b = 0; b < kQBuckets; ++b) {
           int c = q.below[s][b];
           t.below[s][b] = c;
-          t.mid0[s][b] = q.midpoints[c];  // midpoints[n - 1..255] are +Inf
-          t.mid1[s][b] = c + 1 < 256 ? q.midpoints[c + 1] : INFINITY;
+          t.mid0[s][b] = q.midpoints[c];
+          t.mid1[s][b] = q.midpoints[c + 1];  // midpoints[n - 1..256] are +Inf
         }
-      t.zero_code = -1;
-      for (int i = 0; i < q.n; ++i)
-        if (q.values[i] == 0.f) t.zero_code = i;
+      t.zero_code = q.zero_code;
     }
     return w;
   }();

@@ -277,15 +277,20 @@ __device__ __forceinline__ int fast_code(int kind, const QMap& sm, float xn) {
                               : (kind == kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn));
 }
 
+// Whether divide(b, .) is the quotient for each of the lane's n values.
+__device__ __forceinline__ bool divides_lane_exactly(const BlockDivisor& b, const float (&x)[8], int n) {
+  bool exact = b.ok;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < n) exact &= divides_exactly(b, x[j]);
+  return exact;
+}
+
 template <int kMap>
 __device__ __forceinline__ void block_codes(const QMap& sm, bool second, const float (&x)[8], int n, float absmax,
                                             uint32_t (&c)[8]) {
   const BlockDivisor b = block_divisor(absmax);
-  bool fast = b.ok;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (j < n) fast &= divides_exactly(b, x[j]);
-  if (!fast) {
+  if (!divides_lane_exactly(b, x, n)) {
     codes_any(sm, second, x, absmax, c);
     return;
   }
@@ -309,11 +314,7 @@ __device__ __forceinline__ void fp8_codes_any(bool second, const float (&x)[8], 
 
 __device__ __forceinline__ void fp8_codes(bool second, const float (&x)[8], int n, float s, uint32_t (&c)[8]) {
   const BlockDivisor b = block_divisor(s);
-  bool fast = b.ok;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (j < n) fast &= divides_exactly(b, x[j]);
-  if (!fast) {
+  if (!divides_lane_exactly(b, x, n)) {
     fp8_codes_any(second, x, s, c);
     return;
   }
@@ -321,6 +322,24 @@ __device__ __forceinline__ void fp8_codes(bool second, const float (&x)[8], int 
   for (int j = 0; j < 8; ++j) {
     const uint8_t code = float_to_e4m3(divide(b, x[j]));
     c[j] = second ? floor_positive_e4m3(code, x[j]) : code;
+  }
+}
+
+// The codes c[j] of elements e0 .. e0 + n - 1 (n <= 8) of a moment stored: a
+// byte each (8BIT, FP8) or a nibble each (4BIT, `four`; past the end of the
+// tensor the high nibble of the last byte is 0).
+__device__ __forceinline__ void store_codes(void* data, bool four, int64_t e0, int n, const uint32_t (&c)[8]) {
+  if (n <= 0) return;
+  Raw r;
+  zero(r);
+  if (four) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.w[0] |= (j < n ? c[j] : 0u) << (4 * j);
+    store_bytes(static_cast<uint8_t*>(data) + e0 / 2, (n + 1) / 2, 4, r);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
+    store_bytes(static_cast<uint8_t*>(data) + e0, n, 8, r);
   }
 }
 
@@ -348,31 +367,25 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       if (lane == 0) mr.scales[tile_off / kBlock8] = absmax;
       uint32_t c[8];
       block_codes<kMap>(sm, second, x, n, absmax, c);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
-      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
+      store_codes(mr.data, false, e0, n, c);
       break;
     }
     case LOWBIT_STATE_4BIT: {
       float absmax = block_absmax(x, n, 8);
       if ((lane & 15) == 0 && n > 0) mr.scales[tile_off / kBlock4 + (lane >> 4)] = absmax;
+      uint32_t c[8];
       if (stochastic) {
         float decoded[16];
         decoded_values16(sm, absmax, decoded);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          int code = stochastic_code16(decoded, x[j], state_bits(sr_key, uint64_t(e0 + j)));
-          uint32_t c = j < n ? uint32_t(second ? floor_positive(sm, code, x[j]) : code) : 0u;
-          r.w[0] |= c << (4 * j);
+          const int code = stochastic_code16(decoded, x[j], state_bits(sr_key, uint64_t(e0 + j)));
+          c[j] = uint32_t(second ? floor_positive(sm, code, x[j]) : code);
         }
-        if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
-        break;
+      } else {
+        block_codes<kMap>(sm, second, x, n, absmax, c);
       }
-      uint32_t c[8];
-      block_codes<kMap>(sm, second, x, n, absmax, c);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r.w[0] |= (j < n ? c[j] : 0u) << (4 * j);  // past the end: nibble 0
-      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
+      store_codes(mr.data, true, e0, n, c);
       break;
     }
     case LOWBIT_STATE_FP8: {
@@ -380,37 +393,33 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
       if (lane == 0) mr.scales[tile_off / kBlock8] = s;
       uint32_t c[8];
       fp8_codes(second, x, n, s, c);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
-      if (n > 0) store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
+      store_codes(mr.data, false, e0, n, c);
       break;
     }
     default: break;
   }
 }
 
-// A rank-1 moment (8BIT / 4BIT): each element's code with its own scale
-// (core/shape.hpp rank1_code, as the CPU's encode_rank1_tile).
+// The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
+// of core/shape.hpp (its nearest_code as the bucket search or, for the 4-bit
+// linear map, linear16_code: the same code).
+template <int kMap>
+__device__ __forceinline__ void rank1_codes(const QMap& sm, bool second, const float (&x)[8], const float (&sc)[8],
+                                            uint32_t (&c)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float xn = normalize(x[j], sc[j]);
+    const int code = fast_code(kMap, sm, xn);
+    c[j] = xn != xn ? 0u : uint32_t(second ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
+  }
+}
+
+// A rank-1 moment (8BIT / 4BIT) of the generic loop stored.
 __device__ __forceinline__ void encode_store_rank1(const MomentRef& mr, const QMap& sm, bool second,
                                                    const float (&x)[8], const float (&sc)[8], int64_t e0, int n) {
-  Raw r;
-  zero(r);
-  if (n <= 0) return;
-  if (mr.format == LOWBIT_STATE_8BIT) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t c = j < n ? uint32_t(rank1_code(sm, second, x[j], sc[j])) : 0u;
-      r.w[j >> 2] |= c << (8 * (j & 3));
-    }
-    store_bytes(static_cast<uint8_t*>(mr.data) + e0, n, 8, r);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t c = j < n ? uint32_t(rank1_code(sm, second, x[j], sc[j])) : 0u;
-      r.w[0] |= c << (4 * j);
-    }
-    store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, (n + 1) / 2, 4, r);
-  }
+  uint32_t c[8];
+  rank1_codes<kAnyMap>(sm, second, x, sc, c);
+  store_codes(mr.data, mr.format == LOWBIT_STATE_4BIT, e0, n, c);
 }
 
 template <Algo A>
@@ -545,35 +554,6 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
   }
 }
 
-// The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
-// of core/shape.hpp (its nearest_code as bucket_code, the same code).
-template <int kMap>
-__device__ __forceinline__ void rank1_codes(const QMap& sm, bool second, const float (&x)[8], const float (&sc)[8],
-                                            uint32_t (&c)[8]) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float xn = normalize(x[j], sc[j]);
-    const int code = fast_code(kMap, sm, xn);
-    c[j] = xn != xn ? 0u : uint32_t(second ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
-  }
-}
-
-// A rank-1 moment's codes of a lane's 8 elements (whole, 8-bit or 4-bit) stored.
-template <uint8_t F>
-__device__ __forceinline__ void store_codes(void* data, int64_t e0, const uint32_t (&c)[8]) {
-  Raw r;
-  zero(r);
-  if (F == LOWBIT_STATE_8BIT) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r.w[j >> 2] |= c[j] << (8 * (j & 3));
-    store_bytes(static_cast<uint8_t*>(data) + e0, 8, 8, r);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) r.w[0] |= c[j] << (4 * j);
-    store_bytes(static_cast<uint8_t*>(data) + e0 / 2, 4, 4, r);
-  }
-}
-
 // The current and new rank-1 scales of a lane's 8 elements (q, c0 .. c0 + 7)
 // of a 2-D param: as shaped_lane (the row's entry of r_0, 8 entries of r_1).
 __device__ __forceinline__ void rank1_scales_2d(const float* vc, int64_t S, int64_t last, int64_t q, int64_t c0,
@@ -635,13 +615,13 @@ __device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* 
     uint32_t c[8];
     if (r1[0]) {  // a rank-1 first moment
       rank1_codes<kAnyMap>(smap[0], second[0], x[0], nxt[0], c);
-      store_codes<F>(P.mdata[0], e0, c);
+      store_codes(P.mdata[0], F == LOWBIT_STATE_4BIT, e0, 8, c);
     } else {
       encode_store_moment(mom[0], smap[0], second[0], x[0], e0, tile_off, 8, lane);
     }
     if (r1[1]) {
       rank1_codes<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(smap[1], second[1], x[1], nxt[1], c);
-      store_codes<F>(P.mdata[1], e0, c);
+      store_codes(P.mdata[1], F == LOWBIT_STATE_4BIT, e0, 8, c);
     } else {
       encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom[1], smap[1], second[1], x[1], e0,
                                                                                   tile_off, 8, lane);
