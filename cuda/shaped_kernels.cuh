@@ -14,6 +14,7 @@
 #include "core/param_io.hpp"
 #include "core/shape.hpp"
 #include "core/step_scalars.hpp"
+#include "cuda/lane_io.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -63,44 +64,6 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
   update_moments<A, true, true>(s, p, g, m, v);
 }
 
-// The 8 elements e0 .. e0 + 7 (n of them valid) of a 16-bit or fp32 tensor
-// as floats: one 16-byte load (two for fp32) when whole and aligned.
-__device__ __forceinline__ void load8(const void* data, uint8_t dtype, int64_t e0, int n, bool al16, float (&x)[8]) {
-  if (n == 8 && al16 && dtype != kF32) {
-    const uint4 w = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + e0);
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-    if (dtype == kBF16) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = bf16_to_float(uint16_t(ws[j >> 1] >> (16 * (j & 1))));
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = fp16_to_float(uint16_t(ws[j >> 1] >> (16 * (j & 1))));
-    }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) x[j] = j < n ? load_element(data, lowbit_dtype_t(dtype + 1), e0 + j) : 0.f;
-}
-
-// The codes of elements e0 .. e0 + 7 (e0 a multiple of 8; n valid).
-__device__ __forceinline__ void load_codes8(const void* data, bool four, int64_t e0, int n, uint32_t (&c)[8]) {
-  const uint8_t* b = static_cast<const uint8_t*>(data);
-  if (n == 8) {
-    if (four) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(b + e0 / 2);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) c[j] = (w >> (4 * j)) & 0xFu;
-    } else {
-      const uint2 w = *reinterpret_cast<const uint2*>(b + e0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) c[j] = ((j < 4 ? w.x : w.y) >> (8 * (j & 3))) & 0xFFu;
-    }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) c[j] = j < n ? load_code(data, four, e0 + j) : 0u;
-}
-
 // Rows [r0, r1e) of a kind-2 item (below), warp by warp: the row maxima go
 // to the next vectors, the column maxima of the lane's 8 columns into cmax.
 // kFast: a 2-D param with bf16 grads at a 16-byte aligned base and 8 valid
@@ -118,9 +81,9 @@ __device__ __forceinline__ void rank1_stats_rows(const DevParam& P, const DevDyn
     const int64_t e0 = q * C + c0;
     float g[8], p[8], x[2][8];
     if (kFast)
-      load8(dyn.grad, kBF16, e0, 8, true, g);
+      load_floats8(dyn.grad, kBF16, e0, 8, true, g);
     else
-      load8(dyn.grad, dyn.gdtype, e0, n, dyn.grad_al16 != 0, g);
+      load_floats8(dyn.grad, dyn.gdtype, e0, n, dyn.grad_al16 != 0, g);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       p[j] = kMomentsReadParam<A> && j < n
