@@ -3,15 +3,22 @@
 # needs on a lent GPU machine that has CUDA, torch and jax but no cmocka, no
 # MPI and no registry: a build for sm_90 (MPI on), the shared libraries the
 # test binaries need, and the Python wheels and Open MPI unpacked. The result
-# is one folder to name in the device call's `carry` (about 40 MB):
+# is one folder to name in the device call's `carry` (about 57 MB of the
+# 64 MiB that may travel, the working tree included):
 #
 #   bash bench/gpu/prepare_carry.sh [DIR]            # default .dev/carry (git-ignored: .git/info/exclude)
 #   # on the device, from the repository root:
-#   source DIR/env.sh && bash bench/gpu/device_checks.sh DIR/build - $OUT/checks
+#   source DIR/env.sh && bash bench/gpu/device_checks.sh DIR/build "$LOWBIT_FAST_BUILD" $OUT/checks
+#
+# The second build is liblowbit with LOWBIT_CUDA_FAST_MATH=ON, which
+# device_checks.sh times beside the exact one (the cost of exactness, issue
+# 31). It travels xz-compressed (10 MB -> 3 MB); env.sh unpacks it and sets
+# LOWBIT_FAST_BUILD (- where FAST=0 skipped it, about 5 minutes less here).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 C=${1:-$ROOT/.dev/carry}
 BUILD=${BUILD:-$ROOT/.dev/build}
+FAST_BUILD=${FAST_BUILD:-$ROOT/.dev/build-fast}
 mkdir -p "$C"
 C=$(cd "$C" && pwd)
 grep -qxF "/.dev/" "$ROOT/.git/info/exclude" 2>/dev/null || echo "/.dev/" >>"$ROOT/.git/info/exclude"
@@ -28,6 +35,12 @@ targets=(lowbit test_cuda_vs_cpu test_cuda_graph_capi test_cuda_engine_graph tes
          bench_comm_cuda)
 python3 -c "import jax" 2>/dev/null && targets+=(lowbit_jax)
 cmake --build "$BUILD" -j"$(nproc)" --target "${targets[@]}"
+if [ "${FAST:-1}" != 0 ]; then
+  cmake -S "$ROOT" -B "$FAST_BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOWBIT_WITH_MPI=ON \
+    -DLOWBIT_CUDA_FAST_MATH=ON -DLOWBIT_CUDA_STEP_MIN_BLOCKS= \
+    -DCMAKE_DISABLE_FIND_PACKAGE_BLAS=ON -DCMAKE_DISABLE_FIND_PACKAGE_dnnl=ON >/dev/null 2>&1
+  cmake --build "$FAST_BUILD" -j"$(nproc)" --target lowbit
+fi
 
 B=$C/build
 rm -rf "$B"
@@ -39,6 +52,8 @@ cp "$BUILD"/tests/cuda/{test_functional_step_cuda,test_step_params_cuda,test_muo
 cp "$BUILD/tests/comm/test_comm_cuda" "$B/tests/comm/"
 cp "$BUILD/bench/gpu/bench_gpu_step" "$B/bench/gpu/"
 cp "$BUILD/bench/comm/bench_comm_cuda" "$B/bench/comm/"
+rm -rf "$C/build-fast" "$C/build-fast.tar.xz"
+if [ "${FAST:-1}" != 0 ]; then (cd "$FAST_BUILD" && tar -cJf "$C/build-fast.tar.xz" liblowbit.so*); fi
 
 # 2. Shared libraries the binaries take from this machine's system.
 for lib in libcmocka.so.0 libgomp.so.1; do cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" "$C/lib/"; done
@@ -70,6 +85,11 @@ export LOWBIT_MPIRUN=/tmp/ompi/bin/mpirun
 export PYTHONPATH=$_carry/site${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=/tmp/ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$_carry/lib
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# The fast-math liblowbit (device_checks.sh's second argument), or - without it.
+export LOWBIT_FAST_BUILD=-
+if [ -f "$_carry/build-fast.tar.xz" ]; then
+  mkdir -p /tmp/lowbit-fast && tar -C /tmp/lowbit-fast -xJf "$_carry/build-fast.tar.xz" && export LOWBIT_FAST_BUILD=/tmp/lowbit-fast
+fi
 # cuBLAS for Muon's CUDA products (loaded at run time): torch's nvidia-cublas
 # wheel where no toolkit provides libcublas.so.13 on the loader's path.
 for _d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null); do
@@ -77,3 +97,7 @@ for _d in $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "li
 done
 ENV
 du -sh "$C"
+# What travels must stay under 64 MiB with the working tree (tracked and untracked files).
+total=$(( $(du -sb "$C" | cut -f1) + $(cd "$ROOT" && git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1) ))
+echo "carry + working tree: $((total >> 20)) MiB of 64"
+[ "$total" -lt $((64 << 20)) ] || { echo "over the device tool's 64 MiB: carry less" >&2; exit 1; }
