@@ -195,16 +195,34 @@ __device__ __forceinline__ void fp8_codes_any(bool second, const float (&x)[8], 
   }
 }
 
+// float_to_e4m3(lo) | float_to_e4m3(hi) << 8 for two values that are not NaN:
+// on sm_89 and later one hardware conversion (cvt.rn.satfinite.e4m3x2.f32:
+// round to nearest even, +-448 past the range), about 11 instructions fewer
+// per value. Its rounding is CUDA's reference conversion (cuda_fp8.hpp's
+// host path), which tests/cuda/test_fp8_conversion.cpp compares with
+// float_to_e4m3 on every float: they differ on negative NaNs only (the
+// hardware's NaN is 0x7F), which never reach here.
+__device__ __forceinline__ uint32_t e4m3x2_not_nan(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
+#else
+  return uint32_t(float_to_e4m3(lo)) | uint32_t(float_to_e4m3(hi)) << 8;
+#endif
+}
+
 __device__ __forceinline__ void fp8_codes(bool second, const float (&x)[8], int n, float s, uint32_t (&c)[8]) {
   const BlockDivisor b = block_divisor(s);
-  if (!divides_lane_exactly(b, x, n)) {
+  if (!divides_lane_exactly(b, x, n)) {  // also every NaN: its block's scale is NaN
     fp8_codes_any(second, x, s, c);
     return;
   }
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint8_t code = float_to_e4m3(divide(b, x[j]));
-    c[j] = second ? floor_positive_e4m3(code, x[j]) : code;
+  for (int j = 0; j < 8; j += 2) {
+    const uint32_t pair = e4m3x2_not_nan(divide(b, x[j]), divide(b, x[j + 1]));
+    c[j] = second ? floor_positive_e4m3(uint8_t(pair), x[j]) : pair & 0xFFu;
+    c[j + 1] = second ? floor_positive_e4m3(uint8_t(pair >> 8), x[j + 1]) : pair >> 8;
   }
 }
 
