@@ -6,7 +6,7 @@
 // lowbit_decode_moment): the same CPU engine, codecs and per-element update
 // rules as lowbit_optimizer_step, so a JAX step and a handle step give the
 // same bits for the same inputs.
-#include <algorithm>
+#include <cstring>
 #include <memory>
 
 #include "bindings/jax/step_common.hpp"
@@ -19,13 +19,6 @@ LOWBIT_JAX_EXPORT int32_t lowbit_jax_protocol_version(void);
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_has_cuda(void);
 // The int32 columns of a row of the JAX state's layout (LOWBIT_STATE_RECORD_INT32).
 LOWBIT_JAX_EXPORT int32_t lowbit_jax_layout_columns(void);
-// Validates hyper-parameters with the library's own checks (so that Python
-// can reject them when the optimizer is built, with the C API's message).
-// Returns 0 or a lowbit_status_t, the message in `message` (NUL-terminated).
-LOWBIT_JAX_EXPORT int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float beta2, float eps,
-                                                   float weight_decay, float momentum, float dampening,
-                                                   int32_t nesterov, int32_t bias_correction, char* message,
-                                                   int64_t capacity);
 
 namespace lowbit {
 namespace jaxffi {
@@ -134,37 +127,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
 int32_t lowbit_jax_protocol_version(void) { return lowbit::jaxffi::kProtocolVersion; }
 
 int32_t lowbit_jax_layout_columns(void) { return LOWBIT_STATE_RECORD_INT32; }
-
-int32_t lowbit_jax_check_hparams(int32_t algorithm, float lr, float beta1, float beta2, float eps,
-                                 float weight_decay, float momentum, float dampening, int32_t nesterov,
-                                 int32_t bias_correction, char* message, int64_t capacity) {
-  std::string error;
-  int32_t status = 0;
-  if (algorithm < LOWBIT_ALGORITHM_ADAMW || algorithm > LOWBIT_ALGORITHM_SGD) {
-    status = LOWBIT_ERROR_INVALID_ARGUMENT;
-    error = lowbit::jaxffi::concat("algorithm = ", algorithm, " is not one of adamw (1), adam (2), lion (3), sgd (4)");
-  } else {
-    lowbit_hparams_t h;
-    lowbit_hparams_init(&h, lowbit_algorithm_t(algorithm));
-    h.lr = lr;
-    h.beta1 = beta1;
-    h.beta2 = beta2;
-    h.eps = eps;
-    h.weight_decay = weight_decay;
-    h.momentum = momentum;
-    h.dampening = dampening;
-    h.nesterov = nesterov;
-    h.bias_correction = bias_correction;
-    status = lowbit_hparams_check(&h, lowbit_algorithm_t(algorithm));
-    if (status) error = lowbit_last_error();
-  }
-  if (message && capacity > 0) {
-    size_t n = std::min(error.size(), size_t(capacity - 1));
-    std::memcpy(message, error.data(), n);
-    message[n] = '\0';
-  }
-  return status;
-}
 
 int32_t lowbit_jax_has_cuda(void) {
 #ifdef LOWBIT_JAX_CUDA

@@ -10,7 +10,6 @@ import threading
 
 import jax
 
-from .._errors import error_for
 from .._lib import JAX_LIBRARY_ENV as LIBRARY_ENV
 from .._lib import jax_module_candidates
 
@@ -62,13 +61,6 @@ class _Module:
                     raise ImportError(f"{path} has no lowbit_jax_layout_columns: it is older than this lowbit.jax "
                                       "(rebuild liblowbit_jax)") from None
                 self.layout_columns = int(lib.lowbit_jax_layout_columns())
-                lib.lowbit_jax_check_hparams.restype = ctypes.c_int32
-                lib.lowbit_jax_check_hparams.argtypes = [ctypes.c_int32] + [ctypes.c_float] * 7 + [
-                    ctypes.c_int32,
-                    ctypes.c_int32,
-                    ctypes.c_char_p,
-                    ctypes.c_int64,
-                ]
                 jax.ffi.register_ffi_target(_STEP_TARGET, jax.ffi.pycapsule(lib.LowbitStepCpu), platform="cpu")
                 jax.ffi.register_ffi_target(_DECODE_TARGET, jax.ffi.pycapsule(lib.LowbitDecodeCpu), platform="cpu")
                 self.has_cuda = bool(lib.lowbit_jax_has_cuda())
@@ -91,13 +83,3 @@ def library_path() -> str:
     """Path of the loaded liblowbit_jax (loading it if needed)."""
     _MODULE.load()
     return _MODULE.path
-
-
-def _check_hparams(algorithm, lr, b1, b2, eps, wd, momentum, dampening, nesterov, bias_correction):
-    lib = _MODULE.load()
-    buf = ctypes.create_string_buffer(512)
-    status = lib.lowbit_jax_check_hparams(
-        int(algorithm), lr, b1, b2, eps, wd, momentum, dampening, int(nesterov), int(bias_correction), buf, 512
-    )
-    if status:
-        raise error_for(status, f"lowbit.jax: {buf.value.decode('utf-8', 'replace')}")

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._ffi import Algorithm
-from ._module import _MODULE, _STEP_TARGET, _check_hparams
+from ._module import _MODULE, _STEP_TARGET
 from ._state import Config, LowbitState, _flatten_like, _init, _leaf_names, _plan_leaf, _present
 
 try:  # optax is optional: with it, the transformation is an optax one
@@ -148,17 +148,21 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     return new_params, new_state
 
 
-def _check_muon_hparams(cfg: Config, lr: float) -> None:
-    """Muon's hyper-parameters checked by the library (lowbit_hparams_check),
-    raising its error."""
+def _check_hparams(cfg: Config, lr: float) -> None:
+    """The hyper-parameters checked by the library (lowbit_hparams_check, as
+    the C API checks them), raising its error."""
     from .._errors import InvalidArgumentError
     from .._lib import call
     from .._options import fill_hparams, new_hparams
 
     hp = new_hparams(cfg.algorithm)
-    fill_hparams(hp, dict(lr=lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-                          nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients,
-                          adjust_lr=cfg.adjust_lr, ns_precision=cfg.ns_precision))
+    kw = dict(lr=lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.algorithm == getattr(Algorithm, "MUON", None):
+        kw.update(ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients, adjust_lr=cfg.adjust_lr,
+                  ns_precision=cfg.ns_precision)
+    else:
+        kw.update(beta1=cfg.b1, beta2=cfg.b2, dampening=cfg.dampening, bias_correction=cfg.bias_correction)
+    fill_hparams(hp, kw)
     try:
         call("lowbit_hparams_check", hp, int(cfg.algorithm))
     except InvalidArgumentError as e:
@@ -167,11 +171,7 @@ def _check_muon_hparams(cfg: Config, lr: float) -> None:
 
 def _make(cfg: Config) -> LowbitTransformation:
     lr0 = 0.0 if callable(cfg.learning_rate) else float(cfg.learning_rate)
-    if cfg.algorithm == getattr(Algorithm, "MUON", None):
-        _check_muon_hparams(cfg, lr0)
-    else:
-        _check_hparams(cfg.algorithm, lr0, cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.momentum, cfg.dampening,
-                       cfg.nesterov, cfg.bias_correction)
+    _check_hparams(cfg, lr0)
     # The library checks the state settings (formats, normalisations, the
     # threshold) as it plans a leaf: one now, so that they fail here.
     _plan_leaf((1, 1) if cfg.algorithm == getattr(Algorithm, "MUON", None) else (1,), jnp.float32, cfg, "<settings>")
