@@ -21,7 +21,7 @@ carrying the library's message.
 """
 
 from ._ffi import Algorithm, CheckpointMode, CommBackend, CommCudaAware, Device, Dtype, Rounding, StateFormat, Status
-from ._lib import (
+from ._errors import (
     ArrayError,
     BufferTooSmallError,
     CommunicationError,
@@ -39,9 +39,8 @@ from ._lib import (
     StateMismatchError,
     UnsupportedError,
     VersionMismatchError,
-    library_path,
-    status_string,
 )
+from ._lib import library_path, status_string
 from ._lib import LIB as _LIB
 from ._lib import c_string as _c_string
 from ._comm import Communicator

@@ -13,7 +13,8 @@ from ._arrays import ArrayRef, as_array_ref
 from ._ffi import NCCL_UNIQUE_ID_BYTES, NULL, CommBackend, CommCudaAware, Device, Dtype, Status, ffi, struct_fields
 from ._ffi import void_p
 from ._handle import Handle, locked
-from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, call
+from ._errors import ArrayError, InvalidArgumentError, InvalidStateError
+from ._lib import LIB, call
 from ._names import c_int, stream_pointer
 
 _CUDA_AWARE = {"auto": CommCudaAware.AUTO, "never": CommCudaAware.NEVER, "always": CommCudaAware.ALWAYS,

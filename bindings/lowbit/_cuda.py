@@ -47,7 +47,7 @@ def pointer_device(ptr: int):
 
 def _check(rc, what):
     if rc != 0:
-        from ._lib import CudaError
+        from ._errors import CudaError
 
         raise CudaError(f"{what} failed with CUDA driver error {rc}")
 
@@ -58,7 +58,7 @@ def stream_wait(consumer, producer: int, device_index: int) -> None:
         return
     lib = _lib()
     if lib is None:
-        from ._lib import CudaError
+        from ._errors import CudaError
 
         raise CudaError("the array names a producer stream but the CUDA driver (libcuda) could not be loaded")
     dev = c_int()

@@ -11,7 +11,8 @@ import numpy as np
 from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string
 from ._ffi import MAX_DIMS, NULL, Algorithm, CData, Device, Normalization, StateFormat, ffi, void_p
 from ._handle import Handle, locked
-from ._lib import LIB, ArrayError, InvalidArgumentError, InvalidStateError, LowbitError, call, failure
+from ._errors import ArrayError, InvalidArgumentError, InvalidStateError, LowbitError
+from ._lib import LIB, call, failure
 from ._names import (  # noqa: F401  (re-exported: lowbit._optimizer's names before the split)
     ALGORITHMS,
     CHECKPOINT_MODES,

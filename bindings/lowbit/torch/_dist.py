@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from .._comm import Communicator
 from .._ffi import ffi
-from .._lib import InvalidArgumentError, InvalidStateError, UnsupportedError
+from .._errors import InvalidArgumentError, InvalidStateError, UnsupportedError
 
 _HOST_BACKENDS = ("gloo",)
 _DEVICE_BACKENDS = ("nccl",)

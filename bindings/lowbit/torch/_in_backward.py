@@ -16,7 +16,7 @@ import threading
 import torch
 
 from .._ffi import Device
-from .._lib import InvalidStateError
+from .._errors import InvalidStateError
 from ._tensors import _dense_grad, _local, _tensor_ref
 
 _WHY = ("the step runs inside backward, as each gradient is ready, and frees the gradient: nothing can see all "

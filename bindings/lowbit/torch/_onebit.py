@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .._ffi import Algorithm, Device
-from .._lib import CommunicationError, LowbitError, StateMismatchError
+from .._errors import CommunicationError, LowbitError, StateMismatchError
 from .._names import c_int
 from .._options import check_onebit_options, config_defaults, onebit_options_defaults
 from ._adam import _AdamBase

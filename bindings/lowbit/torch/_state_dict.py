@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from .._ffi import Algorithm
-from .._lib import StateMismatchError
+from .._errors import StateMismatchError
 from ._peer_state import peer_kind, to_torch_layout
 from ._tensors import _device_key, _is_dtensor, _local
 

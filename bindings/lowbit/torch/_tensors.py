@@ -11,7 +11,7 @@ import torch
 
 from .._arrays import ArrayRef, TensorArray
 from .._ffi import Device, Dtype
-from .._lib import ArrayError
+from .._errors import ArrayError
 
 _TORCH_DTYPES = {torch.float32: Dtype.FLOAT32, torch.bfloat16: Dtype.BFLOAT16, torch.float16: Dtype.FLOAT16}
 _DTYPE_CODES = {k: int(v) for k, v in _TORCH_DTYPES.items()}
