@@ -3,7 +3,8 @@
  * test_step_params.c): DEVICE, zero-filled allocations (NULL for 0 bytes),
  * copies both ways, a device-wide wait, and the skip (exit 77) of a real-GPU
  * build on a machine without a usable GPU (LOWBIT_TEST_CUDA without
- * LOWBIT_TEST_EMULATED). Include after cmocka.h. */
+ * LOWBIT_TEST_EMULATED), and CHECK_OPT for calls that must succeed. Include
+ * after cmocka.h. */
 #ifndef LOWBIT_TEST_DEVICE_H
 #define LOWBIT_TEST_DEVICE_H
 
@@ -52,5 +53,13 @@ static int skip_without_gpu(void) {
 #endif
   return 0;
 }
+
+/* A call that must succeed; on failure, the call, its status and opt's last error. */
+#define CHECK_OPT(opt, call)                                                                        \
+  do {                                                                                              \
+    lowbit_status_t st_ = (call);                                                                   \
+    if (st_ != LOWBIT_SUCCESS)                                                                      \
+      fail_msg("%s: %s: %s", #call, lowbit_status_string(st_), lowbit_optimizer_last_error(opt)); \
+  } while (0)
 
 #endif

@@ -32,13 +32,6 @@
 
 #include "test_device.h"
 
-#define CHECK(opt, call)                                                                            \
-  do {                                                                                              \
-    lowbit_status_t st_ = (call);                                                                   \
-    if (st_ != LOWBIT_SUCCESS)                                                                      \
-      fail_msg("%s: %s: %s", #call, lowbit_status_string(st_), lowbit_optimizer_last_error(opt)); \
-  } while (0)
-
 static uint64_t rng_state;
 static double uniform(void) {
   rng_state ^= rng_state << 13;
@@ -88,7 +81,7 @@ static lowbit_optimizer_t make_muon(lowbit_state_format_t fmt, lowbit_normalizat
   h->lr = 0.02f;
   h->ns_precision = LOWBIT_NS_PRECISION_FP32;
   lowbit_optimizer_t opt = NULL;
-  CHECK(opt, lowbit_optimizer_create(&opt, &c, h));
+  CHECK_OPT(opt, lowbit_optimizer_create(&opt, &c, h));
   return opt;
 }
 
@@ -102,7 +95,7 @@ static int64_t add_matrix(lowbit_optimizer_t opt, void* p, lowbit_dtype_t dt, in
   pc.param = tensor(p, n, dt);
   pc.group = group;
   int64_t id = -1;
-  CHECK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  CHECK_OPT(opt, lowbit_optimizer_add_param(opt, &pc, &id));
   return id;
 }
 
@@ -189,7 +182,7 @@ static void run_reference(int nesterov, lowbit_muon_lr_adjust_t adjust, int step
   lowbit_optimizer_t opt = make_muon(LOWBIT_STATE_FP32, LOWBIT_NORMALIZATION_BLOCK, &h);
   h.nesterov = nesterov;
   h.adjust_lr = adjust;
-  CHECK(opt, lowbit_optimizer_set_hparams(opt, 0, &h));
+  CHECK_OPT(opt, lowbit_optimizer_set_hparams(opt, 0, &h));
   float* p[NSHAPES];
   float* g[NSHAPES];
   void* pd[NSHAPES];
@@ -213,9 +206,9 @@ static void run_reference(int nesterov, lowbit_muon_lr_adjust_t adjust, int step
       grads[s] = tensor(gd[s], n, LOWBIT_DTYPE_FLOAT32);
       p0[s] = malloc(4 * (size_t)n), m0[s] = malloc(4 * (size_t)n);
       memcpy(p0[s], p[s], 4 * (size_t)n);
-      CHECK(opt, lowbit_optimizer_read_moment(opt, s, 0, m0[s], n, NULL));
+      CHECK_OPT(opt, lowbit_optimizer_read_moment(opt, s, 0, m0[s], n, NULL));
     }
-    CHECK(opt, lowbit_optimizer_step_with_grads(opt, grads, NSHAPES, NULL));
+    CHECK_OPT(opt, lowbit_optimizer_step_with_grads(opt, grads, NSHAPES, NULL));
     sync_all();
     for (int s = 0; s < NSHAPES; ++s) {
       const int64_t n = numel_of(&kShapes[s]), rows = kShapes[s].shape[0], cols = n / rows;
@@ -223,7 +216,7 @@ static void run_reference(int nesterov, lowbit_muon_lr_adjust_t adjust, int step
       double* pr = malloc(sizeof(double) * (size_t)n);
       double* mr = malloc(sizeof(double) * (size_t)n);
       float* m1 = malloc(4 * (size_t)n);
-      CHECK(opt, lowbit_optimizer_read_moment(opt, s, 0, m1, n, NULL));
+      CHECK_OPT(opt, lowbit_optimizer_read_moment(opt, s, 0, m1, n, NULL));
       muon_ref(&h, p0[s], m0[s], g[s], rows, cols, pr, mr);
       /* The update's scale: lr_adjusted times the largest |O| (an orthogonal
        * matrix's entries are at most 1 in size); fp32 products over 5
@@ -301,7 +294,7 @@ static void test_formats(void** state) {
       for (int64_t i = 0; i < n; ++i) g[i] = randn() * (1 + (i % 7));
       to_dev(gd, g, 4 * (size_t)n);
       lowbit_tensor_t gt = tensor(gd, n, LOWBIT_DTYPE_FLOAT32);
-      CHECK(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
+      CHECK_OPT(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
       for (int64_t i = 0; i < n; ++i) mref[i] = 0.95 * mref[i] + 0.05 * g[i];
     }
     sync_all();
@@ -310,7 +303,7 @@ static void test_formats(void** state) {
     else
       to_host(p16, pd, 2 * (size_t)n);
     dev_free(pd), dev_free(gd);
-    CHECK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m, n, NULL));
+    CHECK_OPT(opt, lowbit_optimizer_read_moment(opt, 0, 0, m, n, NULL));
     double m2 = 0, e2 = 0, along = 0, moved = 0;
     for (int64_t i = 0; i < n; ++i) {
       m2 += mref[i] * mref[i];
@@ -348,7 +341,7 @@ static void hybrid_make(hybrid_t* x, uint64_t seed, lowbit_state_format_t fmt) {
   ha.lr = 0.003f;
   ha.algorithm = LOWBIT_ALGORITHM_ADAMW;
   int32_t group = -1;
-  CHECK(x->opt, lowbit_optimizer_add_group(x->opt, &ha, &group));
+  CHECK_OPT(x->opt, lowbit_optimizer_add_group(x->opt, &ha, &group));
   assert_int_equal(group, 1);
   rng_state = seed;
   const int64_t s0[2] = {40, 24}, s1[2] = {16, 16}, one[1] = {24};
@@ -407,23 +400,23 @@ static void test_hybrid_subsets_checkpoint(void** state) {
     lowbit_hparams_init(&ha, LOWBIT_ALGORITHM_ADAMW);
     ha.lr = 0.003f;
     lowbit_optimizer_t plain = NULL;
-    CHECK(plain, lowbit_optimizer_create(&plain, &c, &ha));
+    CHECK_OPT(plain, lowbit_optimizer_create(&plain, &c, &ha));
     float bias[24];
     void* bias_d = on_dev(a.bias, 24, 4);
     lowbit_param_config_t pc;
     lowbit_param_config_init(&pc);
     pc.param = tensor(bias_d, 24, LOWBIT_DTYPE_FLOAT32);
     int64_t id;
-    CHECK(plain, lowbit_optimizer_add_param(plain, &pc, &id));
+    CHECK_OPT(plain, lowbit_optimizer_add_param(plain, &pc, &id));
     for (int t = 0; t < 5; ++t) {
       grads_for(t, gd, gs);
-      CHECK(a.opt, lowbit_optimizer_step_with_grads(a.opt, gs, 3, NULL));
+      CHECK_OPT(a.opt, lowbit_optimizer_step_with_grads(a.opt, gs, 3, NULL));
       /* b: the same step as two calls of step_params, in another order. */
       const int64_t first[2] = {2, 1}, second[1] = {0};
       const lowbit_tensor_t g_first[2] = {gs[2], gs[1]};
-      CHECK(b.opt, lowbit_optimizer_step_params(b.opt, first, 2, g_first, NULL));
-      CHECK(b.opt, lowbit_optimizer_step_params(b.opt, second, 1, &gs[0], NULL));
-      CHECK(plain, lowbit_optimizer_step_with_grads(plain, &gs[1], 1, NULL));
+      CHECK_OPT(b.opt, lowbit_optimizer_step_params(b.opt, first, 2, g_first, NULL));
+      CHECK_OPT(b.opt, lowbit_optimizer_step_params(b.opt, second, 1, &gs[0], NULL));
+      CHECK_OPT(plain, lowbit_optimizer_step_with_grads(plain, &gs[1], 1, NULL));
       sync_all();
     }
     hybrid_fetch(&a);
@@ -435,27 +428,27 @@ static void test_hybrid_subsets_checkpoint(void** state) {
     assert_memory_equal(a.bias, b.bias, sizeof a.bias);
     lowbit_param_info_t info;
     info.struct_size = sizeof info;
-    CHECK(a.opt, lowbit_optimizer_param_info(a.opt, 0, &info));
+    CHECK_OPT(a.opt, lowbit_optimizer_param_info(a.opt, 0, &info));
     assert_int_equal(info.step, 5);
 
     /* Checkpoint of a, loaded into r (given a's params' values), then one more step each. */
     int64_t size = 0;
-    CHECK(a.opt, lowbit_optimizer_save(a.opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &size, NULL));
+    CHECK_OPT(a.opt, lowbit_optimizer_save(a.opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &size, NULL));
     void* buf = malloc((size_t)size);
-    CHECK(a.opt, lowbit_optimizer_save(a.opt, LOWBIT_CHECKPOINT_COMPRESSED, buf, size, &size, NULL));
+    CHECK_OPT(a.opt, lowbit_optimizer_save(a.opt, LOWBIT_CHECKPOINT_COMPRESSED, buf, size, &size, NULL));
     hybrid_make(&r, 5, fmts[f]);
     hybrid_set(&r, &a);
-    CHECK(r.opt, lowbit_optimizer_load(r.opt, buf, size, NULL));
+    CHECK_OPT(r.opt, lowbit_optimizer_load(r.opt, buf, size, NULL));
     grads_for(9, gd, gs);
-    CHECK(a.opt, lowbit_optimizer_step_with_grads(a.opt, gs, 3, NULL));
-    CHECK(r.opt, lowbit_optimizer_step_with_grads(r.opt, gs, 3, NULL));
+    CHECK_OPT(a.opt, lowbit_optimizer_step_with_grads(a.opt, gs, 3, NULL));
+    CHECK_OPT(r.opt, lowbit_optimizer_step_with_grads(r.opt, gs, 3, NULL));
     hybrid_fetch(&a);
     hybrid_fetch(&r);
     assert_memory_equal(a.w0, r.w0, sizeof a.w0);
     assert_memory_equal(a.w1, r.w1, sizeof a.w1);
     assert_memory_equal(a.bias, r.bias, sizeof a.bias);
     int64_t ws = 0;
-    CHECK(a.opt, lowbit_optimizer_workspace_bytes(a.opt, &ws));
+    CHECK_OPT(a.opt, lowbit_optimizer_workspace_bytes(a.opt, &ws));
     assert_true(ws >= 2 * 4 * 960);
     free(buf);
     dev_free(bias_d);
@@ -490,8 +483,8 @@ static void test_functional(void** state) {
   hybrid_make(&h, 11, LOWBIT_STATE_8BIT);
   lowbit_hparams_t groups[2];
   groups[0].struct_size = groups[1].struct_size = sizeof groups[0];
-  CHECK(h.opt, lowbit_optimizer_get_hparams(h.opt, 0, &groups[0]));
-  CHECK(h.opt, lowbit_optimizer_get_hparams(h.opt, 1, &groups[1]));
+  CHECK_OPT(h.opt, lowbit_optimizer_get_hparams(h.opt, 0, &groups[0]));
+  CHECK_OPT(h.opt, lowbit_optimizer_get_hparams(h.opt, 1, &groups[1]));
   lowbit_step_context_t ctx = NULL;
   assert_int_equal(lowbit_step_context_create(&ctx, &c), LOWBIT_SUCCESS);
   static const int64_t rows[3] = {40, 24, 16}, cols[3] = {24, 0, 16}, numel[3] = {960, 24, 256};
@@ -511,7 +504,7 @@ static void test_functional(void** state) {
     pc.shape[0] = rows[i];
     pc.shape[1] = cols[i];
     lowbit_state_plan_init(&f[i].plan);
-    CHECK(NULL, lowbit_plan_param_state(&c, &groups[group_of[i]], &pc, &f[i].plan));
+    CHECK_OPT(NULL, lowbit_plan_param_state(&c, &groups[group_of[i]], &pc, &f[i].plan));
     lowbit_param_buffers_init(&f[i].b);
     f[i].b.param = pc.param;
     f[i].b.grad = tensor(dev_alloc(4 * (size_t)numel[i]), numel[i], LOWBIT_DTYPE_FLOAT32);
@@ -525,7 +518,7 @@ static void test_functional(void** state) {
       f[i].b.scales[m] = dev_alloc(4 * (size_t)f[i].plan.scale_count[m]);
       f[i].b.scale_count[m] = f[i].plan.scale_count[m];
     }
-    CHECK(NULL, lowbit_state_record(&f[i].plan, pc.ndim, pc.shape, records + LOWBIT_STATE_RECORD_INT32 * i,
+    CHECK_OPT(NULL, lowbit_state_record(&f[i].plan, pc.ndim, pc.shape, records + LOWBIT_STATE_RECORD_INT32 * i,
                                     LOWBIT_STATE_RECORD_INT32));
     bufs[i] = f[i].b;
   }
@@ -534,7 +527,7 @@ static void test_functional(void** state) {
   lowbit_tensor_t gs[3];
   for (int t = 0; t < 4; ++t) {
     grads_for(t, gd, gs);
-    CHECK(h.opt, lowbit_optimizer_step_with_grads(h.opt, gs, 3, NULL));
+    CHECK_OPT(h.opt, lowbit_optimizer_step_with_grads(h.opt, gs, 3, NULL));
     for (int i = 0; i < 3; ++i) bufs[i].grad = gs[i];
     lowbit_step_args_t a;
     lowbit_step_args_init(&a);
@@ -610,7 +603,7 @@ static void test_state_bytes(void** state) {
       lowbit_optimizer_t opt = make_muon(fmts[f], (lowbit_normalization_t)norm, &h);
       add_matrix(opt, p, LOWBIT_DTYPE_BFLOAT16, 2, shape, 0);
       int64_t bytes = 0;
-      CHECK(opt, lowbit_optimizer_state_bytes(opt, -1, &bytes));
+      CHECK_OPT(opt, lowbit_optimizer_state_bytes(opt, -1, &bytes));
       const double per = (double)bytes / (double)n;
       printf("muon %s %s: %.4f state bytes per param (4096 x 4096)\n", lowbit_state_format_name(fmts[f]),
              norm == LOWBIT_NORMALIZATION_RANK1 ? "rank-1" : "blocks", per);
@@ -659,32 +652,32 @@ static void test_bad_input(void** state) {
   for (int i = 0; i < 512; ++i) g[i] = randn();
   to_dev(gd, g, sizeof g);
   lowbit_tensor_t gt = tensor(gd, 512, LOWBIT_DTYPE_FLOAT32);
-  CHECK(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
+  CHECK_OPT(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
   sync_all();
   to_host(before, wd, sizeof before);
-  CHECK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m0, 512, NULL));
+  CHECK_OPT(opt, lowbit_optimizer_read_moment(opt, 0, 0, m0, 512, NULL));
   g[300] = NAN;
   to_dev(gd, g, sizeof g);
-  CHECK(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
+  CHECK_OPT(opt, lowbit_optimizer_step_with_grads(opt, &gt, 1, NULL));
   sync_all();
   to_host(w, wd, sizeof w);
   int32_t skipped = 0;
-  CHECK(opt, lowbit_optimizer_last_step_skipped(opt, &skipped));
+  CHECK_OPT(opt, lowbit_optimizer_last_step_skipped(opt, &skipped));
   assert_int_equal(skipped, 1);
-  CHECK(opt, lowbit_optimizer_read_moment(opt, 0, 0, m1, 512, NULL));
+  CHECK_OPT(opt, lowbit_optimizer_read_moment(opt, 0, 0, m1, 512, NULL));
   assert_memory_equal(before, w, sizeof before);
   assert_memory_equal(m0, m1, sizeof m0);
   lowbit_param_info_t info;
   info.struct_size = sizeof info;
-  CHECK(opt, lowbit_optimizer_param_info(opt, 0, &info));
+  CHECK_OPT(opt, lowbit_optimizer_param_info(opt, 0, &info));
   assert_int_equal(info.step, 1);
   /* An AdamW group may not turn into Muon once it has params... */
   lowbit_hparams_t ha;
   lowbit_hparams_init(&ha, LOWBIT_ALGORITHM_ADAMW);
   int32_t group = -1;
-  CHECK(opt, lowbit_optimizer_add_group(opt, &ha, &group));
+  CHECK_OPT(opt, lowbit_optimizer_add_group(opt, &ha, &group));
   pc.group = group;
-  CHECK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  CHECK_OPT(opt, lowbit_optimizer_add_param(opt, &pc, &id));
   ha.algorithm = LOWBIT_ALGORITHM_MUON;
   assert_int_equal(lowbit_optimizer_set_hparams(opt, group, &ha), LOWBIT_ERROR_INVALID_ARGUMENT);
   lowbit_optimizer_destroy(opt);

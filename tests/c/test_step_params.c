@@ -53,13 +53,6 @@ static void fill(void* out, lowbit_dtype_t d, int64_t n, float scale) {
   }
 }
 
-#define CHECK(opt, call)                                                                                 \
-  do {                                                                                                   \
-    lowbit_status_t st_ = (call);                                                                        \
-    if (st_ != LOWBIT_SUCCESS)                                                                           \
-      fail_msg("%s: %s: %s", #call, lowbit_status_string(st_), lowbit_optimizer_last_error(opt));      \
-  } while (0)
-
 typedef struct {
   lowbit_algorithm_t algo;
   float momentum;
@@ -98,7 +91,7 @@ static void setup(pair_t* p, const case_t* c) {
   h.lr = 1e-2f;
   h.weight_decay = 0.05f;
   h.momentum = c->momentum;
-  for (int o = 0; o < 2; ++o) CHECK(NULL, lowbit_optimizer_create(&p->opt[o], &cfg, &h));
+  for (int o = 0; o < 2; ++o) CHECK_OPT(NULL, lowbit_optimizer_create(&p->opt[o], &cfg, &h));
   for (int i = 0; i < NP; ++i) {
     const int64_t n = numel_of(i);
     const size_t pb = (size_t)n * dsize(c->pdt), gb = (size_t)n * 4;
@@ -117,7 +110,7 @@ static void setup(pair_t* p, const case_t* c) {
       pc.shape[0] = kShape[i][0];
       pc.shape[1] = kShape[i][1];
       int64_t id;
-      CHECK(p->opt[o], lowbit_optimizer_add_param(p->opt[o], &pc, &id));
+      CHECK_OPT(p->opt[o], lowbit_optimizer_add_param(p->opt[o], &pc, &id));
     }
     free(init);
   }
@@ -147,11 +140,11 @@ static void new_grads(pair_t* p, int nan_param) {
 /* The checkpoint (compressed: codes, scales, step counts) and params of optimizer o. */
 static uint8_t* snapshot(pair_t* p, int o, size_t* size) {
   int64_t ck = 0;
-  CHECK(p->opt[o], lowbit_optimizer_save(p->opt[o], LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &ck, NULL));
+  CHECK_OPT(p->opt[o], lowbit_optimizer_save(p->opt[o], LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, &ck, NULL));
   size_t total = (size_t)ck;
   for (int i = 0; i < NP; ++i) total += (size_t)numel_of(i) * dsize(p->c.pdt);
   uint8_t* out = malloc(total);
-  CHECK(p->opt[o], lowbit_optimizer_save(p->opt[o], LOWBIT_CHECKPOINT_COMPRESSED, out, ck, &ck, NULL));
+  CHECK_OPT(p->opt[o], lowbit_optimizer_save(p->opt[o], LOWBIT_CHECKPOINT_COMPRESSED, out, ck, &ck, NULL));
   size_t at = (size_t)ck;
   for (int i = 0; i < NP; ++i) {
     const size_t b = (size_t)numel_of(i) * dsize(p->c.pdt);
@@ -187,7 +180,7 @@ static void subset_steps(pair_t* p) {
     const int explicit_grads = next_u32() % 2;
     for (int k = 0; k < n; ++k)
       g[k] = (lowbit_tensor_t){p->grad2[order[at + k]], numel_of((int)order[at + k]), LOWBIT_DTYPE_FLOAT32, DEVICE, 0};
-    CHECK(p->opt[1], lowbit_optimizer_step_params(p->opt[1], order + at, n, explicit_grads ? g : NULL, NULL));
+    CHECK_OPT(p->opt[1], lowbit_optimizer_step_params(p->opt[1], order + at, n, explicit_grads ? g : NULL, NULL));
     at += n;
   }
 }
@@ -197,7 +190,7 @@ static void run_case(const case_t* c) {
   setup(&p, c);
   for (int s = 0; s < 3; ++s) {
     new_grads(&p, -1);
-    CHECK(p.opt[0], lowbit_optimizer_step(p.opt[0], NULL));
+    CHECK_OPT(p.opt[0], lowbit_optimizer_step(p.opt[0], NULL));
     subset_steps(&p);
     expect_equal(&p, "after a step");
   }
@@ -253,20 +246,20 @@ static void test_nonfinite_skips_the_call(void** s) {
   setup(&p, &c);
   new_grads(&p, 1);
   const int64_t first[2] = {0, 1}, rest[3] = {2, 3, 4};
-  CHECK(p.opt[1], lowbit_optimizer_step_params(p.opt[1], first, 2, NULL, NULL));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_step_params(p.opt[1], first, 2, NULL, NULL));
   int32_t skipped = 0;
-  CHECK(p.opt[1], lowbit_optimizer_last_step_skipped(p.opt[1], &skipped));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_last_step_skipped(p.opt[1], &skipped));
   assert_int_equal(skipped, 1);
-  CHECK(p.opt[1], lowbit_optimizer_step_params(p.opt[1], rest, 3, NULL, NULL));
-  CHECK(p.opt[1], lowbit_optimizer_last_step_skipped(p.opt[1], &skipped));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_step_params(p.opt[1], rest, 3, NULL, NULL));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_last_step_skipped(p.opt[1], &skipped));
   assert_int_equal(skipped, 0);
-  CHECK(p.opt[0], lowbit_optimizer_step_params(p.opt[0], rest, 3, NULL, NULL));
+  CHECK_OPT(p.opt[0], lowbit_optimizer_step_params(p.opt[0], rest, 3, NULL, NULL));
   expect_equal(&p, "after a NaN in another call");
   lowbit_param_info_t info;
   lowbit_param_info_init(&info);
-  CHECK(p.opt[1], lowbit_optimizer_param_info(p.opt[1], 1, &info));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_param_info(p.opt[1], 1, &info));
   assert_int_equal(info.step, 0);
-  CHECK(p.opt[1], lowbit_optimizer_param_info(p.opt[1], 3, &info));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_param_info(p.opt[1], 3, &info));
   assert_int_equal(info.step, 1);
   teardown(&p);
 }
@@ -301,7 +294,7 @@ static void test_bad_input(void** s) {
   expect_refused(&p, NULL, 1, NULL, "ids is NULL");
   lowbit_tensor_t wrong = {p.grad2[3], numel_of(3) - 1, LOWBIT_DTYPE_FLOAT32, DEVICE, 0};
   expect_refused(&p, one, 1, &wrong, "does not match the param's numel");
-  CHECK(p.opt[1], lowbit_optimizer_set_grad(p.opt[1], 3, NULL));
+  CHECK_OPT(p.opt[1], lowbit_optimizer_set_grad(p.opt[1], 3, NULL));
   expect_refused(&p, one, 1, NULL, "ids[0] = 3 has no registered gradient");
   teardown(&p);
 
@@ -311,14 +304,14 @@ static void test_bad_input(void** s) {
   lowbit_hparams_t h;
   lowbit_hparams_init(&h, LOWBIT_ALGORITHM_ONEBIT_ADAM);
   lowbit_optimizer_t opt;
-  CHECK(NULL, lowbit_optimizer_create(&opt, &cfg, &h));
+  CHECK_OPT(NULL, lowbit_optimizer_create(&opt, &cfg, &h));
   float w[8] = {0}, g[8] = {0};
   lowbit_param_config_t pc;
   lowbit_param_config_init(&pc);
   pc.param = (lowbit_tensor_t){w, 8, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
   pc.grad = (lowbit_tensor_t){g, 8, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
   int64_t id;
-  CHECK(opt, lowbit_optimizer_add_param(opt, &pc, &id));
+  CHECK_OPT(opt, lowbit_optimizer_add_param(opt, &pc, &id));
   assert_int_equal(lowbit_optimizer_step_params(opt, &id, 1, NULL, NULL), LOWBIT_ERROR_UNSUPPORTED);
   assert_non_null(strstr(lowbit_optimizer_last_error(opt), "steps every param together"));
   lowbit_optimizer_destroy(opt);
