@@ -223,4 +223,10 @@ void run_cpu_pass(const CpuPassTables& t, const Rule& rule, const PassStep& step
   if constexpr (Rule::kFinishAll) rule.finish_all(cpu_pass::Params{&t}, any_bad);
 }
 
+template <class Rule>
+void run_pass(Engine& engine, const Rule& rule, const PassStep& step, void* stream) {
+  const RulePass<Rule> pass(rule, step);
+  engine.run_pass(pass, stream);
+}
+
 }  // namespace lowbit

@@ -166,6 +166,13 @@ class Engine {
   virtual void run_pass(const Pass& pass, void* stream) = 0;
 };
 
+// Runs `rule` on every bound parameter of the engine (Engine::run_pass of a
+// RulePass). Defined in core/cpu_pass.hpp; each family of rules instantiates it
+// in a file built with cpu_engine.cpp's flags (distributed/run_pass.cpp,
+// muon/run_pass.cpp), the CUDA side of the same rules being their passes.cu.
+template <class Rule>
+void run_pass(Engine& engine, const Rule& rule, const PassStep& step, void* stream);
+
 std::unique_ptr<Engine> make_cpu_engine(int num_threads);
 // Throws LOWBIT_ERROR_UNSUPPORTED when the library was built without CUDA.
 std::unique_ptr<Engine> make_cuda_engine(int device_index);

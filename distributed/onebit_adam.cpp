@@ -13,9 +13,9 @@
 // on who calls it (1-bit Adam, its stage and freeze_step, the number of
 // params, numel), which this rank's own checks join when they fail: a bad
 // step on one rank fails on every rank with nothing changed.
+#include "core/engine.hpp"
 #include "distributed/onebit_optimizer.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 
 namespace lowbit {
 namespace distributed {

@@ -10,9 +10,9 @@
 //    ratio to the frozen v adapts the frozen trust ratio.
 // The per-parameter reductions (norms, maxima) run in the fixed order of
 // core/pass.hpp, so every rank computes the same ratios.
+#include "core/engine.hpp"
 #include "distributed/onebit_optimizer.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 
 namespace lowbit {
 namespace distributed {

@@ -1,6 +1,7 @@
 // What 1-bit Adam, 0/1 Adam and 1-bit LAMB share: their state's layout, the
 // C API's settings and status, and the parts of a step common to them (the
 // local checks agreed on with the other ranks, the warm-up's average).
+#include "core/engine.hpp"
 #include "distributed/onebit_optimizer.hpp"
 
 #include <algorithm>
@@ -11,7 +12,6 @@
 #include "core/error.hpp"
 #include "core/validation.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 
 namespace lowbit {
 namespace distributed {

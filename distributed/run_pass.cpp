@@ -1,22 +1,11 @@
-// The CPU side of the rules of passes.hpp (core/cpu_pass.hpp's runner; this
-// file has cpu_engine.cpp's flags) and their type-erased passes. The CUDA
-// side is passes.cu.
-#include "distributed/run_pass.hpp"
-
+// The CPU side of the rules of passes.hpp: run_pass (core/engine.hpp) for each
+// of them, in a file with cpu_engine.cpp's flags. The CUDA side is passes.cu.
 #include "core/cpu_pass.hpp"
 #include "distributed/passes.hpp"
 
 namespace lowbit {
-namespace distributed {
-
-template <class Rule>
-void run_pass(Engine& engine, const Rule& rule, const PassStep& step, void* stream) {
-  const RulePass<Rule> pass(rule, step);
-  engine.run_pass(pass, stream);
-}
 
 #define LOWBIT_INSTANTIATE_RUN_PASS(Rule) template void run_pass<Rule>(Engine&, const Rule&, const PassStep&, void*);
 LOWBIT_DISTRIBUTED_RULES(LOWBIT_INSTANTIATE_RUN_PASS)
 
-}  // namespace distributed
 }  // namespace lowbit

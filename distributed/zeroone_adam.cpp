@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/engine.hpp"
 #include "distributed/onebit_optimizer.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 
 namespace lowbit {
 namespace distributed {

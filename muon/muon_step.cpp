@@ -1,3 +1,4 @@
+#include "core/engine.hpp"
 #include "muon/muon_step.hpp"
 
 #include <algorithm>
@@ -6,7 +7,6 @@
 
 #include "core/step_scalars.hpp"
 #include "muon/muon_rules.hpp"
-#include "muon/run_pass.hpp"
 
 namespace lowbit {
 namespace muon {

@@ -42,7 +42,6 @@
 #include "core/state.hpp"
 #include "cuda/cuda_engine.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 #include "../common/test_seed.h"
 
 extern "C" {
@@ -626,7 +625,7 @@ void test_onebit_passes(void**) {
           gather.x = bucket[k];
           PassStep with_grads;
           with_grads.grads = g[k].data();
-          distributed::run_pass(*e, gather, with_grads, nullptr);
+          run_pass(*e, gather, with_grads, nullptr);
           std::vector<GradView> avg(specs.size());
           for (size_t i = 0; i < specs.size(); ++i) avg[i] = GradView{bucket[k] + offsets[i], LOWBIT_DTYPE_FLOAT32};
           StepControl ctl;
@@ -635,13 +634,13 @@ void test_onebit_passes(void**) {
           e->step(Algo::AdamW, avg.data(), np, ctl, nullptr);
           PassStep mask;
           mask.honor_skip = true;
-          distributed::run_pass(*e, distributed::ZeroMasked{}, mask, nullptr);
+          run_pass(*e, distributed::ZeroMasked{}, mask, nullptr);
         } else {
           distributed::LocalMomentum<false> momentum;
           momentum.x = bucket[k];
           PassStep with_grads;
           with_grads.grads = g[k].data();
-          distributed::run_pass(*e, momentum, with_grads, nullptr);
+          run_pass(*e, momentum, with_grads, nullptr);
           // Stand-in for the exchange: a deterministic change of the bucket.
           for (int64_t j = 0; j < total; ++j) bucket[k][j] = bucket[k][j] * 0.5f + (j % 3 == 0 ? 1e-4f : -1e-4f);
           PassStep ap;
@@ -660,7 +659,7 @@ void test_onebit_passes(void**) {
           }
           distributed::OneBitUpdate<false> update;
           update.x = bucket[k];
-          distributed::run_pass(*e, update, ap, nullptr);
+          run_pass(*e, update, ap, nullptr);
           if (flag) cudaFree(flag);
         }
       }

@@ -39,7 +39,6 @@
 #include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/state.hpp"
 #include "distributed/passes.hpp"
-#include "distributed/run_pass.hpp"
 #define CT_ENGINE_ONLY 1
 #include "cuda_test_util.h"
 #include "emu_counters.h"
