@@ -64,6 +64,53 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
   update_moments<A, true, true>(s, p, g, m, v);
 }
 
+// Pass 1 of a param whose only shaped moment is a factored v (lpmm's 4-bit
+// Factor: m per block): the sums of g^2 (factored_g2, what stat_element gives
+// v), element by element in the generic kinds' order (a row's 32 lanes
+// strided, sequential in each lane; a column's rows in order), without their
+// per-element rank-1 work, 64-bit index products and dtype switches.
+template <Algo A, uint8_t GD>
+__device__ __forceinline__ float factored_g2_at(const DevParam& P, const void* grad, const StepScalars& s,
+                                                int64_t e) {
+  const float g = GD == kF32    ? static_cast<const float*>(grad)[e]
+                  : GD == kBF16 ? bf16_to_float(static_cast<const uint16_t*>(grad)[e])
+                                : fp16_to_float(static_cast<const uint16_t*>(grad)[e]);
+  const float p = A == Algo::Adam
+                      ? load_param_element(P.param, lowbit_dtype_t(P.pdtype + 1), P.rounding, P.ecc, e)
+                      : 0.f;
+  return factored_g2<A>(s, p, g);
+}
+
+template <Algo A, uint8_t GD>
+__device__ __forceinline__ void factored_stats_item(const DevStatItem& it, const DevParam& P, const void* grad,
+                                                    const StepScalars& s, double* partials) {
+  const Shape& sh = P.shape;
+  const int64_t C = shape_cols(sh);
+  const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
+  if (it.kind == 0) {  // rows [a, b), a warp each: the row's EMA
+    float* row = static_cast<float*>(P.mdata[1]);
+    for (int64_t q = it.a + warp; q < it.b; q += kWarps) {
+      const int64_t base = q * C;
+      double part = 0.0;
+#pragma unroll 4
+      for (int64_t c = lane; c < C; c += 32) part += double(factored_g2_at<A, GD>(P, grad, s, base + c));
+      const double sum = warp_sum(part);
+      if (lane == 0) row[q] = factored_ema(s, row[q], sum, C);
+    }
+    return;
+  }
+  // Column a + thread over the rows of chunk `chunk` of batch `batch`: its partial sum.
+  const int64_t R = shape_batch_rows(sh);
+  const int64_t r0 = it.chunk * kColChunkRows, r1e = r0 + kColChunkRows < R ? r0 + kColChunkRows : R;
+  const int64_t c = it.a + threadIdx.x;
+  if (c >= it.b) return;
+  double acc = 0.0;
+  int64_t e = (it.batch * R + r0) * C + c;
+#pragma unroll 4
+  for (int64_t r = r0; r < r1e; ++r, e += C) acc += double(factored_g2_at<A, GD>(P, grad, s, e));
+  partials[it.partial_off + (it.batch * col_chunks(R) + it.chunk) * C + c] = acc;
+}
+
 // Rows [r0, r1e) of a kind-2 item (below), warp by warp: the row maxima go
 // to the next vectors, the column maxima of the lane's 8 columns into cmax.
 // kFast: a 2-D param with bf16 grads at a 16-byte aligned base and 8 valid
@@ -195,6 +242,15 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const ShapedArgs a, con
   const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
   if (it.kind == 2) {
     rank1_stats_item<A>(it, P, dyn, s, maps, r1);
+    return;
+  }
+  if (fac && !r1[0]) {  // v factored, m per block (or none)
+    if (dyn.gdtype == kBF16)
+      factored_stats_item<A, kBF16>(it, P, dyn.grad, s, a.partials);
+    else if (dyn.gdtype == kF32)
+      factored_stats_item<A, kF32>(it, P, dyn.grad, s, a.partials);
+    else
+      factored_stats_item<A, kF16>(it, P, dyn.grad, s, a.partials);
     return;
   }
   if (it.kind == 0) {

@@ -531,6 +531,50 @@ __device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* 
   }
 }
 
+// Whole tiles of a 2-D param with rows a multiple of 8 long, m of format F
+// per block and v factored (lpmm's 4-bit Factor), params and grads of dtype
+// PD at 16-byte aligned bases (Adam, AdamW): a lane's 8 elements lie in one
+// row, so v^ is one row factor times 8 column accumulators. The generic
+// loop's operations in the same order: the same bits.
+template <Algo A, uint8_t PD, uint8_t F>
+__device__ __forceinline__ void fast_factored_tiles(const DevParam& P, const void* grad, const StepScalars& s,
+                                                    uint64_t key, const QMap (&smap)[2], int64_t begin,
+                                                    int64_t t_from, int64_t t_to, int lane, int warp) {
+  constexpr bool wide = PD == kF32;
+  const bool ecc = !wide && P.rounding == kEcc;
+  const bool second0 = (P.coding[0] & kCodeSecond) != 0;
+  const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
+  const int64_t C = P.shape.dim[1], rows = P.shape.dim[0];
+  const float* f = static_cast<const float*>(P.mdata[1]);  // rows row accumulators, C columns, the mean
+  const float mean = f[rows + C];
+  const bool narrow = begin + t_to * kTile <= int64_t(0xFFFFFFFFu) && C <= int64_t(0xFFFFFFFFu);
+  for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
+    const int64_t tile_off = begin + t * kTile;
+    const int64_t e0 = tile_off + lane * kElemsPerThread;
+    Raw graw, praw, eraw, mraw;
+    float mscale;
+    zero(eraw);
+    load_elems(graw, grad, wide, e0, 8, true);
+    load_elems(praw, P.param, wide, e0, 8, true);
+    if (ecc) load_bytes(eraw, P.ecc + e0, 8, 8);
+    load_moment(mraw, mscale, mom0, e0, tile_off, 8, lane);
+    const int64_t q = narrow ? int64_t(uint32_t(e0) / uint32_t(C)) : e0 / C;  // 32-bit where it fits
+    const int64_t c0 = e0 - q * C;
+
+    float g[8], p[8], m[8], v[8];
+    tensor_to_float(PD, graw, g);
+    param_to_float(p, PD, ecc, praw, eraw);
+    decode_moment(m, F, mraw, mscale, smap[0]);
+    const float rf = mean > 0.f ? f[q] / mean : 0.f;  // factored_row_factor of a 2-D param
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = factored_v(rf, f[rows + c0 + j]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) factored_update<A>(s, p[j], g[j], m[j], v[j]);
+    encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
+    store_param(PD, P.rounding, P.param, P.ecc, true, p, e0, 8, key);
+  }
+}
+
 // The fast loop for this parameter's dtype and format, if there is one; false
 // when the generic loop must take the tiles.
 template <Algo A>
@@ -543,6 +587,22 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   if constexpr (NM == 2) {
     // rank-1 moments (lpmm's 4-bit v): fast_rank1_tiles
     const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
+    if (shaped && P.norm[0] == uint8_t(Norm::Block) && P.norm[1] == uint8_t(Norm::Factored)) {
+      // lpmm's Factor: fast_factored_tiles
+      if (P.shape.ndim != 2 || P.shape.dim[1] % 8 != 0) return false;
+#define LOWBIT_FACTORED_CASE(pd, f)                                                                      \
+  case (pd) * 8 + (f):                                                                                   \
+    fast_factored_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
+    return true;
+      switch (P.pdtype * 8 + P.format[0]) {
+        LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_4BIT)
+        LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_8BIT)
+        LOWBIT_FACTORED_CASE(kF32, LOWBIT_STATE_4BIT)
+        LOWBIT_FACTORED_CASE(kF32, LOWBIT_STATE_8BIT)
+        default: return false;
+      }
+#undef LOWBIT_FACTORED_CASE
+    }
     if (shaped) {
       if (P.norm[0] == uint8_t(Norm::Factored) || P.norm[1] == uint8_t(Norm::Factored) ||
           P.format[0] != LOWBIT_STATE_4BIT || P.format[1] != LOWBIT_STATE_4BIT || P.shape.ndim != 2 ||

@@ -80,17 +80,28 @@ ROWS = [
     ("AdamW 4-bit, rank-1 v (pass 2), bf16",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
           anchor="fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(", elems=256, skip=LPMM_NO_ECC)),
+    ("AdamW 4-bit Factor, factored v (pass 2), bf16",
+     dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
+          anchor="LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_4BIT)", elems=256, skip=NEAREST_NO_ECC)),
     ("AdamW generic loop (rank-1/factored pass 2)",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP,
           anchor="for (int64_t t = t_generic + warp", elems=256)),
-    ("AdamW shaped pass 1, rows",
-     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED,
+    # v factored, m per block: the inner loops, unrolled by 4 (4 elements a lane per pass); of the three
+    # grad dtypes' copies the one with the most loads and the shortest pass (fp32 or bf16)
+    ("AdamW shaped pass 1, factored rows (m per block)",
+     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="factored_stats_item(",
+          anchor="for (int64_t c = lane; c < C; c += 32)", line=True, elems=128, unrolled=True)),
+    ("AdamW shaped pass 1, factored columns (m per block)",
+     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="factored_stats_item(",
+          anchor="for (int64_t r = r0; r < r1e; ++r, e += C)", line=True, elems=128, unrolled=True)),
+    ("AdamW shaped pass 1, rows (generic)",
+     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="stats_kernel(const",
           anchor="for (int64_t c = lane; c < C; c += 32)", elems=32)),
     ("AdamW shaped pass 1, rank-1 (rows and columns, 2-D bf16)",
      dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="rank1_stats_rows(",
           anchor="for (int64_t q = r0 + warp; q < r1e; q += kWarps)", elems=256, shortest=True)),
-    ("AdamW shaped pass 1, columns",
-     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED,
+    ("AdamW shaped pass 1, columns (generic)",
+     dict(src="cuda/step_adam.cu", kernel="stats_kernelILNS_4AlgoE0EE", file=SHAPED, after="stats_kernel(const",
           anchor="for (int64_t r = r0; r < r1e; ++r)", elems=32)),
     ("comm worker sumsq (segment)",
      dict(src="comm/cuda_kernels.cu", kernel="k_worker_sumsq", file=COMM, after="void k_worker_sumsq",
@@ -224,13 +235,25 @@ def source_lines(rel, spec):
     die("%s: unbalanced braces after line %d" % (rel, k + 1))
 
 
-def pick_loop(cfg, rel, lo, hi, shortest=False):
+def pick_loop(cfg, rel, lo, hi, shortest=False, unrolled=False):
     """The loop whose instructions come from source lines [lo, hi] of `rel`, most and least of all
     from elsewhere (hits - misses). Where the compiler made several versions of the loop (unswitched
     on a loop-invariant condition), the one with the most 16-byte accesses, then the shortest pass."""
     def hit(i):
         return i.tag is not None and any(f.endswith(rel) and lo <= l <= hi for f, l in i.tag)
 
+    if unrolled:
+        # the innermost loops from these lines, and of those the one with the most loads per pass
+        # (a loop unrolled by the compiler, not its remainder): its pass covers several elements
+        loops = [lp for lp in cfg.loops if any(hit(i) for i in lp.instructions())]
+        inner = [lp for lp in loops if not any(o is not lp and o.body < lp.body for o in loops)]
+        if not inner:
+            return None, 0
+
+        def loads(lp):
+            return sum(i.base in ("LD", "LDG") for i in lp.hot_path()[1])
+
+        return max(inner, key=lambda lp: (loads(lp), -lp.hot_path()[0])), len(inner)
     scored = []
     for lp in cfg.loops:
         ins = lp.instructions()
@@ -283,7 +306,7 @@ def analyse(listings):
         fn = funcs[spec["src"]][fns[0]]
         cfg = cfgs.get(fns[0]) or cfgs.setdefault(fns[0], sass_cfg.Cfg(fn))
         lo, hi = source_lines(spec["file"], spec)
-        lp, nver = pick_loop(cfg, spec["file"], lo, hi, spec.get("shortest", False))
+        lp, nver = pick_loop(cfg, spec["file"], lo, hi, spec.get("shortest", False), spec.get("unrolled", False))
         if lp is None:
             failed.append("%s: no loop from %s lines %d-%d in %s" % (label, spec["file"], lo, hi, fns[0]))
             continue
