@@ -1,7 +1,8 @@
 // The quantizers against brute force: maps vs the golden file, nearest-code
 // search vs an exhaustive search in double (ties, zeros, denormals, huge and
 // tiny scales), block encoding (absmax, codes, 4-bit packing), e4m3 and the
-// 16-bit conversions vs exhaustive nearest-value searches.
+// 16-bit conversions vs exhaustive nearest-value searches; the exact shortcuts
+// of the GPU paths (the reciprocal division, Lion's lr * sign) vs their definitions.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +21,7 @@ extern "C" {
 #include "core/float16.hpp"
 #include "core/qmaps.hpp"
 #include "core/quant.hpp"
+#include "core/update_rules.hpp"
 #include "qmaps_golden.h"
 #include "../common/test_seed.h"
 
@@ -384,6 +386,21 @@ void test_fp16_every_float(void**) {
 
 }  // namespace
 
+// Lion's lr * sign(c) by the sign bit (update_rules.hpp) against the product it
+// replaces, bit for bit: every lr the library accepts (finite, >= 0) and c over
+// zeros, denormals, infinities, NaNs and random bit patterns.
+void test_lr_times_sign(void**) {
+  const float lrs[] = {0.f, 1e-45f, 1e-38f, 1e-4f, 0.3f, 1.f, 3e38f};
+  std::vector<float> cs = {0.f, -0.f, 1e-45f, -1e-45f, 1.f, -1.f, INFINITY, -INFINITY, NAN, -NAN};
+  for (int i = 0; i < 1 << 20; ++i) cs.push_back(from_bits(uint32_t(rng())));
+  for (float lr : lrs)
+    for (float c : cs) {
+      const float sign = c > 0.f ? 1.f : (c < 0.f ? -1.f : 0.f);
+      if (float_bits(lr_times_sign(lr, c)) != float_bits(lr * sign))
+        fail_msg("lr %a, c bits 0x%08x: %a, the product %a", lr, float_bits(c), lr_times_sign(lr, c), lr * sign);
+    }
+}
+
 int main(void) {
   rng.seed(lowbit_test_seed("test_quantizers"));
   const struct CMUnitTest tests[] = {
@@ -392,6 +409,7 @@ int main(void) {
       cmocka_unit_test(test_bucket_search_everywhere),
       cmocka_unit_test(test_floor_positive_fast),
       cmocka_unit_test(test_block_divisor_is_ieee),
+      cmocka_unit_test(test_lr_times_sign),
       cmocka_unit_test(test_block_encoding_is_brute_force),
       cmocka_unit_test(test_nan_poisons_its_block),
       cmocka_unit_test(test_e4m3),
