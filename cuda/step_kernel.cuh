@@ -155,6 +155,10 @@ __device__ __forceinline__ void codes_any(const QMap& sm, bool second, const flo
 // linear map (linear16_code, no search).
 enum MapKind { kAnyMap = 0, kUnsignedMap = 1, kLinear16Map = 2 };
 
+// Whether a code may need floor_positive: a second moment's, unless its map is
+// the 4-bit linear one, which has no 0 to move a positive value off.
+__device__ __forceinline__ bool floors(int kind, bool second) { return second && kind != kLinear16Map; }
+
 __device__ __forceinline__ int fast_code(int kind, const QMap& sm, float xn) {
   return kind == kLinear16Map ? linear16_code(xn)
                               : (kind == kUnsignedMap ? bucket_code_unsigned(sm, xn) : bucket_code_finite(sm, xn));
@@ -181,7 +185,7 @@ __device__ __forceinline__ void block_codes(const QMap& sm, bool second, const f
   for (int j = 0; j < 8; ++j) {
     const float xn = divide(b, x[j]);
     const int code = fast_code(kMap, sm, xn);
-    c[j] = uint32_t(second ? floor_positive_fast(sm, code, xn) : code);
+    c[j] = uint32_t(floors(kMap, second) ? floor_positive_fast(sm, code, xn) : code);
   }
 }
 
@@ -311,7 +315,7 @@ __device__ __forceinline__ void rank1_codes(const QMap& sm, bool second, const f
   for (int j = 0; j < 8; ++j) {
     const float xn = normalize(x[j], sc[j]);
     const int code = fast_code(kMap, sm, xn);
-    c[j] = xn != xn ? 0u : uint32_t(second ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
+    c[j] = xn != xn ? 0u : uint32_t(floors(kMap, second) ? floor_positive_fast(sm, code, xn) : code);  // NaN: code 0
   }
 }
 
