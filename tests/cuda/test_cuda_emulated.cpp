@@ -364,13 +364,15 @@ void run_algo(const AlgoCase& a) {
 // Shaped parameters (issue 15): rank-1 moments and the factored second
 // moment, pass 1 (statistics), the pass between, pass 2 and the pass after,
 // against the CPU engine bit for bit: 1 x n, n x 1, 7 x 129, 3 x 5 x 257, a
-// 1-D param (blocks), and 300 x 500 (three chunks, rows across chunks),
+// 1-D param (blocks), 300 x 500 (three chunks, rows across chunks), and
+// 24 x 64 (rows a multiple of 8: the rank-1 and Factor fast loops),
 // several algorithms and dtypes, a NaN step and a param without a gradient.
 void test_shaped(void**) {
   int64_t cases = 0;
   const std::vector<ParamSpec> specs = {{300, 1, 0, 2, {1, 300}},   {300, 0, 1, 2, {300, 1}},
                                         {903, 0, 0, 2, {7, 129}},   {3855, 1, 1, 3, {3, 5, 257}},
-                                        {1000, 0, 0, 0, {0, 0, 0}}, {150000, 0, 1, 2, {300, 500}}};
+                                        {1000, 0, 0, 0, {0, 0, 0}}, {150000, 0, 1, 2, {300, 500}},
+                                        {1536, 0, 0, 2, {24, 64}}};
   struct ShapedCase {
     int algo;
     Norm m, v;
