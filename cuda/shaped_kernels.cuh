@@ -72,9 +72,7 @@ __device__ __forceinline__ void stat_element(const DevParam& P, const DevDyn& dy
 template <Algo A, uint8_t GD>
 __device__ __forceinline__ float factored_g2_at(const DevParam& P, const void* grad, const StepScalars& s,
                                                 int64_t e) {
-  const float g = GD == kF32    ? static_cast<const float*>(grad)[e]
-                  : GD == kBF16 ? bf16_to_float(static_cast<const uint16_t*>(grad)[e])
-                                : fp16_to_float(static_cast<const uint16_t*>(grad)[e]);
+  const float g = load_element(grad, lowbit_dtype_t(GD + 1), e);  // GD constant: no switch
   const float p = A == Algo::Adam
                       ? load_param_element(P.param, lowbit_dtype_t(P.pdtype + 1), P.rounding, P.ecc, e)
                       : 0.f;

@@ -459,6 +459,18 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
   }
 }
 
+// The row of element e of a 2-D param with C columns, by a 32-bit division
+// where every element index of the loop and C fit in 32 bits.
+struct RowOf {
+  int64_t C;
+  bool narrow;
+  __device__ __forceinline__ RowOf(int64_t cols, int64_t end)
+      : C(cols), narrow(end <= int64_t(0xFFFFFFFFu) && cols <= int64_t(0xFFFFFFFFu)) {}
+  __device__ __forceinline__ int64_t operator()(int64_t e) const {
+    return narrow ? int64_t(uint32_t(e) / uint32_t(C)) : e / C;
+  }
+};
+
 // The current and new rank-1 scales of a lane's 8 elements (q, c0 .. c0 + 7)
 // of a 2-D param: as shaped_lane (the row's entry of r_0, 8 entries of r_1).
 __device__ __forceinline__ void rank1_scales_2d(const float* vc, int64_t S, int64_t last, int64_t q, int64_t c0,
@@ -488,7 +500,7 @@ __device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* 
   const MomentRef mom[2] = {{F, P.mdata[0], r1[0] ? nullptr : P.mscale[0]},
                             {F, P.mdata[1], r1[1] ? nullptr : P.mscale[1]}};
   const int64_t C = P.shape.dim[1], last = P.shape.dim[0], S = last + C;
-  const bool narrow = begin + t_to * kTile <= int64_t(0xFFFFFFFFu) && C <= int64_t(0xFFFFFFFFu);
+  const RowOf row_of(C, begin + t_to * kTile);
   for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
     const int64_t tile_off = begin + t * kTile;
     const int64_t e0 = tile_off + lane * kElemsPerThread;
@@ -500,8 +512,7 @@ __device__ __forceinline__ void fast_rank1_tiles(const DevParam& P, const void* 
     if (ecc) load_bytes(eraw, P.ecc + e0, 8, 8);
 #pragma unroll
     for (int k = 0; k < 2; ++k) load_moment(raw[k], scale[k], mom[k], e0, tile_off, 8, lane);
-    const int64_t q = narrow ? int64_t(uint32_t(e0) / uint32_t(C)) : e0 / C;  // 32-bit where it fits
-    const int64_t c0 = e0 - q * C;
+    const int64_t q = row_of(e0), c0 = e0 - q * C;
 
     float g[8], p[8], x[2][8], cur[2][8], nxt[2][8];
     tensor_to_float(PD, graw, g);
@@ -551,7 +562,7 @@ __device__ __forceinline__ void fast_factored_tiles(const DevParam& P, const voi
   const int64_t C = P.shape.dim[1], rows = P.shape.dim[0];
   const float* f = static_cast<const float*>(P.mdata[1]);  // rows row accumulators, C columns, the mean
   const float mean = f[rows + C];
-  const bool narrow = begin + t_to * kTile <= int64_t(0xFFFFFFFFu) && C <= int64_t(0xFFFFFFFFu);
+  const RowOf row_of(C, begin + t_to * kTile);
   for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
     const int64_t tile_off = begin + t * kTile;
     const int64_t e0 = tile_off + lane * kElemsPerThread;
@@ -562,8 +573,7 @@ __device__ __forceinline__ void fast_factored_tiles(const DevParam& P, const voi
     load_elems(praw, P.param, wide, e0, 8, true);
     if (ecc) load_bytes(eraw, P.ecc + e0, 8, 8);
     load_moment(mraw, mscale, mom0, e0, tile_off, 8, lane);
-    const int64_t q = narrow ? int64_t(uint32_t(e0) / uint32_t(C)) : e0 / C;  // 32-bit where it fits
-    const int64_t c0 = e0 - q * C;
+    const int64_t q = row_of(e0), c0 = e0 - q * C;
 
     float g[8], p[8], m[8], v[8];
     tensor_to_float(PD, graw, g);
@@ -588,37 +598,31 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   constexpr int NM = kFastMoments<A>;
   if (P.num_moments != NM || !P.param_al16 || !dyn.grad_al16 || dyn.gdtype != P.pdtype) return false;
   if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
-  if constexpr (NM == 2) {
-    // rank-1 moments (lpmm's 4-bit v): fast_rank1_tiles
-    const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
-    if (shaped && P.norm[0] == uint8_t(Norm::Block) && P.norm[1] == uint8_t(Norm::Factored)) {
-      // lpmm's Factor: fast_factored_tiles
-      if (P.shape.ndim != 2 || P.shape.dim[1] % 8 != 0) return false;
-#define LOWBIT_FACTORED_CASE(pd, f)                                                                      \
-  case (pd) * 8 + (f):                                                                                   \
-    fast_factored_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
+#define LOWBIT_FAST_CASE(loop, pd, f)                                                  \
+  case (pd) * 8 + (f):                                                                 \
+    loop<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
     return true;
+  if constexpr (NM == 2) {
+    const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
+    if (shaped && (P.shape.ndim != 2 || P.shape.dim[1] % 8 != 0)) return false;
+    if (P.norm[0] == uint8_t(Norm::Block) && P.norm[1] == uint8_t(Norm::Factored)) {  // lpmm's Factor
       switch (P.pdtype * 8 + P.format[0]) {
-        LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_4BIT)
-        LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_8BIT)
-        LOWBIT_FACTORED_CASE(kF32, LOWBIT_STATE_4BIT)
-        LOWBIT_FACTORED_CASE(kF32, LOWBIT_STATE_8BIT)
+        LOWBIT_FAST_CASE(fast_factored_tiles, kBF16, LOWBIT_STATE_4BIT)
+        LOWBIT_FAST_CASE(fast_factored_tiles, kBF16, LOWBIT_STATE_8BIT)
+        LOWBIT_FAST_CASE(fast_factored_tiles, kF32, LOWBIT_STATE_4BIT)
+        LOWBIT_FAST_CASE(fast_factored_tiles, kF32, LOWBIT_STATE_8BIT)
         default: return false;
       }
-#undef LOWBIT_FACTORED_CASE
     }
-    if (shaped) {
+    if (shaped) {  // rank-1 moments (lpmm's 4-bit v)
       if (P.norm[0] == uint8_t(Norm::Factored) || P.norm[1] == uint8_t(Norm::Factored) ||
-          P.format[0] != LOWBIT_STATE_4BIT || P.format[1] != LOWBIT_STATE_4BIT || P.shape.ndim != 2 ||
-          P.shape.dim[1] % 8 != 0 || !smap[1].linear16)
+          P.format[0] != LOWBIT_STATE_4BIT || P.format[1] != LOWBIT_STATE_4BIT || !smap[1].linear16)
         return false;
-      if (P.pdtype == kBF16)
-        fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);
-      else if (P.pdtype == kF32)
-        fast_rank1_tiles<A, kF32, LOWBIT_STATE_4BIT>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);
-      else
-        return false;
-      return true;
+      switch (P.pdtype * 8 + LOWBIT_STATE_4BIT) {
+        LOWBIT_FAST_CASE(fast_rank1_tiles, kBF16, LOWBIT_STATE_4BIT)
+        LOWBIT_FAST_CASE(fast_rank1_tiles, kF32, LOWBIT_STATE_4BIT)
+        default: return false;
+      }
     }
   }
   if (P.norm[0] != uint8_t(Norm::Block)) return false;
@@ -626,19 +630,15 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   // The second moment's codes take bucket_code_unsigned (its map has no negative value) or, 4-bit, linear16_code.
   if (NM > 1 && P.format[1] == LOWBIT_STATE_8BIT && !(smap[1].values[0] >= 0.f)) return false;
   if (NM > 1 && P.format[1] == LOWBIT_STATE_4BIT && !smap[1].linear16) return false;
-#define LOWBIT_FAST_CASE(pd, f)                                                               \
-  case (pd) * 8 + (f):                                                                        \
-    fast_tiles<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
-    return true;
   switch (P.pdtype * 8 + P.format[0]) {
-    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_8BIT)
-    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_4BIT)
-    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_FP8)
-    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_BF16)
-    LOWBIT_FAST_CASE(kBF16, LOWBIT_STATE_FP32)
-    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_8BIT)
-    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_4BIT)
-    LOWBIT_FAST_CASE(kF32, LOWBIT_STATE_FP32)
+    LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_8BIT)
+    LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_4BIT)
+    LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_FP8)
+    LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_BF16)
+    LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_FP32)
+    LOWBIT_FAST_CASE(fast_tiles, kF32, LOWBIT_STATE_8BIT)
+    LOWBIT_FAST_CASE(fast_tiles, kF32, LOWBIT_STATE_4BIT)
+    LOWBIT_FAST_CASE(fast_tiles, kF32, LOWBIT_STATE_FP32)
     default: return false;
   }
 #undef LOWBIT_FAST_CASE

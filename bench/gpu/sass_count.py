@@ -62,7 +62,7 @@ LPMM_NO_ECC = NEAREST_NO_ECC + [(STEP, "rank1_codes<kAnyMap>(smap[0], second[0]"
 def fast(algo, pd, f):
     return dict(src="cuda/step_adam.cu" if algo == 0 else "cuda/step_lion_sgd.cu",
                 kernel="step_kernelILNS_4AlgoE%dEE" % algo, file=STEP, line=True,
-                anchor="LOWBIT_FAST_CASE(%s, LOWBIT_STATE_%s)" % (pd, f), elems=256, skip=NEAREST_NO_ECC)
+                anchor="LOWBIT_FAST_CASE(fast_tiles, %s, LOWBIT_STATE_%s)" % (pd, f), elems=256, skip=NEAREST_NO_ECC)
 
 
 # (label, where): the loop is found by its source lines (`anchor`, the first
@@ -79,10 +79,10 @@ ROWS = [
     ("Lion 4-bit, bf16", fast(2, "kBF16", "4BIT")),
     ("AdamW 4-bit, rank-1 v (pass 2), bf16",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
-          anchor="fast_rank1_tiles<A, kBF16, LOWBIT_STATE_4BIT>(", elems=256, skip=LPMM_NO_ECC)),
+          anchor="LOWBIT_FAST_CASE(fast_rank1_tiles, kBF16, LOWBIT_STATE_4BIT)", elems=256, skip=LPMM_NO_ECC)),
     ("AdamW 4-bit Factor, factored v (pass 2), bf16",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
-          anchor="LOWBIT_FACTORED_CASE(kBF16, LOWBIT_STATE_4BIT)", elems=256, skip=NEAREST_NO_ECC)),
+          anchor="LOWBIT_FAST_CASE(fast_factored_tiles, kBF16, LOWBIT_STATE_4BIT)", elems=256, skip=NEAREST_NO_ECC)),
     ("AdamW generic loop (rank-1/factored pass 2)",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP,
           anchor="for (int64_t t = t_generic + warp", elems=256)),
