@@ -6,7 +6,6 @@ StateDicts' (_state_dict.py)."""
 from __future__ import annotations
 
 import ctypes
-
 import operator
 import threading
 
