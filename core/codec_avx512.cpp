@@ -6,7 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "codec_avx512_tables.hpp"
+#include "codec_tables.hpp"
 #include "qmaps.hpp"
 #include "quant.hpp"
 #include "simd.hpp"
@@ -31,15 +31,15 @@ int avx512_encode_rank1(const MomentView&, int64_t, int, const float*, const flo
 
 #else
 
-using avx512::BytePlanes;
-using avx512::Direct8;
-using avx512::kDirectMargin;
-using avx512::kFirstBinade;
-using avx512::Search4;
-using avx512::Search8;
-using avx512::Tables;
-using avx512::map_index;
-using avx512::tables;
+using simd_tables::BytePlanes;
+using simd_tables::Direct8;
+using simd_tables::kDirectMargin;
+using simd_tables::kFirstBinade;
+using simd_tables::Search4;
+using simd_tables::Search8;
+using simd_tables::Tables;
+using simd_tables::map_index;
+using simd_tables::tables;
 
 bool avx512_codec_supported() {
   static const bool on = !cpu_features().generic && cpu_features().avx512vbmi;  // asked per tile

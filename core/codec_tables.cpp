@@ -1,4 +1,4 @@
-#include "codec_avx512_tables.hpp"
+#include "codec_tables.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include "quant.hpp"
 
 namespace lowbit {
-namespace avx512 {
+namespace simd_tables {
 namespace {
 
 // The count of positive midpoints below y as the vector code computes it,
@@ -127,5 +127,5 @@ Tables build_tables() {
   return x;
 }
 
-}  // namespace avx512
+}  // namespace simd_tables
 }  // namespace lowbit

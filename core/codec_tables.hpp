@@ -1,15 +1,15 @@
-// The tables of the AVX-512 codec (codec_avx512.cpp), built once from the
-// quantization maps: each 8-bit map's values as byte planes, its midpoints
-// per level of a binary search and its direct (search-free) form, the 4-bit
-// maps' midpoints, and the e4m3 values. Only built where the AVX-512 codec
-// runs.
+// The tables of the hand-written SIMD codecs (codec_avx512.cpp, codec_avx2.cpp,
+// codec_neon.cpp), built once from the quantization maps: each 8-bit map's
+// values as byte planes, its midpoints per level of a binary search and its
+// direct (search-free) form, the 4-bit maps' midpoints, and the e4m3 values.
+// Only built where a SIMD codec runs.
 #pragma once
 #include <cstdint>
 
 #include "qmaps.hpp"
 
 namespace lowbit {
-namespace avx512 {
+namespace simd_tables {
 
 // A 256-entry float table as four byte planes (plane k: byte k of every
 // entry): 64 lookups are then 2 byte permutes and a blend per plane, and the
@@ -76,5 +76,5 @@ inline const Tables& tables() {
 // Which of the four maps (the order of MapId).
 inline int map_index(const Tables& t, const QMap* map) { return int(map - t.first_map); }
 
-}  // namespace avx512
+}  // namespace simd_tables
 }  // namespace lowbit
