@@ -133,7 +133,7 @@ LOWBIT_API int lowbit_has_mpi(void);
 LOWBIT_API int lowbit_has_nccl(void);
 
 /* What this library was built with, from the facts CMake found at configure
- * time (and, for cpu_avx512_codecs, the CPU it runs on). Strings are static
+ * time (and, for cpu_avx512_codecs and the cpu_ fields, the CPU it runs on). Strings are static
  * and never NULL ("" when unknown or not applicable). */
 typedef struct lowbit_build_info {
   size_t struct_size;  /* set by the caller */
@@ -150,12 +150,23 @@ typedef struct lowbit_build_info {
   int32_t has_openmp;             /* CPU steps run on OpenMP threads */
   int32_t has_jax_handlers;       /* this build also made liblowbit_jax (the XLA FFI handlers, a separate module) */
   /* 1 if the CPU engine's codecs run their AVX-512 forms in this process:
-   * built in, the CPU has AVX-512 F/BW/VL/DQ/VBMI, and LOWBIT_CPU_KERNELS is
-   * not "generic". */
+   * the avx512 level runs (cpu_kernels) and the CPU has AVX-512 VBMI too. */
   int32_t cpu_avx512_codecs;
   int32_t reserved0;              /* 0 */
   const char* compiler;           /* C++ compiler id and version */
   const char* build_type;         /* CMAKE_BUILD_TYPE */
+  /* Since 0.8. The CPU kernels' instruction-set level in this process:
+   * "portable", "avx2", "avx512" or "neon" (docs/ARCHITECTURE.md, "CPU
+   * levels"): the best this CPU runs, or LOWBIT_CPU_KERNELS's. */
+  const char* cpu_kernels;
+  /* Every level this CPU and build can run, comma-separated, e.g.
+   * "portable,avx2,avx512". */
+  const char* cpu_kernels_available;
+  /* The moment codec of that level: "portable", "AVX2", "AVX-512", "NEON". */
+  const char* cpu_codec;
+  /* What became of LOWBIT_CPU_KERNELS ("" when unset or honoured: a name that
+   * is no level, or a level this CPU cannot run). */
+  const char* cpu_kernels_note;
 } lowbit_build_info_t;
 
 /* Zeroes the struct and sets struct_size; writes struct_size bytes (a

@@ -1,6 +1,7 @@
 // The instruction set of the communicator's host kernels (host_kernels.hpp):
-// AVX-512 F/BW/DQ/VL where the CPU has them, else AVX2, else portable C++
-// (core/cpu_features.hpp's probe; LOWBIT_CPU_KERNELS=generic: portable).
+// the CPU level that runs (core/cpu_features.hpp, one choice for the whole
+// library): AVX-512 F/BW/DQ/VL at avx512, AVX2 at avx2, else portable C++
+// (the NEON level runs the portable loops, which aarch64 compilers vectorise).
 #include "core/cpu_features.hpp"
 #include "host_kernels.hpp"
 
@@ -8,30 +9,27 @@ namespace lowbit {
 namespace onebit {
 namespace {
 
-bool cpu_has(HostIsa isa) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (isa == HostIsa::Avx512) return cpu_features().avx512;
-  if (isa == HostIsa::Avx2) return cpu_features().avx2;
-#endif
-  return isa == HostIsa::Portable;
-}
-
-HostIsa& current_isa() {
-  static HostIsa isa = [] {
-    if (cpu_features().generic) return HostIsa::Portable;
-    return cpu_has(HostIsa::Avx512) ? HostIsa::Avx512 : cpu_has(HostIsa::Avx2) ? HostIsa::Avx2 : HostIsa::Portable;
-  }();
-  return isa;
+CpuIsa cpu_level(HostIsa isa) {
+  return isa == HostIsa::Avx512 ? CpuIsa::Avx512 : isa == HostIsa::Avx2 ? CpuIsa::Avx2 : CpuIsa::Portable;
 }
 
 }  // namespace
 
-HostIsa host_isa() { return current_isa(); }
+HostIsa host_isa() {
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512: return HostIsa::Avx512;
+    case CpuIsa::Avx2: return HostIsa::Avx2;
+    case CpuIsa::Portable:
+    case CpuIsa::Neon: break;
+  }
+  return HostIsa::Portable;
+}
 
 bool host_set_isa(HostIsa isa) {
-  if (!cpu_has(isa)) return false;
-  current_isa() = isa;
-  return true;
+#if defined(__aarch64__)
+  if (isa == HostIsa::Portable) return true;  // the portable kernels are what every aarch64 level runs
+#endif
+  return set_cpu_isa(cpu_level(isa));
 }
 
 const char* host_isa_name(HostIsa isa) {

@@ -96,11 +96,12 @@ bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 // Decodes the gathered chunks into out (n floats).
 void host_decode(const uint8_t* grecv, const Layout& l, float* out);
 
-// The instruction set of the kernels above: chosen once from the CPU
-// (AVX-512 F/BW/DQ/VL where supported, else AVX2, else portable C++;
-// LOWBIT_CPU_KERNELS=generic in the environment: portable).
-// host_set_isa (tests, benchmarks) selects one; it returns false, changing
-// nothing, if the CPU lacks it. Not thread-safe against running kernels.
+// The instruction set of the kernels above: the library's CPU level
+// (core/cpu_features.hpp: AVX-512 F/BW/DQ/VL at avx512, AVX2 at avx2, else
+// portable C++; LOWBIT_CPU_KERNELS forces one). host_set_isa (tests,
+// benchmarks) sets the library's level (set_cpu_isa); it returns false,
+// changing nothing, if the CPU lacks it. Not thread-safe against running
+// kernels.
 enum class HostIsa { Portable = 0, Avx2 = 1, Avx512 = 2 };
 HostIsa host_isa();
 bool host_set_isa(HostIsa isa);

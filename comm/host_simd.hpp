@@ -32,7 +32,6 @@
 #define LOWBIT_INLINE inline
 #endif
 
-#include "core/simd.hpp"
 #include "host_kernels.hpp"
 #include "sumsq.hpp"
 

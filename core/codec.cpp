@@ -1,270 +1,64 @@
+// The CPU codec's entry points for callers outside the per-level loops
+// (checkpoints, read/write_moment, tests): each runs its body
+// (codec_tiles.hpp) compiled for the running level.
 #include "codec.hpp"
 
-#include <atomic>
-#include <cmath>
-#include <cstring>
-
-#include "codec_avx512.hpp"
-
-#include "float16.hpp"
-#include "quant.hpp"
-#include "rounding.hpp"
-#include "simd.hpp"
+#include "codec_tiles.hpp"
+#include "isa.hpp"
 
 namespace lowbit {
 namespace {
 
-// max |x| over the block; compares the bits of |x| as integers (the same
-// order for non-NaN floats), which vectorises where a float max reduction
-// does not.
-inline float block_absmax(const float* x, int n) {
-  uint32_t a = 0;
-  for (int i = 0; i < n; ++i) {
-    uint32_t u = float_bits(x[i]) & 0x7FFFFFFFu;
-    a = u > a ? u : a;
-  }
-  return bits_float(a);  // a NaN wins (its bits are the largest): the block decodes as NaN
-}
+// Each tile function once per level (core/isa.hpp) over its body in codec_tiles.hpp.
+LOWBIT_PER_ISA(void, decode_tile, (const MomentView& mv, int64_t base, int n, float* out),
+               tiles::decode_moment_tile(mv, base, n, out))
+LOWBIT_PER_ISA(void, encode_tile, (const MomentView& mv, int64_t base, int n, const float* in),
+               tiles::encode_moment_tile(mv, base, n, in))
+LOWBIT_PER_ISA(void, encode_tile_sr, (const MomentView& mv, int64_t base, int n, const float* in, uint64_t key),
+               tiles::encode_moment_tile_stochastic(mv, base, n, in, key))
+LOWBIT_PER_ISA(void, load_tensor, (const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out),
+               tiles::load_tensor_tile(data, dtype, base, n, out))
+LOWBIT_PER_ISA(void, load_param, (const ParamView& pv, int64_t base, int n, float* out),
+               tiles::load_param_tile(pv, base, n, out))
+LOWBIT_PER_ISA(void, store_param, (const ParamView& pv, uint64_t key, int64_t base, int n, const float* in),
+               tiles::store_param_tile(pv, key, base, n, in))
 
-// The code of x (already divided by absmax) from the CPU tables: three
-// independent lookups by bucket; the same code as bucket_code().
-inline int wide_code(const QMapWide& w, float x) {
-  uint32_t u = float_bits(x);
-  uint32_t a = u & 0x7FFFFFFFu;
-  int k = int(u >> 31) * kQBuckets + q_bucket(a);
-  int c = (&w.below[0][0])[k] + int((&w.mid0[0][0])[k] < x) + int((&w.mid1[0][0])[k] < x);
-  return c & -int(a <= 0x7F800000u);  // NaN: no midpoint is below it
+inline void decode_all(const MomentView& mv, int64_t numel, float* out) {
+  for (int64_t base = 0; base < numel; base += kTile)
+    tiles::decode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), out + base);
 }
-
-// Codes of a block: x / absmax into a local array, then the code search over
-// it with int32 codes (byte-narrowed arithmetic keeps GCC from vectorising).
-template <int kMax>
-inline void block_codes(const QMap& map, bool second, const float* x, int n, float absmax, int32_t* c) {
-  const QMapWide& wide = qmap_wide(map);
-  float xn[kMax];
-  for (int i = 0; i < n; ++i) xn[i] = normalize(x[i], absmax);
-  for (int i = 0; i < n; ++i) c[i] = wide_code(wide, xn[i]);
-  if (second)  // floor_positive(): a positive second moment never takes the code of 0
-    for (int i = 0; i < n; ++i) c[i] += int((c[i] == wide.zero_code) & (xn[i] > 0.f));
+inline void encode_all(const MomentView& mv, int64_t numel, const float* in) {
+  for (int64_t base = 0; base < numel; base += kTile)
+    tiles::encode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), in + base);
 }
-
-LOWBIT_VECTOR_CLONES
-void encode_codes8(const QMap& map, bool second, const float* x, int n, uint8_t* codes, float* scale) {
-  float absmax = block_absmax(x, n);
-  *scale = absmax;
-  int32_t c[kBlock8];
-  block_codes<kBlock8>(map, second, x, n, absmax, c);
-  for (int i = 0; i < n; ++i) codes[i] = uint8_t(c[i]);
-}
-
-// Codes of elements [first, first + n) of a 4-bit block; `first` is even.
-LOWBIT_VECTOR_CLONES
-void encode_codes4(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale) {
-  float absmax = block_absmax(x, n);
-  *scale = absmax;
-  int32_t c[kBlock4 + 1];
-  block_codes<kBlock4>(map, second, x, n, absmax, c);
-  c[n] = 0;  // an odd tail leaves the last high nibble zero
-  for (int i = 0; i < n; i += 2) packed[i / 2] = uint8_t(c[i] | (c[i + 1] << 4));
-}
-
-// 4BIT_SR: the codes of a 4-bit block rounded stochastically (quant.hpp
-// stochastic_code16 against the block's decoded values) with the bits of
-// elements first .. first + n - 1: the bits, then the codes, in loops the
-// compiler vectorises. codec_avx512_sr.cpp's whole tiles give the same bits.
-LOWBIT_VECTOR_CLONES
-void encode_codes4_sr(const QMap& map, bool second, const float* x, int n, uint8_t* packed, float* scale,
-                      uint64_t key, int64_t first) {
-  const float absmax = block_absmax(x, n);
-  *scale = absmax;
-  float decoded[16];
-  decoded_values16(map, absmax, decoded);
-  const int zero = floor_positive_code(map, second);
-  uint32_t bits[kBlock4];
-  uint8_t c[kBlock4 + 2];
-  for (int i = 0; i < n; ++i) bits[i] = state_bits(key, uint64_t(first + i));
-  for (int i = 0; i < n; ++i) {
-    const int code = stochastic_code16(decoded, x[i], bits[i]);
-    c[i] = uint8_t(code + int((code == zero) & (x[i] > 0.f)));
-  }
-  c[n] = 0;  // an odd tail leaves the last high nibble zero
-  for (int j = 0; j < (n + 1) / 2; ++j) {  // pairs as 16-bit words: contiguous loads, a loop that vectorises
-    uint16_t w;
-    std::memcpy(&w, c + 2 * j, 2);
-    packed[j] = uint8_t((w & 0xFu) | ((w >> 4) & 0xF0u));
-  }
-}
-
-LOWBIT_VECTOR_CLONES
-void encode_fp8(bool second, const float* x, int n, uint8_t* codes, float* scale) {
-  float s = block_absmax(x, n) / kFp8Max;
-  *scale = s;
-  for (int i = 0; i < n; ++i) codes[i] = s > 0.f ? float_to_e4m3(x[i] / s) : uint8_t(0);
-  if (second)
-    for (int i = 0; i < n; ++i) codes[i] = floor_positive_e4m3(codes[i], x[i]);
-}
-
-std::atomic<bool> portable_only{false};
-
-// Whole tiles of the quantized formats go to the AVX-512 codec where the CPU has it.
-inline bool simd_tile(int n) {
-  return n == kTile && avx512_codec_supported() && !portable_only.load(std::memory_order_relaxed);
-}
+LOWBIT_PER_ISA(void, decode_whole, (const MomentView& mv, int64_t numel, float* out), decode_all(mv, numel, out))
+LOWBIT_PER_ISA(void, encode_whole, (const MomentView& mv, int64_t numel, const float* in), encode_all(mv, numel, in))
 
 }  // namespace
 
-void use_portable_codec(bool on) { portable_only.store(on); }
-bool simd_codec_active() { return avx512_codec_supported() && !portable_only.load(std::memory_order_relaxed); }
+bool simd_codec_active() { return simd_codec() != SimdCodec::None; }
 
-LOWBIT_VECTOR_CLONES
 void decode_moment_tile(const MomentView& mv, int64_t base, int n, float* out) {
-  if (simd_tile(n) && avx512_decode_tile(mv, base, out)) return;
-  switch (mv.format) {
-    case LOWBIT_STATE_FP32: std::memcpy(out, static_cast<const float*>(mv.data) + base, sizeof(float) * n); return;
-    case LOWBIT_STATE_BF16: {
-      const uint16_t* d = static_cast<const uint16_t*>(mv.data) + base;
-      for (int i = 0; i < n; ++i) out[i] = bf16_to_float(d[i]);
-      return;
-    }
-    case LOWBIT_STATE_8BIT: {
-      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base;
-      for (int b = 0; b < n; b += kBlock8) {
-        float absmax = mv.scales[(base + b) / kBlock8];
-        int end = n < b + kBlock8 ? n : b + kBlock8;
-        for (int i = b; i < end; ++i) out[i] = mv.map->values[c[i]] * absmax;
-      }
-      return;
-    }
-    case LOWBIT_STATE_4BIT: {
-      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base / 2;
-      for (int b = 0; b < n; b += kBlock4) {
-        float absmax = mv.scales[(base + b) / kBlock4];
-        int end = n < b + kBlock4 ? n : b + kBlock4;
-        for (int i = b; i < end; ++i) out[i] = mv.map->values[(c[i / 2] >> (4 * (i & 1))) & 0xF] * absmax;
-      }
-      return;
-    }
-    case LOWBIT_STATE_FP8: {
-      const uint8_t* c = static_cast<const uint8_t*>(mv.data) + base;
-      for (int b = 0; b < n; b += kBlock8) {
-        float s = mv.scales[(base + b) / kBlock8];
-        int end = n < b + kBlock8 ? n : b + kBlock8;
-        for (int i = b; i < end; ++i) out[i] = e4m3_to_float(c[i]) * s;
-      }
-      return;
-    }
-    default: return;
-  }
+  LOWBIT_ISA_PICK(decode_tile)(mv, base, n, out);
 }
-
-LOWBIT_VECTOR_CLONES
 void encode_moment_tile(const MomentView& mv, int64_t base, int n, const float* in) {
-  if (simd_tile(n) && avx512_encode_tile(mv, base, in)) return;
-  switch (mv.format) {
-    case LOWBIT_STATE_FP32: std::memcpy(static_cast<float*>(mv.data) + base, in, sizeof(float) * n); return;
-    case LOWBIT_STATE_BF16: {
-      uint16_t* d = static_cast<uint16_t*>(mv.data) + base;
-      for (int i = 0; i < n; ++i) d[i] = float_to_bf16(in[i]);
-      return;
-    }
-    case LOWBIT_STATE_8BIT: {
-      uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
-      for (int b = 0; b < n; b += kBlock8)
-        encode_codes8(*mv.map, mv.second, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
-      return;
-    }
-    case LOWBIT_STATE_4BIT: {
-      uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
-      for (int b = 0; b < n; b += kBlock4)
-        encode_codes4(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2, &mv.scales[(base + b) / kBlock4]);
-      return;
-    }
-    case LOWBIT_STATE_FP8: {
-      uint8_t* c = static_cast<uint8_t*>(mv.data) + base;
-      for (int b = 0; b < n; b += kBlock8)
-        encode_fp8(mv.second, in + b, (n - b < kBlock8 ? n - b : kBlock8), c + b, &mv.scales[(base + b) / kBlock8]);
-      return;
-    }
-    default: return;
-  }
+  LOWBIT_ISA_PICK(encode_tile)(mv, base, n, in);
 }
-
 void encode_moment_tile_stochastic(const MomentView& mv, int64_t base, int n, const float* in, uint64_t key) {
-  if (simd_tile(n) && avx512_encode_tile_sr(mv, base, in, key)) return;
-  uint8_t* c = static_cast<uint8_t*>(mv.data) + base / 2;
-  for (int b = 0; b < n; b += kBlock4)
-    encode_codes4_sr(*mv.map, mv.second, in + b, (n - b < kBlock4 ? n - b : kBlock4), c + b / 2,
-                     &mv.scales[(base + b) / kBlock4], key, base + b);
+  LOWBIT_ISA_PICK(encode_tile_sr)(mv, base, n, in, key);
 }
-
-LOWBIT_VECTOR_CLONES
 void load_tensor_tile(const void* data, lowbit_dtype_t dtype, int64_t base, int n, float* out) {
-  if (dtype == LOWBIT_DTYPE_FLOAT32) {
-    std::memcpy(out, static_cast<const float*>(data) + base, sizeof(float) * n);
-    return;
-  }
-  const uint16_t* h = static_cast<const uint16_t*>(data) + base;
-  if (dtype == LOWBIT_DTYPE_BFLOAT16)
-    for (int i = 0; i < n; ++i) out[i] = bf16_to_float(h[i]);
-  else
-    for (int i = 0; i < n; ++i) out[i] = fp16_to_float(h[i]);
+  LOWBIT_ISA_PICK(load_tensor)(data, dtype, base, n, out);
 }
-
-LOWBIT_VECTOR_CLONES
 void load_param_tile(const ParamView& pv, int64_t base, int n, float* out) {
-  if (pv.rounding != WeightRounding::ErrorCorrection || pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-    load_tensor_tile(pv.param, pv.param_dtype, base, n, out);
-    return;
-  }
-  const uint16_t* h = static_cast<const uint16_t*>(pv.param) + base;
-  const uint8_t* e = pv.ecc + base;
-  if (pv.param_dtype == LOWBIT_DTYPE_BFLOAT16)
-    for (int i = 0; i < n; ++i) out[i] = bf16_ecc_to_float(h[i], e[i]);
-  else
-    for (int i = 0; i < n; ++i) out[i] = fp16_ecc_to_float(h[i], e[i]);
+  LOWBIT_ISA_PICK(load_param)(pv, base, n, out);
 }
-
-LOWBIT_VECTOR_CLONES
 void store_param_tile(const ParamView& pv, uint64_t key, int64_t base, int n, const float* in) {
-  if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
-    std::memcpy(static_cast<float*>(pv.param) + base, in, sizeof(float) * n);
-    return;
-  }
-  uint16_t* h = static_cast<uint16_t*>(pv.param) + base;
-  bool bf16 = pv.param_dtype == LOWBIT_DTYPE_BFLOAT16;
-  switch (pv.rounding) {
-    case WeightRounding::Nearest:
-      if (bf16)
-        for (int i = 0; i < n; ++i) h[i] = float_to_bf16(in[i]);
-      else
-        for (int i = 0; i < n; ++i) h[i] = float_to_fp16(in[i]);
-      return;
-    case WeightRounding::Stochastic:
-      if (bf16)
-        for (int i = 0; i < n; ++i) h[i] = float_to_bf16_sr(in[i], random_bits(key, uint64_t(base + i)));
-      else
-        for (int i = 0; i < n; ++i) h[i] = float_to_fp16_sr(in[i], random_bits(key, uint64_t(base + i)));
-      return;
-    case WeightRounding::ErrorCorrection: {
-      uint8_t* e = pv.ecc + base;
-      if (bf16)
-        for (int i = 0; i < n; ++i) float_to_bf16_ecc(in[i], h[i], e[i]);
-      else
-        for (int i = 0; i < n; ++i) float_to_fp16_ecc(in[i], h[i], e[i]);
-      return;
-    }
-  }
+  LOWBIT_ISA_PICK(store_param)(pv, key, base, n, in);
 }
 
-void decode_moment(const MomentView& mv, int64_t numel, float* out) {
-  for (int64_t base = 0; base < numel; base += kTile)
-    decode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), out + base);
-}
-
-void encode_moment(const MomentView& mv, int64_t numel, const float* in) {
-  for (int64_t base = 0; base < numel; base += kTile)
-    encode_moment_tile(mv, base, int(numel - base < kTile ? numel - base : kTile), in + base);
-}
+void decode_moment(const MomentView& mv, int64_t numel, float* out) { LOWBIT_ISA_PICK(decode_whole)(mv, numel, out); }
+void encode_moment(const MomentView& mv, int64_t numel, const float* in) { LOWBIT_ISA_PICK(encode_whole)(mv, numel, in); }
 
 }  // namespace lowbit
 

@@ -1,5 +1,6 @@
 // Tile-wise conversion between stored tensors and fp32 working arrays on the
-// CPU. A tile is kTile elements starting at a multiple of kTile (the last one
+// CPU, at the running instruction-set level (the per-level loops call the
+// bodies of codec_tiles.hpp and shaped_tiles.hpp directly). A tile is kTile elements starting at a multiple of kTile (the last one
 // may be shorter), so every quantization block lies inside one tile.
 #pragma once
 #include <cstdint>
@@ -53,11 +54,8 @@ void encode_rank1_moment(const MomentView& mv, const Shape& s, int64_t numel, co
 float fitted_scale(uint32_t pos_bits, uint32_t neg_bits, float vmax, float vmin, float absmax_divisor,
                    bool largest_decides);
 
-// Tests: the portable codec everywhere, even where the AVX-512 one
-// (codec_avx512.hpp) would run; both give the same bits.
-void use_portable_codec(bool on);
-// Whether the AVX-512 codec runs (this CPU has it, neither
-// LOWBIT_CPU_KERNELS=generic nor use_portable_codec turned it off).
+// Whether a hand-written codec (codec_simd.hpp) runs at the current level
+// (core/cpu_features.hpp: every level but portable has one).
 bool simd_codec_active();
 
 }  // namespace lowbit

@@ -9,7 +9,6 @@
 #include "codec_tables.hpp"
 #include "qmaps.hpp"
 #include "quant.hpp"
-#include "simd.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(LOWBIT_NO_CLONES)
 #include <immintrin.h>
@@ -41,10 +40,7 @@ using simd_tables::Tables;
 using simd_tables::map_index;
 using simd_tables::tables;
 
-bool avx512_codec_supported() {
-  static const bool on = !cpu_features().generic && cpu_features().avx512vbmi;  // asked per tile
-  return on;
-}
+bool avx512_codec_supported() { return cpu_features().avx512vbmi; }
 
 bool avx512_direct8_active() { return avx512_codec_supported() && tables().direct8[0].usable && tables().direct8[1].usable; }
 

@@ -1,4 +1,4 @@
-// AVX-512 forms of the moment codec for whole 256-element tiles (codec.cpp
+// AVX-512 forms of the moment codec for whole 256-element tiles (codec_simd.hpp
 // dispatches to them; partial tiles take the portable path). They give the
 // portable path's bits: the same code search (the count of midpoints below
 // x / absmax), the same IEEE divisions and products, no gathers (slow on the
@@ -11,7 +11,7 @@
 namespace lowbit {
 
 // Whether this CPU has what the AVX-512 codec needs (AVX512F/BW/VL/DQ and
-// VBMI). LOWBIT_CPU_KERNELS=generic in the environment turns it off.
+// VBMI); it runs at the avx512 level (simd_codec()).
 bool avx512_codec_supported();
 
 // Whether the 8-bit dynamic maps' codes come from their direct form (a line

@@ -120,7 +120,7 @@ Tables build_tables() {
     x.map4[m].linear = linear;
   }
   float e4m3[256];
-  for (int c = 0; c < 256; ++c) e4m3[c] = e4m3_to_float(uint8_t(c));
+  for (int c = 0; c < 256; ++c) e4m3[c] = x.e4m3_values[c] = e4m3_to_float(uint8_t(c));
   fill_planes(e4m3, x.e4m3);
   for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
   x.first_map = &qmap(MapId::SignedDynamic8);

@@ -62,6 +62,7 @@ struct Tables {
   Search8 search8[2];
   Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
   BytePlanes e4m3;
+  alignas(64) float e4m3_values[256];  // e4m3_to_float of every code (the AVX2 codec's gathers)
   int zero_code[4];
   const QMap* first_map;  // &qmap(SignedDynamic8): map_index() without a call per tile
 };

@@ -2,7 +2,8 @@
 // chunks; inside a chunk the rule runs over spans of fp32 values, an fp32
 // param or grad where it lies, a 16-bit one through tiles of kTile elements
 // loaded (and stored with the param's rounding) around the span, in loops
-// the compiler vectorises. Included by the translation units that instantiate
+// the compiler vectorises, compiled once per instruction-set level
+// (core/isa.hpp). Included by the translation units that instantiate
 // passes (the layer that owns the rules); they must be compiled with the
 // flags of core/cpu_engine.cpp (-O3 -ffp-contract=off -fno-math-errno
 // -fno-trapping-math), which keep every clone at the same bits.
@@ -10,10 +11,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "codec.hpp"
+#include "codec_tiles.hpp"
 #include "engine.hpp"
+#include "isa.hpp"
 #include "pass.hpp"
-#include "simd.hpp"
 
 namespace lowbit {
 
@@ -76,7 +77,7 @@ __attribute__((always_inline)) inline PassElement apply(const Rule& rule, const 
 }
 
 template <class Rule, bool kMasked>
-LOWBIT_VECTOR_CLONES void elements(const Rule& rule, const typename Rule::Ctx c, int64_t n, float* __restrict p,
+inline void elements(const Rule& rule, const typename Rule::Ctx c, int64_t n, float* __restrict p,
                                    const float* __restrict g, float* __restrict m, float* __restrict v,
                                    float* __restrict x, float* __restrict y, const uint8_t* __restrict mask) {
   const Span s{p, g, m, v, x, y, mask};
@@ -86,7 +87,7 @@ LOWBIT_VECTOR_CLONES void elements(const Rule& rule, const typename Rule::Ctx c,
 // len <= kPassLanes consecutive elements from a multiple of kPassLanes into
 // the chunk: element l feeds lane l.
 template <class Rule, bool kMasked>
-LOWBIT_VECTOR_CLONES void lanes(const Rule& rule, const typename Rule::Ctx c, int len, float* __restrict p,
+inline void lanes(const Rule& rule, const typename Rule::Ctx c, int len, float* __restrict p,
                                 const float* __restrict g, float* __restrict m, float* __restrict v,
                                 float* __restrict x, float* __restrict y, const uint8_t* __restrict mask,
                                 double* __restrict a, double* __restrict b, float* __restrict mx, int32_t& bad) {
@@ -105,7 +106,7 @@ LOWBIT_VECTOR_CLONES void lanes(const Rule& rule, const typename Rule::Ctx c, in
 // The rule over chunk c of param i: runs of whole chunks where every tensor
 // the rule touches is fp32 where it lies, else tiles of kTile.
 template <class Rule>
-void chunk(const CpuPassTables& t, const Rule& rule, int64_t k) {
+inline void chunk_body(const CpuPassTables& t, const Rule& rule, int64_t k) {
   constexpr uint32_t T = kTouches<Rule>;
   const Chunk& c = t.chunks[k];
   const size_t i = size_t(c.param);
@@ -141,7 +142,7 @@ void chunk(const CpuPassTables& t, const Rule& rule, int64_t k) {
       if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32) {
         p = static_cast<float*>(pv.param) + b;
       } else {
-        load_param_tile(pv, b, int(n), tp);
+        tiles::load_param_tile(pv, b, int(n), tp);
         p = tp;
       }
     }
@@ -149,7 +150,7 @@ void chunk(const CpuPassTables& t, const Rule& rule, int64_t k) {
       if (g_fp32) {
         g = static_cast<const float*>(gv.data) + b;
       } else {
-        load_tensor_tile(gv.data, gv.dtype, b, int(n), tg);
+        tiles::load_tensor_tile(gv.data, gv.dtype, b, int(n), tg);
         g = tg;
       }
     }
@@ -174,16 +175,20 @@ void chunk(const CpuPassTables& t, const Rule& rule, int64_t k) {
     } else {
       elements<Rule, false>(rule, ctx, n, p, g, mb, vb, xb, yb, nullptr);
     }
-    if ((Rule::kWrites & kIoParam) && pv.param_dtype != LOWBIT_DTYPE_FLOAT32) store_param_tile(pv, key, b, int(n), tp);
+    if ((Rule::kWrites & kIoParam) && pv.param_dtype != LOWBIT_DTYPE_FLOAT32) tiles::store_param_tile(pv, key, b, int(n), tp);
     if (Rule::kWrites & kIoYStoredParam) {
       if (pv.param_dtype == LOWBIT_DTYPE_FLOAT32)
         std::copy(p, p + n, yb);
       else
-        load_param_tile(pv, b, int(n), yb);
+        tiles::load_param_tile(pv, b, int(n), yb);
     }
   }
   if (Rule::kReduce) t.partials[k] = finish_lanes(red, bad);
 }
+
+// chunk_<level>: chunk_body compiled for each instruction-set level.
+LOWBIT_PER_ISA_TEMPLATE((class Rule), void, chunk, (const CpuPassTables& t, const Rule& rule, int64_t k),
+                        chunk_body(t, rule, k))
 
 // The parameters as finish_all() sees them.
 struct Params {
@@ -197,8 +202,9 @@ struct Params {
 template <class Rule>
 void run_cpu_pass(const CpuPassTables& t, const Rule& rule, const PassStep& step) {
   const int64_t n = t.num_chunks;
+  void (*const chunk)(const CpuPassTables&, const Rule&, int64_t) = LOWBIT_ISA_PICK(cpu_pass::chunk, <Rule>);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(t.num_threads) if (t.parallel)
-  for (int64_t k = 0; k < n; ++k) cpu_pass::chunk(t, rule, k);
+  for (int64_t k = 0; k < n; ++k) chunk(t, rule, k);
   bool any_bad = false;
   if (Rule::kReduce & kBad)
     for (int64_t k = 0; k < n; ++k) any_bad = any_bad || t.partials[k].bad != 0;

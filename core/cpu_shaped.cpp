@@ -1,15 +1,17 @@
 // The CPU engine's pass 1 of the shaped parameters (rank-1 and factored
 // moments, core/shape.hpp): work items of rows (with a factored moment, also
-// column strips), the factored partials between the passes, and the rank-1
+// column strips; each item compiled once per instruction-set level,
+// core/isa.hpp), the factored partials between the passes, and the rank-1
 // vectors moved in after pass 2.
 #include "cpu_shaped.hpp"
 
 #include <algorithm>
 #include <cstring>
 
-#include "codec.hpp"
+#include "codec_tiles.hpp"
 #include "cpu_step.hpp"
-#include "simd.hpp"
+#include "isa.hpp"
+#include "shaped_tiles.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -28,14 +30,14 @@ void atomic_umax(float* where, uint32_t bits) {
 // The new moments of a tile (update_moments), the param read only where L2
 // decay feeds it into the grad.
 template <Algo A, bool kFirst, bool kSecond>
-LOWBIT_VECTOR_CLONES void moments_tile(const StepScalars& s, int n, const float* __restrict p,
+inline void moments_tile(const StepScalars& s, int n, const float* __restrict p,
                                        const float* __restrict g, float* __restrict m, float* __restrict v) {
   for (int i = 0; i < n; ++i)
     update_moments<A, kFirst, kSecond>(s, kMomentsReadParam<A> ? p[i] : 0.f, g[i], m[i], v[i]);
 }
 
 template <Algo A>
-LOWBIT_VECTOR_CLONES void factored_g2_tile(const StepScalars& s, int n, const float* __restrict p,
+inline void factored_g2_tile(const StepScalars& s, int n, const float* __restrict p,
                                            const float* __restrict g, float* __restrict g2) {
   for (int i = 0; i < n; ++i) g2[i] = factored_g2<A>(s, kMomentsReadParam<A> ? p[i] : 0.f, g[i]);
 }
@@ -47,13 +49,13 @@ LOWBIT_VECTOR_CLONES void factored_g2_tile(const StepScalars& s, int n, const fl
 // these values in its full update (update_moments shares its expressions);
 // the param update itself is left to pass 2.
 template <Algo A>
-void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& s, int64_t e, int n, Tile& t) {
-  load_tensor_tile(grad.data, grad.dtype, e, n, t.g);
-  if (kMomentsReadParam<A>) load_param_tile(pv, e, n, t.p);
+inline void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& s, int64_t e, int n, Tile& t) {
+  tiles::load_tensor_tile(grad.data, grad.dtype, e, n, t.g);
+  if (kMomentsReadParam<A>) tiles::load_param_tile(pv, e, n, t.p);
   const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
                       pv.num_moments > 1 && pv.moment[1].norm == Norm::Rank1};
   for (int k = 0; k < 2; ++k)
-    if (r1[k]) decode_shaped_tile(pv.moment[k], pv.shape, pv.numel, e, n, k ? t.v : t.m);
+    if (r1[k]) tiles::decode_shaped_tile(pv.moment[k], pv.shape, pv.numel, e, n, k ? t.v : t.m);
   if (shaped_moment(pv, 1) && pv.moment[1].norm == Norm::Factored) {
     factored_g2_tile<A>(s, n, t.p, t.g, t.v);
     if (r1[0]) moments_tile<A, true, false>(s, n, t.p, t.g, t.m, t.v);
@@ -67,7 +69,7 @@ void stat_segment(const ParamView& pv, const GradView& grad, const StepScalars& 
 }
 
 // max of the |x| bits over x[0, n), from `init` (order-free: a max of bits).
-LOWBIT_VECTOR_CLONES uint32_t umax_abs(uint32_t init, const float* x, int n) {
+inline uint32_t umax_abs(uint32_t init, const float* x, int n) {
   for (int i = 0; i < n; ++i) init = umax(init, float_bits(x[i]) & 0x7FFFFFFFu);
   return init;
 }
@@ -75,7 +77,7 @@ LOWBIT_VECTOR_CLONES uint32_t umax_abs(uint32_t init, const float* x, int n) {
 // part[l] += x[i] for the i with i % 32 == l, in order: a row sum's 32 lanes
 // (core/shape.hpp) over a segment that starts on a multiple of 32.
 static_assert(kTile % 32 == 0, "a row's tiles start on lane 0");
-LOWBIT_VECTOR_CLONES void add_lanes32(double* __restrict part, const float* __restrict x, int n) {
+inline void add_lanes32(double* __restrict part, const float* __restrict x, int n) {
   int i = 0;
   for (; i + 32 <= n; i += 32)
     for (int l = 0; l < 32; ++l) part[l] += double(x[i + l]);
@@ -83,18 +85,18 @@ LOWBIT_VECTOR_CLONES void add_lanes32(double* __restrict part, const float* __re
 }
 
 // acc[i] += x[i] in double (a column sum's next row).
-LOWBIT_VECTOR_CLONES void add_doubles(double* __restrict acc, const float* __restrict x, int n) {
+inline void add_doubles(double* __restrict acc, const float* __restrict x, int n) {
   for (int i = 0; i < n; ++i) acc[i] += double(x[i]);
 }
 
 // mx[i] = max(mx[i], |x[i]| bits).
-LOWBIT_VECTOR_CLONES void umax_abs_each(uint32_t* __restrict mx, const float* __restrict x, int n) {
+inline void umax_abs_each(uint32_t* __restrict mx, const float* __restrict x, int n) {
   for (int i = 0; i < n; ++i) mx[i] = umax(mx[i], float_bits(x[i]) & 0x7FFFFFFFu);
 }
 
 template <Algo A>
-void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it, double* partials,
-               uint32_t* colmax) {
+inline void stat_item_body(const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it,
+                           double* partials, uint32_t* colmax) {
   const Shape& sh = pv.shape;
   const int64_t C = shape_cols(sh);
   const bool r1[2] = {pv.num_moments > 0 && pv.moment[0].norm == Norm::Rank1,
@@ -162,6 +164,11 @@ void stat_item(const ParamView& pv, const GradView& grad, const StepScalars& s, 
     for (int i = 0; i < n; ++i) out[i] = acc[i];
   }
 }
+
+LOWBIT_PER_ISA_TEMPLATE((Algo A), void, stat_item,
+                        (const ParamView& pv, const GradView& grad, const StepScalars& s, const StatItem& it,
+                         double* partials, uint32_t* colmax),
+                        stat_item_body<A>(pv, grad, s, it, partials, colmax))
 
 // Between the passes: the factored column accumulators from the chunk
 // partials, then the row means. After pass 2: the rank-1 vectors move in.
@@ -247,11 +254,11 @@ void CpuShapedPass::before_step(Algo algo, const std::vector<ParamView>& params,
 #endif
     uint32_t* colmax = fac ? nullptr : colmax_.data() + thread * size_t(2 * colmax_cols_);
     switch (algo) {
-      case Algo::AdamW: stat_item<Algo::AdamW>(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Adam: stat_item<Algo::Adam>(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Lion: stat_item<Algo::Lion>(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Sgd: stat_item<Algo::Sgd>(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Muon: stat_item<Algo::Muon>(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::AdamW: LOWBIT_ISA_PICK(stat_item, <Algo::AdamW>)(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::Adam: LOWBIT_ISA_PICK(stat_item, <Algo::Adam>)(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::Lion: LOWBIT_ISA_PICK(stat_item, <Algo::Lion>)(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::Sgd: LOWBIT_ISA_PICK(stat_item, <Algo::Sgd>)(params[i], grads[i], scalars[i], it, part, colmax); break;
+      case Algo::Muon: LOWBIT_ISA_PICK(stat_item, <Algo::Muon>)(params[i], grads[i], scalars[i], it, part, colmax); break;
     }
   }
   for (size_t i : shaped_)

@@ -1,35 +1,33 @@
 // The CPU engine's fused step over one chunk: tiles of kTile elements are
 // decoded into fp32 stack arrays (fp32 tensors are used where they lie),
 // updated by a loop the compiler vectorises (update_rules.hpp), and encoded
-// back; and the non-finite check of a chunk's gradient.
+// back; and the non-finite check of a chunk's gradient. Both are compiled
+// once per instruction-set level (core/isa.hpp).
 #include "cpu_step.hpp"
 
 #include <cmath>
 
-#include "codec.hpp"
+#include "codec_tiles.hpp"
+#include "isa.hpp"
 #include "rounding.hpp"
-#include "simd.hpp"
+#include "shaped_tiles.hpp"
 
 namespace lowbit {
 namespace {
 
 template <Algo A>
-LOWBIT_VECTOR_CLONES void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g,
+inline void update_tile(const StepScalars& s, int n, float* __restrict p, const float* __restrict g,
                                       float* __restrict m, float* __restrict v) {
   for (int i = 0; i < n; ++i) update_element<A>(s, p[i], g[i], m[i], v[i]);
 }
 
 template <Algo A>
-LOWBIT_VECTOR_CLONES void update_tile_factored(const StepScalars& s, int n, float* __restrict p,
+inline void update_tile_factored(const StepScalars& s, int n, float* __restrict p,
                                                const float* __restrict g, float* __restrict m,
                                                const float* __restrict v) {
   if constexpr (A == Algo::AdamW || A == Algo::Adam)
     for (int i = 0; i < n; ++i) update_element_factored<A>(s, p[i], g[i], m[i], v[i]);
 }
-
-// 1-bit LAMB's compressed pass over len <= kLambLanes consecutive elements
-// (the param's values in fp32): element l feeds lane l of the chunk's reducer (a, b) and of
-// the ratio maxima (mx). The per-element rule and the order of every sum are
 
 // Moment k's data if it is stored as fp32 (updated where it lies), else null.
 float* fp32_moment(const ParamView& pv, int k) {
@@ -74,12 +72,10 @@ class TilePrefetch {
   int n_ = 0;
 };
 
-}  // namespace
-
 // fp32 tensors are updated where they lie; the others go through the tile's
 // fp32 arrays (decoded or loaded before the update, encoded or stored after).
-void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
-                const Chunk& c, float* out) {
+inline void step_chunk_body(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
+                            const Chunk& c, float* out) {
   Tile t;
   // A grad that shares memory with its param goes through the tile
   // (update_tile's arrays are __restrict, and the param is written in place).
@@ -100,19 +96,19 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
     const float* g = g_fp32 ? g_fp32 + base : t.g;
     float* m = m_fp32 ? m_fp32 + base : t.m;
     float* v = v_fp32 ? v_fp32 + base : t.v;
-    if (!g_fp32) load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
-    if (!p_fp32) load_param_tile(pv, base, n, t.p);
+    if (!g_fp32) tiles::load_tensor_tile(grad.data, grad.dtype, base, n, t.g);
+    if (!p_fp32) tiles::load_param_tile(pv, base, n, t.p);
     if (code_m) {
       if (shaped_m)
-        decode_shaped_tile(pv.moment[0], pv.shape, pv.numel, base, n, t.m);
+        tiles::decode_shaped_tile(pv.moment[0], pv.shape, pv.numel, base, n, t.m);
       else
-        decode_moment_tile(pv.moment[0], base, n, t.m);
+        tiles::decode_moment_tile(pv.moment[0], base, n, t.m);
     }
     if (code_v) {
       if (shaped_v)
-        decode_shaped_tile(pv.moment[1], pv.shape, pv.numel, base, n, t.v);
+        tiles::decode_shaped_tile(pv.moment[1], pv.shape, pv.numel, base, n, t.v);
       else
-        decode_moment_tile(pv.moment[1], base, n, t.v);
+        tiles::decode_moment_tile(pv.moment[1], base, n, t.v);
     }
     if (factored) {
       if (algo == Algo::Adam)
@@ -128,26 +124,25 @@ void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const Step
     }
     if (code_m) {
       if (shaped_m)
-        encode_rank1_tile(pv.moment[0], pv.shape, base, n, t.m);
+        tiles::encode_rank1_tile(pv.moment[0], pv.shape, base, n, t.m);
       else if (pv.moment[0].stochastic)
-        encode_moment_tile_stochastic(pv.moment[0], base, n, t.m, state_rounding_key(key, 0));
+        tiles::encode_moment_tile_stochastic(pv.moment[0], base, n, t.m, state_rounding_key(key, 0));
       else
-        encode_moment_tile(pv.moment[0], base, n, t.m);
+        tiles::encode_moment_tile(pv.moment[0], base, n, t.m);
     }
     if (code_v && !factored) {
       if (shaped_v)
-        encode_rank1_tile(pv.moment[1], pv.shape, base, n, t.v);
+        tiles::encode_rank1_tile(pv.moment[1], pv.shape, base, n, t.v);
       else if (pv.moment[1].stochastic)
-        encode_moment_tile_stochastic(pv.moment[1], base, n, t.v, state_rounding_key(key, 1));
+        tiles::encode_moment_tile_stochastic(pv.moment[1], base, n, t.v, state_rounding_key(key, 1));
       else
-        encode_moment_tile(pv.moment[1], base, n, t.v);
+        tiles::encode_moment_tile(pv.moment[1], base, n, t.v);
     }
-    if (!p_fp32) store_param_tile(pv, key, base, n, t.p);
+    if (!p_fp32) tiles::store_param_tile(pv, key, base, n, t.p);
   }
 }
 
-LOWBIT_VECTOR_CLONES
-bool chunk_has_nonfinite(const GradView& grad, const Chunk& c) {
+inline bool nonfinite_body(const GradView& grad, const Chunk& c) {
   if (grad.dtype == LOWBIT_DTYPE_FLOAT32) {
     const uint32_t* g = static_cast<const uint32_t*>(grad.data);
     uint32_t bad = 0;
@@ -161,7 +156,18 @@ bool chunk_has_nonfinite(const GradView& grad, const Chunk& c) {
   return bad != 0;
 }
 
-// Below this many elements a step runs on the calling thread: waking a team
-// costs more than it saves, and it would compete with the caller's own
+LOWBIT_PER_ISA(void, step_chunk, (Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s,
+                                  uint64_t key, const Chunk& c, float* out),
+               step_chunk_body(algo, pv, grad, s, key, c, out))
+LOWBIT_PER_ISA(bool, nonfinite, (const GradView& grad, const Chunk& c), nonfinite_body(grad, c))
+
+}  // namespace
+
+void step_chunk(Algo algo, const ParamView& pv, const GradView& grad, const StepScalars& s, uint64_t key,
+                const Chunk& c, float* out) {
+  LOWBIT_ISA_PICK(step_chunk)(algo, pv, grad, s, key, c, out);
+}
+
+bool chunk_has_nonfinite(const GradView& grad, const Chunk& c) { return LOWBIT_ISA_PICK(nonfinite)(grad, c); }
 
 }  // namespace lowbit

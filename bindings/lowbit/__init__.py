@@ -78,8 +78,11 @@ def build_info() -> dict:
     """What the loaded library was built with (lowbit_build_info): version,
     cuda / cuda_architectures / cuda_version, mpi, nccl, openmp,
     jax_handlers (built by the same build), cpu_avx512_codecs (whether this
-    process runs the AVX-512 codecs), compiler, build_type, cdef_fingerprint,
-    plus the paths of the library and of its declarations."""
+    process runs the AVX-512 codecs), cpu_kernels (the CPU instruction-set
+    level that runs: portable, avx2, avx512 or neon), cpu_kernels_available,
+    cpu_codec, cpu_kernels_note (what became of LOWBIT_CPU_KERNELS), compiler,
+    build_type, cdef_fingerprint, plus the paths of the library and of its
+    declarations."""
     from ._ffi import ffi
     from ._lib import call
 
@@ -102,6 +105,10 @@ def build_info() -> dict:
         "cpu_avx512_codecs": bool(info.cpu_avx512_codecs),
         "compiler": _c_string(info.compiler),
         "build_type": _c_string(info.build_type),
+        "cpu_kernels": _c_string(info.cpu_kernels),
+        "cpu_kernels_available": _c_string(info.cpu_kernels_available).split(","),
+        "cpu_codec": _c_string(info.cpu_codec),
+        "cpu_kernels_note": _c_string(info.cpu_kernels_note),
     }
 
 

@@ -58,9 +58,11 @@ def format_report(info: dict) -> str:
         from ._lib import jax_module_candidates
 
         jax_found = "not found (" + ", ".join(p for p, _ in jax_module_candidates()) + ")"
-    codecs = "AVX-512" if info["cpu_avx512_codecs"] else "portable"
-    if not info["cpu_avx512_codecs"] and os.environ.get("LOWBIT_CPU_KERNELS") == "generic":
-        codecs += " (LOWBIT_CPU_KERNELS=generic)"
+    kernels = f"{info['cpu_kernels']} (this CPU runs {', '.join(info['cpu_kernels_available'])}"
+    forced = os.environ.get("LOWBIT_CPU_KERNELS")
+    kernels += f"; LOWBIT_CPU_KERNELS={forced})" if forced else "; LOWBIT_CPU_KERNELS forces one)"
+    if info["cpu_kernels_note"]:
+        kernels += f": {info['cpu_kernels_note']}"
     rows = [
         ("version", info["version"]),
         ("library", info["library"]),
@@ -72,7 +74,8 @@ def format_report(info: dict) -> str:
         ("OpenMP", _yes(info["openmp"])),
         ("JAX handlers built", _yes(info["jax_handlers"])),
         ("JAX handlers found", jax_found),
-        ("CPU codecs", codecs),
+        ("CPU kernels", kernels),
+        ("CPU codecs", info["cpu_codec"]),
     ]
     width = max(len(k) for k, _ in rows) + 1
     return "\n".join(f"{k + ':':<{width}} {v}" for k, v in rows)

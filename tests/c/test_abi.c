@@ -103,9 +103,10 @@ typedef struct {
 #define OLD_PLAN offsetof(lowbit_state_plan_t, normalization)
 #define OLD_COMM_CONFIG offsetof(lowbit_comm_config_t, timeout_ms)
 #define OLD_COMM_INFO offsetof(lowbit_comm_info_t, timeout_ms)
+#define OLD_BUILD_INFO offsetof(lowbit_build_info_t, cpu_kernels) /* 0.3 .. 0.7 */
 
 static const struct_case_t kCases[] = {
-    {"lowbit_build_info_t", sizeof(lowbit_build_info_t), 0, sizeof(lowbit_build_info_t), build_info_sized,
+    {"lowbit_build_info_t", sizeof(lowbit_build_info_t), OLD_BUILD_INFO, OLD_BUILD_INFO, build_info_sized,
      build_info_plain},
     {"lowbit_hparams_t", sizeof(lowbit_hparams_t), OLD_HPARAMS, OLD_HPARAMS, hparams_sized, hparams_plain},
     {"lowbit_optimizer_config_t", sizeof(lowbit_optimizer_config_t), OLD_CONFIG, OLD_CONFIG, config_sized,

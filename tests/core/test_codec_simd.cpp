@@ -1,12 +1,14 @@
-// The AVX-512 moment codec (core/codec_avx512.cpp) against the portable one
-// (core/codec.cpp): the same codes, scales and decoded floats, bit for bit,
+// Every hand-written moment codec (core/codec_avx2.cpp, codec_avx512.cpp,
+// codec_neon.cpp: the levels of core/cpu_features.hpp) against the portable
+// one (core/codec_tiles.hpp): the same codes, scales and decoded floats, bit for bit,
 // for every quantized format and both moments, on random tiles spread over
 // many decades and on the edge cases (zeros, signed zeros, denormals,
 // infinities, NaN, all-zero tiles, values on and next to every midpoint),
 // and every float of the input range where an encoder computes codes
 // instead of searching for them (FP8, the linear 4-bit map, the 8-bit maps'
 // direct form).
-// Skipped where the CPU lacks AVX-512 (the portable path is then the only one).
+// Each test runs once per level; a level this CPU cannot run is skipped (the
+// Arm build runs the NEON level under qemu: scripts/test_arm.sh).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,7 @@ extern "C" {
 
 #include "core/codec.hpp"
 #include "core/codec_avx512.hpp"
+#include "core/cpu_features.hpp"
 #include "core/float16.hpp"
 #include "core/quant.hpp"
 #include "core/state.hpp"
@@ -34,6 +37,17 @@ using namespace lowbit;
 namespace {
 
 std::mt19937_64 rng;  // seeded in main()
+CpuIsa level = CpuIsa::Portable;  // the level under test (set_level)
+const char* level_name() { return cpu_isa_name(level); }
+
+// f() with the portable codec, then the level under test's.
+template <class F>
+void portable_then_level(F&& f) {
+  set_cpu_isa(CpuIsa::Portable);
+  f(false);
+  set_cpu_isa(level);
+  f(true);
+}
 
 constexpr int kTiles = 64;
 constexpr int64_t kNumel = int64_t(kTiles) * kTile;
@@ -109,14 +123,11 @@ bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a
 // NaN code times a NaN scale) follows the compiler's operand order, not IEEE.
 bool same_decoded(float a, float b) { return float_bits(a) == float_bits(b) || (std::isnan(a) && std::isnan(b)); }
 
-// The same moment decoded by the portable codec (into a) and the AVX-512 one (b).
+// The same moment decoded by the portable codec (into a) and the level under test's (b).
 void decode_both(const MomentView& mv, std::vector<float>& a, std::vector<float>& b) {
   a.assign(size_t(kNumel), 0.f);
   b.assign(size_t(kNumel), 0.f);
-  use_portable_codec(true);
-  decode_moment(mv, kNumel, a.data());
-  use_portable_codec(false);
-  decode_moment(mv, kNumel, b.data());
+  portable_then_level([&](bool simd) { decode_moment(mv, kNumel, (simd ? b : a).data()); });
 }
 
 void check_format(lowbit_state_format_t format, int moment) {
@@ -124,16 +135,14 @@ void check_format(lowbit_state_format_t format, int moment) {
   std::vector<float> x(static_cast<size_t>(kNumel));
   for (int round = 0; round < 8; ++round) {
     for (int t = 0; t < kTiles; ++t) fill_tile(round * kTiles + t, portable.view.map, x.data() + int64_t(t) * kTile);
-    use_portable_codec(true);
-    encode_moment(portable.view, kNumel, x.data());
-    use_portable_codec(false);
-    encode_moment(simd.view, kNumel, x.data());
+    portable_then_level([&](bool s) { encode_moment((s ? simd : portable).view, kNumel, x.data()); });
     for (size_t i = 0; i < portable.data.size(); ++i)
       if (portable.data[i] != simd.data[i]) {
         const int per_byte = format == LOWBIT_STATE_4BIT ? 2 : 1;
         const int64_t e = int64_t(i) * per_byte;
-        fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, AVX-512 0x%02x), input element %lld = %a",
-                 format_name(format), moment, i, portable.data[i], simd.data[i], (long long)e, double(x[size_t(e)]));
+        fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, %s 0x%02x), input element %lld = %a",
+                 format_name(format), moment, i, portable.data[i], level_name(), simd.data[i], (long long)e,
+                 double(x[size_t(e)]));
       }
     assert_true(same_bits(portable.scales.data(), simd.scales.data(), int64_t(portable.scales.size())));
 
@@ -141,8 +150,8 @@ void check_format(lowbit_state_format_t format, int moment) {
     decode_both(portable.view, a, b);
     for (int64_t i = 0; i < kNumel; ++i)
       if (!same_decoded(a[size_t(i)], b[size_t(i)]))
-        fail_msg("%s moment %d: decoded element %lld differs (portable %a, AVX-512 %a)", format_name(format), moment,
-                 (long long)i, double(a[size_t(i)]), double(b[size_t(i)]));
+        fail_msg("%s moment %d: decoded element %lld differs (portable %a, %s %a)", format_name(format), moment,
+                 (long long)i, double(a[size_t(i)]), level_name(), double(b[size_t(i)]));
   }
 }
 
@@ -156,28 +165,30 @@ void check_every_code(lowbit_state_format_t format, int moment) {
   decode_both(m.view, a, b);
   for (int64_t i = 0; i < kNumel; ++i)
     if (!same_decoded(a[size_t(i)], b[size_t(i)]))
-      fail_msg("%s moment %d: code 0x%02x, scale %a decodes to %08x (portable) and %08x (AVX-512)", format_name(format),
+      fail_msg("%s moment %d: code 0x%02x, scale %a decodes to %08x (portable) and %08x (%s)", format_name(format),
                moment, m.data[size_t(format == LOWBIT_STATE_4BIT ? i / 2 : i)], double(m.scales[size_t(i / block_size(format))]),
-               float_bits(a[size_t(i)]), float_bits(b[size_t(i)]));
+               float_bits(a[size_t(i)]), float_bits(b[size_t(i)]), level_name());
 }
 
-void skip_without_avx512() {
-  if (!avx512_codec_supported()) {
-    std::printf("skipped: this CPU has no AVX-512 codec (or LOWBIT_CPU_KERNELS=generic)\n");
+// The level of this test (its cmocka state); skipped where the CPU cannot run it.
+void set_level(void** state) {
+  level = *static_cast<const CpuIsa*>(*state);
+  if (!cpu_isa_supported(level)) {
+    std::printf("skipped: this CPU cannot run the %s level\n", level_name());
     skip();
   }
 }
 
-void test_8bit(void**) {
-  skip_without_avx512();
+void test_8bit(void** state) {
+  set_level(state);
   check_format(LOWBIT_STATE_8BIT, 0);
   check_format(LOWBIT_STATE_8BIT, 1);
   check_every_code(LOWBIT_STATE_8BIT, 0);
   check_every_code(LOWBIT_STATE_8BIT, 1);
 }
 
-void test_4bit(void**) {
-  skip_without_avx512();
+void test_4bit(void** state) {
+  set_level(state);
   check_format(LOWBIT_STATE_4BIT, 0);
   check_format(LOWBIT_STATE_4BIT, 1);
   check_every_code(LOWBIT_STATE_4BIT, 0);
@@ -205,20 +216,17 @@ void check_every_float(lowbit_state_format_t format, int moment, uint32_t top, u
       const uint32_t bits = next <= top ? uint32_t(next++) : 0u;
       x[size_t(i)] = bits_float(bits | ((uint32_t(i) & 1u) == negative_parity ? 0x80000000u : 0u));
     }
-    use_portable_codec(true);
-    encode_moment(va, n, x.data());
-    use_portable_codec(false);
-    encode_moment(vb, n, x.data());
+    portable_then_level([&](bool simd) { encode_moment(simd ? vb : va, n, x.data()); });
     if (a != b)
       for (size_t i = 0; i < a.size(); ++i)
         if (a[i] != b[i])
-          fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, AVX-512 0x%02x), input %a", format_name(format),
-                   moment, i, a[i], b[i], double(x[format == LOWBIT_STATE_4BIT ? 2 * i : i]));
+          fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, %s 0x%02x), input %a", format_name(format),
+                   moment, i, a[i], level_name(), b[i], double(x[format == LOWBIT_STATE_4BIT ? 2 * i : i]));
   }
 }
 
-void test_every_float(void**) {
-  skip_without_avx512();
+void test_every_float(void** state) {
+  set_level(state);
   check_every_float(LOWBIT_STATE_FP8, 1, float_bits(kFp8Max));
   check_every_float(LOWBIT_STATE_4BIT, 1, float_bits(1.f));  // the linear map
   check_every_float(LOWBIT_STATE_4BIT, 0, float_bits(1.f));  // the signed map's search by per-step tables
@@ -226,16 +234,16 @@ void test_every_float(void**) {
 
 // The direct form of the 8-bit codes (a line per level, no search) on every
 // float in [-1, 1]: the signed map with each magnitude under both signs.
-void test_every_float_8bit(void**) {
-  skip_without_avx512();
-  assert_true(avx512_direct8_active());
+void test_every_float_8bit(void** state) {
+  set_level(state);
+  if (level == CpuIsa::Avx512) assert_true(avx512_direct8_active());
   check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 1);
   check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 0);
   check_every_float(LOWBIT_STATE_8BIT, 1, float_bits(1.f));
 }
 
-void test_fp8(void**) {
-  skip_without_avx512();
+void test_fp8(void** state) {
+  set_level(state);
   check_format(LOWBIT_STATE_FP8, 0);
   check_format(LOWBIT_STATE_FP8, 1);
   check_every_code(LOWBIT_STATE_FP8, 0);
@@ -247,12 +255,15 @@ void test_fp8(void**) {
 // CTest runs the every-float sweeps (test_every_float*) as their own entry.
 int main(int argc, char** argv) {
   rng.seed(lowbit_test_seed("test_codec_simd"));
+  static const CpuIsa avx2 = CpuIsa::Avx2, avx512 = CpuIsa::Avx512, neon = CpuIsa::Neon;
+#define LOWBIT_PER_LEVEL(f)                                        \
+  {#f "_avx2", f, nullptr, nullptr, const_cast<CpuIsa*>(&avx2)},     \
+      {#f "_avx512", f, nullptr, nullptr, const_cast<CpuIsa*>(&avx512)}, \
+      {#f "_neon", f, nullptr, nullptr, const_cast<CpuIsa*>(&neon)}
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_8bit),
-      cmocka_unit_test(test_4bit),
-      cmocka_unit_test(test_fp8),
-      cmocka_unit_test(test_every_float),
-      cmocka_unit_test(test_every_float_8bit),
+      LOWBIT_PER_LEVEL(test_8bit),       LOWBIT_PER_LEVEL(test_4bit),
+      LOWBIT_PER_LEVEL(test_fp8),        LOWBIT_PER_LEVEL(test_every_float),
+      LOWBIT_PER_LEVEL(test_every_float_8bit),
   };
   return LOWBIT_RUN_SELECTED(tests, argc, argv, nullptr, nullptr);
 }

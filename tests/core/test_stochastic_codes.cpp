@@ -18,6 +18,7 @@ extern "C" {
 }
 
 #include "core/codec.hpp"
+#include "core/cpu_features.hpp"
 #include "core/qmaps.hpp"
 #include "core/quant.hpp"
 #include "core/rounding.hpp"
@@ -173,16 +174,12 @@ void test_block_encoder(void**) {
   }
 }
 
-// Whole tiles take the AVX-512 form where the CPU has it: the same bytes and
-// scales as the portable rule, for ordinary blocks and for blocks with zeros
+// Whole tiles take the SIMD form of every level the CPU runs (AVX2, AVX-512,
+// NEON: core/cpu_features.hpp): the same bytes and scales as the portable rule, for ordinary blocks and for blocks with zeros
 // only, a NaN, an Inf, denormal magnitudes, a negative extreme, negative
 // values under the unsigned map, elements exactly on decoded values, and
 // element indices on both sides of a multiple of 2^32.
-void test_simd_tiles_equal_the_portable_rule(void**) {
-  if (!simd_codec_active()) {
-    std::printf("  no AVX-512 codec on this CPU: nothing to compare\n");
-    return;
-  }
+void check_simd_tiles(CpuIsa level) {
   std::normal_distribution<float> normal(0.f, 1.f);
   constexpr int kCases = 8;
   for (int moment = 0; moment < 2; ++moment)
@@ -223,16 +220,31 @@ void test_simd_tiles_equal_the_portable_rule(void**) {
       const auto view = [&](std::vector<uint8_t>& codes, std::vector<float>& scales) {
         return moment_view(LOWBIT_STATE_4BIT_SR, moment, codes.data() - base / 2, scales.data() - base / kBlock4);
       };
-      use_portable_codec(true);
+      set_cpu_isa(CpuIsa::Portable);
       encode_moment_tile_stochastic(view(a, sa), base, kTile, x.data(), key);
-      use_portable_codec(false);
+      set_cpu_isa(level);
       encode_moment_tile_stochastic(view(b, sb), base, kTile, x.data(), key);
       for (int i = 0; i < kTile / 2; ++i)
         if (a[size_t(i)] != b[size_t(i)])
-          fail_msg("moment %d case %d base %lld byte %d: portable %02x, AVX-512 %02x", moment, t % kCases,
-                   (long long)base, i, a[size_t(i)], b[size_t(i)]);
+          fail_msg("moment %d case %d base %lld byte %d: portable %02x, %s %02x", moment, t % kCases,
+                   (long long)base, i, a[size_t(i)], cpu_isa_name(level), b[size_t(i)]);
       assert_memory_equal(sa.data(), sb.data(), 2 * sizeof(float));
     }
+}
+
+void test_simd_tiles_equal_the_portable_rule(void**) {
+  const CpuIsa native = cpu_isa();
+  int levels = 0;
+  for (CpuIsa level : {CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Neon}) {
+    if (!cpu_isa_supported(level)) {
+      std::printf("  this CPU cannot run the %s level: not compared\n", cpu_isa_name(level));
+      continue;
+    }
+    check_simd_tiles(level);
+    ++levels;
+  }
+  set_cpu_isa(native);
+  std::printf("  %d SIMD level(s) compared with the portable rule\n", levels);
 }
 
 void test_layout_is_4bit(void**) {

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lowbit
 
 PACKAGE_PARENT = str(Path(lowbit.__file__).resolve().parents[1])
@@ -33,7 +35,7 @@ def test_report_lines():
     assert proc.returncode == 0, proc.stderr
     rows = _lines(proc.stdout)
     assert list(rows) == ["version", "library", "declarations", "compiler", "CUDA", "MPI", "NCCL", "OpenMP",
-                          "JAX handlers built", "JAX handlers found", "CPU codecs"]
+                          "JAX handlers built", "JAX handlers found", "CPU kernels", "CPU codecs"]
     assert rows["version"] == lowbit.version()
     assert rows["library"] == lowbit.library_path()
     info = lowbit.build_info()
@@ -44,7 +46,8 @@ def test_report_lines():
     assert rows["MPI"] == ("yes" if lowbit.has_mpi() else "no")
     assert rows["NCCL"].split()[0] == ("yes" if lowbit.has_nccl() else "no")
     assert rows["JAX handlers built"] in ("yes", "no")
-    assert rows["CPU codecs"] in ("AVX-512", "portable")
+    assert rows["CPU kernels"].split()[0] == info["cpu_kernels"] in info["cpu_kernels_available"]
+    assert rows["CPU codecs"] == info["cpu_codec"] in ("AVX-512", "AVX2", "NEON", "portable")
     assert rows["compiler"].startswith(info["compiler"])
 
 
@@ -63,8 +66,32 @@ def test_report_json_is_build_info():
 def test_generic_kernels_turn_the_avx512_codecs_off():
     proc = _run("--json", LOWBIT_CPU_KERNELS="generic")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["cpu_avx512_codecs"] is False
-    assert "portable (LOWBIT_CPU_KERNELS=generic)" in _run(LOWBIT_CPU_KERNELS="generic").stdout
+    got = json.loads(proc.stdout)
+    assert got["cpu_avx512_codecs"] is False and got["cpu_kernels"] == "portable" and got["cpu_codec"] == "portable"
+    assert "portable (this CPU runs" in _run(LOWBIT_CPU_KERNELS="generic").stdout
+
+
+@pytest.mark.parametrize("level", ["portable", "avx2", "avx512", "neon"])
+def test_every_level_can_be_forced(level):
+    """LOWBIT_CPU_KERNELS names the level that runs where the CPU has it;
+    elsewhere the best level runs and the note says why (stderr too)."""
+    available = lowbit.build_info()["cpu_kernels_available"]
+    proc = _run("--json", LOWBIT_CPU_KERNELS=level)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    if level in available:
+        assert got["cpu_kernels"] == level and got["cpu_kernels_note"] == ""
+    else:
+        assert got["cpu_kernels"] == available[-1]
+        assert f"cannot run {level}" in got["cpu_kernels_note"] and f"cannot run {level}" in proc.stderr
+
+
+def test_unknown_level_is_reported():
+    proc = _run("--json", LOWBIT_CPU_KERNELS="sse9")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["cpu_kernels"] == got["cpu_kernels_available"][-1]
+    assert "LOWBIT_CPU_KERNELS=sse9 is not a level" in got["cpu_kernels_note"]
 
 
 def test_jax_module_named_by_the_environment(tmp_path):
