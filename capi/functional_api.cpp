@@ -163,8 +163,9 @@ LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan,
     const lowbit::Shape s = norm == lowbit::Norm::Block ? lowbit::Shape{} : read_shape(ndim, shape);
     LOWBIT_REQUIRE(norm == lowbit::Norm::Block || s.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "a ",
                    lowbit::norm_name(norm), " moment needs the param's shape (ndim >= 2), got ndim = ", ndim);
-    int64_t product = 1;
-    for (int k = 0; k < s.ndim; ++k) product *= s.dim[k];
+    const int64_t product = lowbit::checked_dims_product(s.ndim, s.dim);
+    LOWBIT_REQUIRE(product >= 0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "the shape has more elements than int64 holds (numel = ", numel, ")");
     LOWBIT_REQUIRE(s.ndim == 0 || product == numel, LOWBIT_ERROR_INVALID_ARGUMENT, "the shape has ", product,
                    " elements but numel = ", numel);
     const int64_t need_data = lowbit::moment_data_bytes(f, norm, s, numel);

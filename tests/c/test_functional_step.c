@@ -497,6 +497,36 @@ static void test_bad_input(void** s) {
   expect_refused(&r, buffers, &a, LOWBIT_ERROR_STATE_MISMATCH, "args.step = 5", 1, "step count mismatch");
   a.step = -1;
 
+  /* Issue 45 (8): an 8-D shape whose dims' product overflows int64
+   * (65536^8 = 2^128 wrapped to 0) on a param of 0 elements is refused, not
+   * taken for 0 elements (the call then stepped the other params) */
+  {
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){NULL, 0, c.pdt, DEVICE, 0};
+    pc.grad = (lowbit_tensor_t){NULL, 0, c.gdt, DEVICE, 0};
+    lowbit_state_plan_t empty;
+    lowbit_state_plan_init(&empty);
+    CHECK(lowbit_plan_param_state(&r.config, &r.hparams, &pc, &empty));
+    int32_t saved[NP * LOWBIT_STATE_RECORD_INT32], rec[NP * LOWBIT_STATE_RECORD_INT32];
+    to_host(saved, r.records, sizeof saved);
+    memcpy(rec, saved, sizeof rec);
+    CHECK(lowbit_state_record(&empty, 0, NULL, rec + 2 * LOWBIT_STATE_RECORD_INT32, LOWBIT_STATE_RECORD_INT32));
+    to_dev(r.records, rec, sizeof rec);
+    lowbit_param_buffers_init(&buffers[2]);
+    buffers[2].param = (lowbit_tensor_t){r.f[2].param, 0, c.pdt, DEVICE, 0};
+    buffers[2].grad = (lowbit_tensor_t){r.f[2].grad, 0, c.gdt, DEVICE, 0};
+    buffers[2].plan = &empty;
+    buffers[2].ndim = 8;
+    for (int k = 0; k < 8; ++k) buffers[2].shape[k] = 65536;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[2]: shape (65536, 65536", 0,
+                   "8-D shape overflowing int64");
+    if (!strstr(lowbit_step_context_last_error(r.ctx), "more elements than int64 holds"))
+      fail_msg("8-D shape: \"%s\" does not say it overflows", lowbit_step_context_last_error(r.ctx));
+    to_dev(r.records, saved, sizeof saved);
+    buffers[2] = r.f[2].b;
+  }
+
   /* and the good call still works, from the same state */
   CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, NULL));
   sync_all();
