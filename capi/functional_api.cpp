@@ -60,6 +60,24 @@ lowbit::Shape read_shape(int32_t ndim, const int64_t* shape) {
   return s;
 }
 
+// A moment's normalisation as the plans give it (lowbit_plan_param_state):
+// RANK1 only for 8- and 4-bit codes, FACTORED only for an fp32 second moment.
+lowbit::Norm planned_norm(const lowbit_state_plan_t& p, int32_t moment) {
+  const lowbit_normalization_t n = p.normalization[moment];
+  const lowbit_state_format_t f = p.format[moment];
+  LOWBIT_REQUIRE(n == LOWBIT_NORMALIZATION_BLOCK || n == LOWBIT_NORMALIZATION_RANK1 ||
+                     n == LOWBIT_NORMALIZATION_FACTORED,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = ", int(n),
+                 " is not the normalisation of a planned moment (LOWBIT_NORMALIZATION_BLOCK, RANK1 or FACTORED)");
+  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_RANK1 || f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = RANK1 but the moment is ",
+                 lowbit::format_name(f), " (rank-1 scales are for 8bit and 4bit codes)");
+  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_FACTORED || (moment == 1 && f == LOWBIT_STATE_FP32),
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = FACTORED but the moment is ",
+                 lowbit::format_name(f), " moment ", moment, " (only an fp32 second moment is factored)");
+  return lowbit::from_c_norm(n);
+}
+
 }  // namespace
 
 extern "C" {
@@ -159,7 +177,7 @@ LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan,
     LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel, " must be >= 0");
     const lowbit_state_format_t f = p.format[moment];
     lowbit::check_state_format(f, "plan->format[moment]", false);
-    const lowbit::Norm norm = lowbit::from_c_norm(p.normalization[moment]);
+    const lowbit::Norm norm = planned_norm(p, moment);
     const lowbit::Shape s = norm == lowbit::Norm::Block ? lowbit::Shape{} : read_shape(ndim, shape);
     LOWBIT_REQUIRE(norm == lowbit::Norm::Block || s.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "a ",
                    lowbit::norm_name(norm), " moment needs the param's shape (ndim >= 2), got ndim = ", ndim);
