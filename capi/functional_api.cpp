@@ -60,6 +60,19 @@ lowbit::Shape read_shape(int32_t ndim, const int64_t* shape) {
   return s;
 }
 
+// abi::read_struct of element `index` of the caller's array `array`; a
+// refusal names the element ("params[3].plan"). The name is only built for
+// the message: a step reads every param's structs at every call.
+template <class T>
+T read_element(const T* in, const T& defaults, const char* array, int64_t index, const char* field) {
+  try {
+    return abi::read_struct(in, defaults, array);
+  } catch (const lowbit::Error&) {
+    const std::string name = lowbit::concat(array, "[", index, "]", field);
+    return abi::read_struct(in, defaults, name.c_str());  // throws again, naming the element
+  }
+}
+
 // A moment's normalisation as the plans give it (lowbit_plan_param_state):
 // RANK1 only for 8- and 4-bit codes, FACTORED only for an fp32 second moment.
 lowbit::Norm planned_norm(const lowbit_state_plan_t& p, int32_t moment) {
@@ -127,11 +140,13 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
                    num_params, " must be in [1, 2^31)");
     LOWBIT_REQUIRE(a.num_groups >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "args.num_groups = ", a.num_groups,
                    " must be >= 1");
+    LOWBIT_REQUIRE(a.reserved0 == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "args.reserved0 = ", a.reserved0,
+                   " must be 0");
     ctx->hparams.resize(a.hparams ? size_t(a.num_groups) : 0);
     for (int32_t g = 0; a.hparams && g < a.num_groups; ++g) {
       const size_t stride = abi::struct_size_of(a.hparams);  // an array holds one struct type
       const auto* h = reinterpret_cast<const lowbit_hparams_t*>(reinterpret_cast<const char*>(a.hparams) + stride * size_t(g));
-      ctx->hparams[size_t(g)] = abi::read_struct(h, lowbit_hparams_t{}, "args.hparams[g]");
+      ctx->hparams[size_t(g)] = read_element(h, lowbit_hparams_t{}, "args.hparams", g, "");
     }
     ctx->params.resize(size_t(num_params));
     ctx->plans.resize(size_t(num_params));
@@ -141,8 +156,8 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
     const char* base = reinterpret_cast<const char*>(params);
     for (int64_t i = 0; i < num_params; ++i) {
       const auto* p = reinterpret_cast<const lowbit_param_buffers_t*>(base + stride * size_t(i));
-      ctx->params[size_t(i)] = abi::read_struct(p, lowbit_param_buffers_t{}, "params[i]");
-      ctx->plans[size_t(i)] = abi::read_struct(ctx->params[size_t(i)].plan, default_plan(), "params[i].plan");
+      ctx->params[size_t(i)] = read_element(p, lowbit_param_buffers_t{}, "params", i, "");
+      ctx->plans[size_t(i)] = read_element(ctx->params[size_t(i)].plan, default_plan(), "params", i, ".plan");
     }
     lowbit::FunctionalCount count;
     count.step = a.step;

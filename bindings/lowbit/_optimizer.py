@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy as _copy
+import operator
 import os
 
 import numpy as np
@@ -537,7 +538,7 @@ class Optimizer(Handle):
         params only. Returns True if applied (CPU; on CUDA see step())."""
         h = self._h()
         self._check_unmoved()
-        ids = [int(i) for i in ids]
+        ids = _param_ids(ids)
         n = len(ids)
         s = self.stream if stream is None else stream_pointer(stream)
         id_array = ffi.new("int64_t[]", ids) if n else ffi.new("int64_t[]", 1)
@@ -770,6 +771,21 @@ class Optimizer(Handle):
     @locked
     def load_file(self, path) -> None:
         self._call("lowbit_optimizer_load_file", os.fsencode(path), self._stream_arg)
+
+
+def _param_ids(ids) -> list:
+    """step_params' ids as Python ints: ints and numpy integers; anything
+    else (1.5, "0", True, None) raises TypeError naming it, where int()
+    would have truncated or parsed it into another param's id."""
+    out = []
+    for k, i in enumerate(ids):
+        try:
+            if isinstance(i, (bool, np.bool_)):
+                raise TypeError
+            out.append(operator.index(i))
+        except TypeError:
+            raise TypeError(f"step_params: ids[{k}] = {i!r} is not an integer param id") from None
+    return out
 
 
 def _owner(ref: ArrayRef):

@@ -527,6 +527,33 @@ static void test_bad_input(void** s) {
     buffers[2] = r.f[2].b;
   }
 
+  /* Issue 45 (13): args.reserved0 must be 0; a refused struct is named by
+   * its index, not "params[i]" */
+  a.reserved0 = 1;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "args.reserved0 = 1 must be 0", 0, "reserved0");
+  a.reserved0 = 0;
+  buffers[1].struct_size = 8;
+  buffers[0].struct_size = sizeof(lowbit_param_buffers_t);
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[1].struct_size = 8", 0,
+                 "params[1] of a size never released");
+  buffers[1] = r.f[1].b;
+  {
+    lowbit_state_plan_t bad_plan = *buffers[2].plan;
+    bad_plan.struct_size = 12;
+    buffers[2].plan = &bad_plan;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[2].plan.struct_size = 12", 0,
+                   "params[2].plan of a size never released");
+    buffers[2] = r.f[2].b;
+    lowbit_hparams_t two[2] = {r.hparams, r.hparams};
+    two[1].struct_size = 20;
+    a.hparams = two;
+    a.num_groups = 2;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "args.hparams[1].struct_size = 20", 0,
+                   "args.hparams[1] of a size never released");
+    a.hparams = &r.hparams;
+    a.num_groups = 1;
+  }
+
   /* and the good call still works, from the same state */
   CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, NULL));
   sync_all();
