@@ -455,14 +455,23 @@ class Optimizer(Handle):
 
     # -- stepping
 
-    def _check_unmoved(self) -> None:
+    def _check_unmoved(self, ids=None, registered_grads: bool = True) -> None:
         """InvalidStateError if a registered array lost the memory the
-        library holds (ArrayRef.moved): the step would update freed memory."""
-        movable = self._movable
-        if movable is None:
-            movable = self._movable = [(f"{role} {i}", ref) for role, refs in (("param", self._params),
-                                                                                ("grad of param", self._grads))
-                                       for i, ref in enumerate(refs) if ref is not None and ref.probe is not None]
+        library holds (ArrayRef.moved): the step would update freed memory.
+        ids: only those params (step_params), and their registered grads
+        when `registered_grads`; ids out of range are the library's to name."""
+        if ids is None:
+            movable = self._movable
+            if movable is None:
+                movable = self._movable = [(f"{role} {i}", ref) for role, refs in (("param", self._params),
+                                                                                    ("grad of param", self._grads))
+                                           for i, ref in enumerate(refs) if ref is not None and ref.probe is not None]
+        else:
+            n = len(self._params)
+            movable = [(f"{role} {i}", ref) for i in ids if 0 <= i < n
+                       for role, ref in (("param", self._params[i]),
+                                         ("grad of param", self._grads[i] if registered_grads else None))
+                       if ref is not None and ref.probe is not None]
         for what, ref in movable:
             why = ref.moved()
             if why is not None:
@@ -537,8 +546,8 @@ class Optimizer(Handle):
         left alone. NaN/Inf in this call's gradients skips this call's
         params only. Returns True if applied (CPU; on CUDA see step())."""
         h = self._h()
-        self._check_unmoved()
         ids = _param_ids(ids)
+        self._check_unmoved(ids, registered_grads=grads is None)
         n = len(ids)
         s = self.stream if stream is None else stream_pointer(stream)
         id_array = ffi.new("int64_t[]", ids) if n else ffi.new("int64_t[]", 1)

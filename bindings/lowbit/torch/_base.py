@@ -439,7 +439,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
     def _register(self, p: torch.Tensor, gi: int, group: dict) -> None:
         local = _local(p)  # a DTensor: the library keeps the state of this rank's shard
         dev = self._device_state(local.device)
-        ref = _tensor_ref(local, "param")
+        ref = _tensor_ref(local, "param", registered=True)
         fmt = parse_state_format(group.get("state"), "state")
         pid = dev.handle._add_param_ref(
             ref, None, group=gi,
@@ -453,6 +453,12 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         dev.dtensor = dev.dtensor or local is not p
         self._where[p] = (_device_key(local.device), pid)
         self.state[p] = _StateView(self, p)
+
+    def _check_unmoved(self) -> None:
+        """Raises before any step if a registered param no longer holds the
+        memory registered with the library (its .data replaced or resized)."""
+        for dev in self._devices.values():
+            dev.check_unmoved()
 
     def _push_hparams(self, dev: _DeviceState, lrs=None) -> None:
         """Gives the library the groups' hyper-parameters that changed since

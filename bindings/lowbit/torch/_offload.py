@@ -147,7 +147,7 @@ class CPUOffload(torch.optim.Optimizer):
         self._params: list = []  # the params (on their device)
         self._hosts: list = []  # their host copies
         self._host_grads: list = []  # host gradient buffers
-        self._where: list = []  # (device, data_ptr) when built
+        self._where: list = []  # (device, data_ptr, numel) when built
         self._versions: list = []  # the param's version counter after our last write
         self._index: dict = {}  # param -> i
         self._d2h_events: dict = {}  # i -> CUDA event of its gradient's copy to the host
@@ -229,7 +229,7 @@ class CPUOffload(torch.optim.Optimizer):
                 self._hosts.append(h)
                 self._host_grads.append(torch.empty(p.shape, dtype=p.dtype, device=_HOST,
                                                     pin_memory=self._pin))
-                self._where.append((p.device, p.data_ptr()))
+                self._where.append((p.device, p.data_ptr(), p.numel()))
                 self._versions.append(p._version)
                 self._got.append(False)
                 if h not in inner._where:
@@ -522,14 +522,18 @@ class CPUOffload(torch.optim.Optimizer):
 
     def _check_unmoved(self, after_steps: bool = False) -> None:
         for i, p in enumerate(self._params):
-            device, ptr = self._where[i]
-            if p.device != device or p.data_ptr() != ptr:
+            device, ptr, numel = self._where[i]
+            if p.device != device or p.data_ptr() != ptr or p.numel() != numel:
                 raise RuntimeError(
                     f"CPUOffload: {self._name(i)} moved to another device after CPUOffload was built (it was on "
-                    f"{device} at 0x{ptr:x}, it is on {p.device} at 0x{p.data_ptr():x}: was the model moved or "
-                    "its .data replaced?); build it again after moving the model. "
+                    f"{device} at 0x{ptr:x}, it is on {p.device} at 0x{p.data_ptr():x} with {p.numel()} elements of "
+                    f"{numel}: was the model moved or its .data replaced or resized?); build it "
+                    "again after moving the model. "
                     + ("This backward's host steps had already run (the copies back went to its old memory)"
                        if after_steps else "Nothing was changed"))
+        if not after_steps:
+            # the host copies the library steps (inner.param_groups; host_param)
+            self._inner._check_unmoved()
 
     def _refresh_changed_params(self) -> None:
         """Params written outside the optimizer since our last copy back
