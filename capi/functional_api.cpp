@@ -60,6 +60,37 @@ lowbit::Shape read_shape(int32_t ndim, const int64_t* shape) {
   return s;
 }
 
+// abi::read_struct of element `index` of the caller's array `array`; a
+// refusal names the element ("params[3].plan"). The name is only built for
+// the message: a step reads every param's structs at every call.
+template <class T>
+T read_element(const T* in, const T& defaults, const char* array, int64_t index, const char* field) {
+  try {
+    return abi::read_struct(in, defaults, array);
+  } catch (const lowbit::Error&) {
+    const std::string name = lowbit::concat(array, "[", index, "]", field);
+    return abi::read_struct(in, defaults, name.c_str());  // throws again, naming the element
+  }
+}
+
+// A moment's normalisation as the plans give it (lowbit_plan_param_state):
+// RANK1 only for 8- and 4-bit codes, FACTORED only for an fp32 second moment.
+lowbit::Norm planned_norm(const lowbit_state_plan_t& p, int32_t moment) {
+  const lowbit_normalization_t n = p.normalization[moment];
+  const lowbit_state_format_t f = p.format[moment];
+  LOWBIT_REQUIRE(n == LOWBIT_NORMALIZATION_BLOCK || n == LOWBIT_NORMALIZATION_RANK1 ||
+                     n == LOWBIT_NORMALIZATION_FACTORED,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = ", int(n),
+                 " is not the normalisation of a planned moment (LOWBIT_NORMALIZATION_BLOCK, RANK1 or FACTORED)");
+  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_RANK1 || f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = RANK1 but the moment is ",
+                 lowbit::format_name(f), " (rank-1 scales are for 8bit and 4bit codes)");
+  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_FACTORED || (moment == 1 && f == LOWBIT_STATE_FP32),
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = FACTORED but the moment is ",
+                 lowbit::format_name(f), " moment ", moment, " (only an fp32 second moment is factored)");
+  return lowbit::from_c_norm(n);
+}
+
 }  // namespace
 
 extern "C" {
@@ -109,11 +140,13 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
                    num_params, " must be in [1, 2^31)");
     LOWBIT_REQUIRE(a.num_groups >= 1, LOWBIT_ERROR_INVALID_ARGUMENT, "args.num_groups = ", a.num_groups,
                    " must be >= 1");
+    LOWBIT_REQUIRE(a.reserved0 == 0, LOWBIT_ERROR_INVALID_ARGUMENT, "args.reserved0 = ", a.reserved0,
+                   " must be 0");
     ctx->hparams.resize(a.hparams ? size_t(a.num_groups) : 0);
     for (int32_t g = 0; a.hparams && g < a.num_groups; ++g) {
       const size_t stride = abi::struct_size_of(a.hparams);  // an array holds one struct type
       const auto* h = reinterpret_cast<const lowbit_hparams_t*>(reinterpret_cast<const char*>(a.hparams) + stride * size_t(g));
-      ctx->hparams[size_t(g)] = abi::read_struct(h, lowbit_hparams_t{}, "args.hparams[g]");
+      ctx->hparams[size_t(g)] = read_element(h, lowbit_hparams_t{}, "args.hparams", g, "");
     }
     ctx->params.resize(size_t(num_params));
     ctx->plans.resize(size_t(num_params));
@@ -123,8 +156,8 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
     const char* base = reinterpret_cast<const char*>(params);
     for (int64_t i = 0; i < num_params; ++i) {
       const auto* p = reinterpret_cast<const lowbit_param_buffers_t*>(base + stride * size_t(i));
-      ctx->params[size_t(i)] = abi::read_struct(p, lowbit_param_buffers_t{}, "params[i]");
-      ctx->plans[size_t(i)] = abi::read_struct(ctx->params[size_t(i)].plan, default_plan(), "params[i].plan");
+      ctx->params[size_t(i)] = read_element(p, lowbit_param_buffers_t{}, "params", i, "");
+      ctx->plans[size_t(i)] = read_element(ctx->params[size_t(i)].plan, default_plan(), "params", i, ".plan");
     }
     lowbit::FunctionalCount count;
     count.step = a.step;
@@ -159,12 +192,13 @@ LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan,
     LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel, " must be >= 0");
     const lowbit_state_format_t f = p.format[moment];
     lowbit::check_state_format(f, "plan->format[moment]", false);
-    const lowbit::Norm norm = lowbit::from_c_norm(p.normalization[moment]);
+    const lowbit::Norm norm = planned_norm(p, moment);
     const lowbit::Shape s = norm == lowbit::Norm::Block ? lowbit::Shape{} : read_shape(ndim, shape);
     LOWBIT_REQUIRE(norm == lowbit::Norm::Block || s.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "a ",
                    lowbit::norm_name(norm), " moment needs the param's shape (ndim >= 2), got ndim = ", ndim);
-    int64_t product = 1;
-    for (int k = 0; k < s.ndim; ++k) product *= s.dim[k];
+    const int64_t product = lowbit::checked_dims_product(s.ndim, s.dim);
+    LOWBIT_REQUIRE(product >= 0, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "the shape has more elements than int64 holds (numel = ", numel, ")");
     LOWBIT_REQUIRE(s.ndim == 0 || product == numel, LOWBIT_ERROR_INVALID_ARGUMENT, "the shape has ", product,
                    " elements but numel = ", numel);
     const int64_t need_data = lowbit::moment_data_bytes(f, norm, s, numel);

@@ -116,13 +116,14 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
                  p.ndim, " must be in 0..", LOWBIT_MAX_DIMS);
   Shape shape{};
   shape.ndim = p.ndim;
-  int64_t product = 1;
   for (int k = 0; k < p.ndim; ++k) {
     LOWBIT_REQUIRE(p.shape[k] >= 1 && p.shape[k] <= INT32_MAX, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i,
                    "].shape[", k, "] = ", p.shape[k], " must be in [1, 2^31)");
     shape.dim[k] = p.shape[k];
-    product = product > INT64_MAX / p.shape[k] ? -1 : product * p.shape[k];
   }
+  const int64_t product = checked_dims_product(p.ndim, shape.dim);
+  LOWBIT_REQUIRE(product >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "]: shape ", shape_text(shape),
+                 " has more elements than int64 holds (param.numel = ", numel, ")");
   LOWBIT_REQUIRE(p.ndim == 0 || product == numel, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "]: shape ",
                  shape_text(shape), " does not have param.numel = ", numel, " elements");
 

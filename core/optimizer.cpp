@@ -219,7 +219,8 @@ void Optimizer::step_params(const int64_t* ids, int64_t n, const lowbit_tensor_t
                    " appears twice (a param takes one step per call)");
     const lowbit_tensor_t& t = grads ? grads[k] : params_[size_t(id)].grad;
     LOWBIT_REQUIRE(t.data != nullptr, LOWBIT_ERROR_INVALID_ARGUMENT, "ids[", k, "] = ", id,
-                   grads ? ": grads[k].data is NULL" : " has no registered gradient (lowbit_optimizer_set_grad)");
+                   grads ? concat(": grads[", k, "].data is NULL")
+                         : std::string(" has no registered gradient (lowbit_optimizer_set_grad)"));
     if (grads) check_grad(t, params_[size_t(id)], concat("grads[", k, "]").c_str());
     g = GradView{t.data, t.dtype};
   }

@@ -48,6 +48,16 @@ LOWBIT_HD int64_t shape_batch_rows(const Shape& s) { return s.dim[s.ndim - 2]; }
 LOWBIT_HD int64_t shape_batches(const Shape& s, int64_t numel) {
   return numel / (s.dim[s.ndim - 1] * s.dim[s.ndim - 2]);
 }
+// The product of dims[0, ndim) (each >= 1), or -1 when it does not fit in
+// int64 (a caller's shape; the checks compare it with numel).
+inline int64_t checked_dims_product(int ndim, const int64_t* dims) {
+  int64_t product = 1;
+  for (int k = 0; k < ndim; ++k) {
+    if (product > INT64_MAX / dims[k]) return -1;
+    product *= dims[k];
+  }
+  return product;
+}
 // Sum of the dims: the floats of one set of rank-1 vectors.
 LOWBIT_HD int64_t shape_dim_sum(const Shape& s) {
   int64_t t = 0;

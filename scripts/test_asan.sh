@@ -5,6 +5,9 @@
 #   bash scripts/test_asan.sh tests/python/test_copy.py -k deepcopy   # any pytest arguments
 #   bash scripts/test_asan.sh tests/python/test_handles.py   # the Python handles' repros (issue 32:
 #        a torch tensor whose storage moved after registration, threads sharing a handle, ...)
+#   bash scripts/test_asan.sh tests/python/test_torch_in_backward.py -k moved   # issue 45 (1): params
+#        whose storage moved, refused by step_in_backward, opt.step, the compile op and CPUOffload
+#        (CTest python.asan_moved_storage, labelled exhaustive, runs it)
 #
 # The library is built into build-asan (LOWBIT_ASAN_BUILD_DIR) with
 # -fsanitize=address, CPU only (no CUDA, no JAX handlers: the sanitizer
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 build=${LOWBIT_ASAN_BUILD_DIR:-build-asan}
 flags="-fsanitize=address -fno-omit-frame-pointer"
 mkdir -p "$build"
+build=$(cd "$build" && pwd)  # relative to the checkout, or absolute (CTest: under its build directory)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DLOWBIT_WITH_CUDA=OFF -DLOWBIT_WITH_JAX=OFF \
   -DLOWBIT_BUILD_TESTS=OFF -DLOWBIT_BUILD_BENCH=OFF -DLOWBIT_BUILD_EXAMPLES=OFF \
@@ -39,10 +43,10 @@ asan=$("${cxx:-g++}" -print-file-name=libasan.so)
 # "CHECK failed: ... real___cxa_throw").
 stdcxx=$("${cxx:-g++}" -print-file-name=libstdc++.so.6)
 export LD_PRELOAD="$asan:$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}"
-logs="$PWD/$build/asan-logs"
+logs="$build/asan-logs"
 rm -rf "$logs" && mkdir -p "$logs"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1:print_summary=1:strict_string_checks=1:detect_stack_use_after_return=1:log_path=$logs/asan}
-export LOWBIT_LIBRARY="$PWD/$build/liblowbit.so"
+export LOWBIT_LIBRARY="$build/liblowbit.so"
 export OMP_WAIT_POLICY=PASSIVE
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if [ $# -eq 0 ]; then

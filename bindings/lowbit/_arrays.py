@@ -164,6 +164,42 @@ class TensorArray:
         self.cdata[i] = ref.desc[0]
 
 
+# ----------------------------------------------------------------- reuse
+
+
+def fingerprint(obj):
+    """Where and how an array's memory is now, read cheaply (about a
+    microsecond): its type, address, dtype, shape and strides (and device),
+    for a numpy array or a torch tensor; None for any other array, which has
+    no cheap one. Equal fingerprints mean the same lowbit_tensor_t
+    descriptor, so that a descriptor made once can be reused while the
+    arrays passed keep their memory and layout (lowbit.Optimizer.step(grads)),
+    and is made again as soon as one is replaced, reshaped or reallocated."""
+    if type(obj) is np.ndarray:
+        try:
+            address = _from_buffer(obj)  # compares by address with the pointer kept below
+        except (TypeError, ValueError, BufferError):
+            return None
+        return address, obj.dtype, obj.shape, obj.strides
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr) and hasattr(obj, "untyped_storage"):  # a torch tensor
+        return data_ptr(), obj.dtype, tuple(obj.shape), obj.stride(), obj.device
+    return None
+
+
+def kept_fingerprint(obj):
+    """fingerprint(obj) as a cache keeps it, holding no reference to the
+    array or its memory: the numpy address as a plain pointer
+    (ffi.from_buffer's cdata keeps the array alive)."""
+    fp = fingerprint(obj)
+    if fp is not None and type(obj) is np.ndarray:
+        fp = (_cast("char *", fp[0]),) + fp[1:]
+    return fp
+
+
+_from_buffer = ffi.from_buffer
+
+
 def _kind(obj) -> str:
     t = type(obj)
     return f"{t.__module__}.{t.__qualname__}"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy as _copy
+import operator
 import os
 
 import numpy as np
 
-from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string
+from ._arrays import DTYPE_NAMES, ArrayRef, TensorArray, as_array_ref, device_string, fingerprint, kept_fingerprint
 from ._ffi import MAX_DIMS, NULL, Algorithm, CData, Device, Normalization, StateFormat, ffi, void_p
 from ._handle import Handle, locked
 from ._errors import ArrayError, InvalidArgumentError, InvalidStateError, LowbitError
@@ -454,14 +455,23 @@ class Optimizer(Handle):
 
     # -- stepping
 
-    def _check_unmoved(self) -> None:
+    def _check_unmoved(self, ids=None, registered_grads: bool = True) -> None:
         """InvalidStateError if a registered array lost the memory the
-        library holds (ArrayRef.moved): the step would update freed memory."""
-        movable = self._movable
-        if movable is None:
-            movable = self._movable = [(f"{role} {i}", ref) for role, refs in (("param", self._params),
-                                                                                ("grad of param", self._grads))
-                                       for i, ref in enumerate(refs) if ref is not None and ref.probe is not None]
+        library holds (ArrayRef.moved): the step would update freed memory.
+        ids: only those params (step_params), and their registered grads
+        when `registered_grads`; ids out of range are the library's to name."""
+        if ids is None:
+            movable = self._movable
+            if movable is None:
+                movable = self._movable = [(f"{role} {i}", ref) for role, refs in (("param", self._params),
+                                                                                    ("grad of param", self._grads))
+                                           for i, ref in enumerate(refs) if ref is not None and ref.probe is not None]
+        else:
+            n = len(self._params)
+            movable = [(f"{role} {i}", ref) for i in ids if 0 <= i < n
+                       for role, ref in (("param", self._params[i]),
+                                         ("grad of param", self._grads[i] if registered_grads else None))
+                       if ref is not None and ref.probe is not None]
         for what, ref in movable:
             why = ref.moved()
             if why is not None:
@@ -502,11 +512,27 @@ class Optimizer(Handle):
             arr = self._step_grads
             if arr is None:
                 arr = self._step_grads = TensorArray(n)
+                # per param: the kept fingerprint of the array described
+                # there, while the descriptor may be reused (None: describe)
+                self._step_seen = [None] * n
+            seen = self._step_seen
+            # CPU: an array with the memory and layout of the one described
+            # there at the last call (the same array, mostly: its fingerprint,
+            # which determines the descriptor) keeps the descriptor;
+            # describing it again was most of a small step's cost. On CUDA
+            # each export also orders the producer's stream before the
+            # step's: described at every call.
+            reuse = self.device == Device.CPU
             keep = []
             for i, g in enumerate(grads):
                 if g is None:
                     arr.clear(i)
+                    seen[i] = None
                     continue
+                last = seen[i]
+                if last is not None and last == fingerprint(g):
+                    continue
+                seen[i] = None
                 ref = as_array_ref(g, role=f"grads[{i}]", writable=False, device=self.device,
                                    device_index=self.device_index, stream=s)
                 if ref.numel != self._params[i].numel:
@@ -514,6 +540,8 @@ class Optimizer(Handle):
                                      f"{self._params[i].numel}")
                 arr.set(i, ref)
                 keep.append(ref)
+                if reuse:
+                    seen[i] = kept_fingerprint(g)
             self._step_tensors(arr.cdata, n, s)
             del keep
         return self._applied(h)
@@ -536,8 +564,8 @@ class Optimizer(Handle):
         left alone. NaN/Inf in this call's gradients skips this call's
         params only. Returns True if applied (CPU; on CUDA see step())."""
         h = self._h()
-        self._check_unmoved()
-        ids = [int(i) for i in ids]
+        ids = _param_ids(ids)
+        self._check_unmoved(ids, registered_grads=grads is None)
         n = len(ids)
         s = self.stream if stream is None else stream_pointer(stream)
         id_array = ffi.new("int64_t[]", ids) if n else ffi.new("int64_t[]", 1)
@@ -770,6 +798,21 @@ class Optimizer(Handle):
     @locked
     def load_file(self, path) -> None:
         self._call("lowbit_optimizer_load_file", os.fsencode(path), self._stream_arg)
+
+
+def _param_ids(ids) -> list:
+    """step_params' ids as Python ints: ints and numpy integers; anything
+    else (1.5, "0", True, None) raises TypeError naming it, where int()
+    would have truncated or parsed it into another param's id."""
+    out = []
+    for k, i in enumerate(ids):
+        try:
+            if isinstance(i, (bool, np.bool_)):
+                raise TypeError
+            out.append(operator.index(i))
+        except TypeError:
+            raise TypeError(f"step_params: ids[{k}] = {i!r} is not an integer param id") from None
+    return out
 
 
 def _owner(ref: ArrayRef):

@@ -497,12 +497,139 @@ static void test_bad_input(void** s) {
   expect_refused(&r, buffers, &a, LOWBIT_ERROR_STATE_MISMATCH, "args.step = 5", 1, "step count mismatch");
   a.step = -1;
 
+  /* Issue 45 (8): an 8-D shape whose dims' product overflows int64
+   * (65536^8 = 2^128 wrapped to 0) on a param of 0 elements is refused, not
+   * taken for 0 elements (the call then stepped the other params) */
+  {
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    pc.param = (lowbit_tensor_t){NULL, 0, c.pdt, DEVICE, 0};
+    pc.grad = (lowbit_tensor_t){NULL, 0, c.gdt, DEVICE, 0};
+    lowbit_state_plan_t empty;
+    lowbit_state_plan_init(&empty);
+    CHECK(lowbit_plan_param_state(&r.config, &r.hparams, &pc, &empty));
+    int32_t saved[NP * LOWBIT_STATE_RECORD_INT32], rec[NP * LOWBIT_STATE_RECORD_INT32];
+    to_host(saved, r.records, sizeof saved);
+    memcpy(rec, saved, sizeof rec);
+    CHECK(lowbit_state_record(&empty, 0, NULL, rec + 2 * LOWBIT_STATE_RECORD_INT32, LOWBIT_STATE_RECORD_INT32));
+    to_dev(r.records, rec, sizeof rec);
+    lowbit_param_buffers_init(&buffers[2]);
+    buffers[2].param = (lowbit_tensor_t){r.f[2].param, 0, c.pdt, DEVICE, 0};
+    buffers[2].grad = (lowbit_tensor_t){r.f[2].grad, 0, c.gdt, DEVICE, 0};
+    buffers[2].plan = &empty;
+    buffers[2].ndim = 8;
+    for (int k = 0; k < 8; ++k) buffers[2].shape[k] = 65536;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[2]: shape (65536, 65536", 0,
+                   "8-D shape overflowing int64");
+    if (!strstr(lowbit_step_context_last_error(r.ctx), "more elements than int64 holds"))
+      fail_msg("8-D shape: \"%s\" does not say it overflows", lowbit_step_context_last_error(r.ctx));
+    to_dev(r.records, saved, sizeof saved);
+    buffers[2] = r.f[2].b;
+  }
+
+  /* Issue 45 (13): args.reserved0 must be 0; a refused struct is named by
+   * its index, not "params[i]" */
+  a.reserved0 = 1;
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "args.reserved0 = 1 must be 0", 0, "reserved0");
+  a.reserved0 = 0;
+  buffers[1].struct_size = 8;
+  buffers[0].struct_size = sizeof(lowbit_param_buffers_t);
+  expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[1].struct_size = 8", 0,
+                 "params[1] of a size never released");
+  buffers[1] = r.f[1].b;
+  {
+    lowbit_state_plan_t bad_plan = *buffers[2].plan;
+    bad_plan.struct_size = 12;
+    buffers[2].plan = &bad_plan;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "params[2].plan.struct_size = 12", 0,
+                   "params[2].plan of a size never released");
+    buffers[2] = r.f[2].b;
+    lowbit_hparams_t two[2] = {r.hparams, r.hparams};
+    two[1].struct_size = 20;
+    a.hparams = two;
+    a.num_groups = 2;
+    expect_refused(&r, buffers, &a, LOWBIT_ERROR_INVALID_ARGUMENT, "args.hparams[1].struct_size = 20", 0,
+                   "args.hparams[1] of a size never released");
+    a.hparams = &r.hparams;
+    a.num_groups = 1;
+  }
+
   /* and the good call still works, from the same state */
   CHECK(lowbit_functional_step(r.ctx, buffers, NP, &a, NULL));
   sync_all();
   to_host(count, r.count, sizeof count);
   assert_int_equal(count[0], 2);
   teardown_run(&r);
+}
+
+/* lowbit_decode_moment refuses a plan or shape it cannot decode and writes
+ * nothing: issue 45 (9) a normalisation that is no lowbit_normalization_t
+ * (7 was decoded as blocks) or one the plans never give for the moment's
+ * format; (8) an 8-D shape whose product overflows int64 (reported as a
+ * wrapped element count). */
+static void test_decode_moment_refuses_bad_plans(void** s) {
+  (void)s;
+  lowbit_optimizer_config_t cfg;
+  lowbit_optimizer_config_init(&cfg, LOWBIT_ALGORITHM_ADAMW);
+  cfg.state_format = LOWBIT_STATE_8BIT;
+  cfg.min_quantized_numel = 0;
+  lowbit_hparams_t hp;
+  lowbit_hparams_init(&hp, LOWBIT_ALGORITHM_ADAMW);
+  enum { N = 48 * 40 };
+  lowbit_param_config_t pc;
+  lowbit_param_config_init(&pc);
+  pc.param = (lowbit_tensor_t){NULL, N, LOWBIT_DTYPE_FLOAT32, LOWBIT_DEVICE_CPU, 0};
+  pc.ndim = 2;
+  pc.shape[0] = 48;
+  pc.shape[1] = 40;
+  lowbit_state_plan_t plan;
+  lowbit_state_plan_init(&plan);
+  CHECK(lowbit_plan_param_state(&cfg, &hp, &pc, &plan));
+  assert_int_equal(plan.normalization[0], LOWBIT_NORMALIZATION_BLOCK);
+  uint8_t codes[N];
+  float scales[N / 256 + 1];
+  for (int i = 0; i < N; ++i) codes[i] = (uint8_t)next_u32();
+  for (size_t i = 0; i < sizeof scales / sizeof scales[0]; ++i) scales[i] = 1.f + (float)i;
+  static float out[N];
+  CHECK(lowbit_decode_moment(&plan, 0, 2, pc.shape, codes, N, scales, plan.scale_count[0], out, N));
+
+  struct {
+    lowbit_normalization_t n0, n1;
+    int32_t moment, ndim;
+    int64_t dim;
+    const char* message;
+  } bad[] = {
+      {(lowbit_normalization_t)7, LOWBIT_NORMALIZATION_BLOCK, 0, 2, 0, "plan->normalization[0] = 7"},
+      {(lowbit_normalization_t)-1, LOWBIT_NORMALIZATION_BLOCK, 0, 2, 0, "plan->normalization[0] = -1"},
+      {LOWBIT_NORMALIZATION_DEFAULT, LOWBIT_NORMALIZATION_BLOCK, 0, 2, 0, "plan->normalization[0] = 0"},
+      {LOWBIT_NORMALIZATION_FACTORED, LOWBIT_NORMALIZATION_BLOCK, 0, 2, 0, "FACTORED but the moment is 8bit moment 0"},
+      {LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED, 1, 2, 0, "FACTORED but the moment is 8bit moment 1"},
+      {LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_BLOCK, 0, 8, 65536, "more elements than int64 holds"},
+      {LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_BLOCK, 0, 8, 2147483647, "more elements than int64 holds"},
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; ++k) {
+    lowbit_state_plan_t p = plan;
+    p.normalization[0] = bad[k].n0;
+    p.normalization[1] = bad[k].n1;
+    int64_t shape[8] = {48, 40};
+    if (bad[k].dim)
+      for (int d = 0; d < 8; ++d) shape[d] = bad[k].dim;
+    for (int i = 0; i < N; ++i) out[i] = -7.f;
+    const lowbit_status_t st =
+        lowbit_decode_moment(&p, bad[k].moment, bad[k].ndim, shape, codes, N, scales, plan.scale_count[0], out, N);
+    if (st != LOWBIT_ERROR_INVALID_ARGUMENT || !strstr(lowbit_last_error(), bad[k].message))
+      fail_msg("case %d: %s \"%s\", expected INVALID_ARGUMENT naming \"%s\"", (int)k, lowbit_status_string(st),
+               lowbit_last_error(), bad[k].message);
+    for (int i = 0; i < N; ++i)
+      if (out[i] != -7.f) fail_msg("case %d: out[%d] was written", (int)k, i);
+  }
+  /* a rank-1 fp32 moment: refused (rank-1 scales are for codes) */
+  lowbit_state_plan_t p = plan;
+  p.format[0] = LOWBIT_STATE_FP32;
+  p.normalization[0] = LOWBIT_NORMALIZATION_RANK1;
+  assert_int_equal(lowbit_decode_moment(&p, 0, 2, pc.shape, codes, N, scales, plan.scale_count[0], out, N),
+                   LOWBIT_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(lowbit_last_error(), "RANK1 but the moment is fp32"));
 }
 
 #ifdef LOWBIT_TEST_EMULATED
@@ -564,7 +691,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_input),    cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),
       cmocka_unit_test(test_lion),         cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov),
-      cmocka_unit_test(test_sgd_plain),
+      cmocka_unit_test(test_sgd_plain),    cmocka_unit_test(test_decode_moment_refuses_bad_plans),
 #ifdef LOWBIT_TEST_EMULATED
       cmocka_unit_test(test_no_host_wait),
 #endif

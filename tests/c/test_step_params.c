@@ -294,6 +294,11 @@ static void test_bad_input(void** s) {
   expect_refused(&p, NULL, 1, NULL, "ids is NULL");
   lowbit_tensor_t wrong = {p.grad2[3], numel_of(3) - 1, LOWBIT_DTYPE_FLOAT32, DEVICE, 0};
   expect_refused(&p, one, 1, &wrong, "does not match the param's numel");
+  /* issue 45 (13): the message names the index, not "grads[k]" */
+  const int64_t two[2] = {1, 3};
+  lowbit_tensor_t pair[2] = {{p.grad2[1], numel_of(1), LOWBIT_DTYPE_FLOAT32, DEVICE, 0},
+                             {NULL, numel_of(3), LOWBIT_DTYPE_FLOAT32, DEVICE, 0}};
+  expect_refused(&p, two, 2, pair, "ids[1] = 3: grads[1].data is NULL");
   CHECK_OPT(p.opt[1], lowbit_optimizer_set_grad(p.opt[1], 3, NULL));
   expect_refused(&p, one, 1, NULL, "ids[0] = 3 has no registered gradient");
   teardown(&p);

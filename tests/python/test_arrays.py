@@ -289,3 +289,85 @@ def test_torch_cpu_tensor_through_dlpack(opt):
     bf = torch.ones(4, dtype=torch.bfloat16)
     opt.add_param(bf, torch.ones(4, dtype=torch.bfloat16))
     assert opt.param_info(opt.num_params - 1).param_dtype == "bfloat16"
+
+
+# ----------------------------------------------------------------- step(grads): descriptors reused (issue 45, 15)
+
+
+def _twins(rng, n=300, k=3):
+    """Two sgd-with-momentum optimizers over the same params: `fast` steps
+    the grads it is given (descriptors reused across calls), `ref` copies of
+    them (fresh arrays: described at every call)."""
+    params = [rng.standard_normal(n).astype(np.float32) for _ in range(k)]
+    fast, ref = lowbit.Optimizer("sgd", lr=0.1, momentum=0.9), lowbit.Optimizer("sgd", lr=0.1, momentum=0.9)
+    mine, theirs = [p.copy() for p in params], [p.copy() for p in params]
+    for a, b in zip(mine, theirs):
+        fast.add_param(a)
+        ref.add_param(b)
+    return fast, ref, mine, theirs
+
+
+def _step_both(fast, ref, grads, mine, theirs):
+    fast.step(grads)
+    ref.step([None if g is None else g.clone() if hasattr(g, "clone") else g.copy() for g in grads])
+    for a, b in zip(mine, theirs):
+        assert np.array_equal(a, b)
+
+
+def test_step_grads_reuses_a_descriptor_only_for_the_same_unchanged_array(rng):
+    fast, ref, mine, theirs = _twins(rng)
+    grads = [rng.standard_normal(300).astype(np.float32) for _ in range(3)]
+    with fast, ref:
+        for t in range(8):
+            for g in grads:
+                if g is not None:
+                    g[...] = rng.standard_normal(g.shape)  # new values in the same memory: the descriptor holds
+            if t == 2:
+                grads[1] = rng.standard_normal(300).astype(np.float32)  # another array
+            if t == 3:
+                grads[2].shape = (20, 15)  # the same memory, another shape: described again
+            if t == 4:
+                grads[0] = None  # sits this step out
+            if t == 5:
+                grads[0] = rng.standard_normal(300).astype(np.float32)
+            if t == 6:
+                g = grads[1]
+                grads[1] = None
+                del g  # its id may be reused by the next array: the weak reference says it is another
+                grads[1] = rng.standard_normal(300).astype(np.float32)
+            _step_both(fast, ref, grads, mine, theirs)
+        assert fast.param_info(0).step == 7 and fast.param_info(1).step == 8
+
+
+def test_step_grads_describes_again_a_torch_tensor_whose_storage_moved(rng):
+    torch = pytest.importorskip("torch")
+    fast, ref, mine, theirs = _twins(rng)
+    grads = [torch.randn(300) for _ in range(3)]
+    with fast, ref:
+        _step_both(fast, ref, grads, mine, theirs)
+        grads[1].data = torch.randn(300)  # the described storage is freed: a stale descriptor would read it
+        _step_both(fast, ref, grads, mine, theirs)
+        grads[2].set_(torch.randn(300))  # another storage under the same tensor object
+        _step_both(fast, ref, grads, mine, theirs)
+        _step_both(fast, ref, grads, mine, theirs)
+
+
+def test_step_grads_keeps_no_array_alive_and_a_refused_call_changes_nothing(rng):
+    import gc
+    import weakref
+
+    fast, ref, mine, theirs = _twins(rng)
+    with fast, ref:
+        g = [rng.standard_normal(300).astype(np.float32) for _ in range(3)]
+        _step_both(fast, ref, g, mine, theirs)
+        watch = weakref.ref(g[0])
+        g[0] = rng.standard_normal(300).astype(np.float32)
+        gc.collect()
+        assert watch() is None  # the reused descriptor's record holds only a weak reference
+        before = ([p.copy() for p in mine], fast.save())
+        with pytest.raises(ArrayError, match=r"grads\[1\]: has 299 elements but param 1 has 300"):
+            fast.step([g[0], np.zeros(299, np.float32), g[2]])
+        with pytest.raises(ArrayError, match=r"grads\[2\]"):
+            fast.step([g[0], g[1], g[2][::2]])  # not contiguous
+        assert all(np.array_equal(a, b) for a, b in zip(mine, before[0])) and fast.save() == before[1]
+        _step_both(fast, ref, g, mine, theirs)  # and the descriptors of the good arrays are still right

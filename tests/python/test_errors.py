@@ -5,6 +5,7 @@ for the cases the Python layer cannot produce (NULL handles, unknown
 struct_size, unknown enum values), and handle lifetime."""
 
 import gc
+import re
 import weakref
 
 import numpy as np
@@ -150,6 +151,21 @@ def test_step_without_params_is_invalid_state():
         with pytest.raises(lowbit.InvalidStateError) as info:
             opt.step()
         assert info.value.status == lowbit.Status.ERROR_INVALID_STATE and info.value.message
+
+
+@pytest.mark.parametrize("ids", [[1.5], ["0"], [True], [np.False_], [0, 1.0], [None]], ids=repr)
+def test_step_params_refuses_ids_that_are_not_integers(ids, rng):
+    """Issue 45 (13): int() made 1.5 param 1 and "0" param 0."""
+    opt, params, grads = _trained(rng=rng)
+    with opt:
+        snap = _snapshot(opt, params)
+        bad = next(i for i in ids if type(i) is not int)
+        with pytest.raises(TypeError, match=r"ids\[\d\] = " + re.escape(repr(bad)) + " is not an integer"):
+            opt.step_params(ids, [grads[0]] * len(ids))
+        with pytest.raises(TypeError, match="is not an integer"):
+            opt.step_params(ids)  # the registered grads
+        _assert_unchanged(opt, params, snap)
+        assert opt.step_params([np.int64(1), 0])  # numpy integers are integers
 
 
 def test_sgd_hparams_are_checked():

@@ -311,6 +311,54 @@ def test_optimizer_gone():
         torch.ops.lowbit.step(key, params, [None] * len(params), [torch.tensor(0.1)])
 
 
+def test_op_checks_every_argument_before_writing_anything():
+    """Issue 45 (5): the op copied its params into the optimizer's one by
+    one, so a mis-shaped third param raised after params 0 and 1 were
+    overwritten, and same-shaped foreign tensors were copied in silently.
+    Every refused call leaves the params and the state bytes as they were; a
+    copy of the params (what aot_eager hands the op) still steps."""
+    params = _params()
+    opt = OPTIMIZERS["adamw-8bit"](params, 0.01)
+    _set_grads(0, params)
+    opt.step()
+    _set_grads(1, params)
+    grads = [p.grad for p in params]
+    lrs = [torch.tensor(0.01), torch.tensor(0.03)]
+
+    def snapshot():
+        return [p.detach().clone() for p in params], [h.save() for h in opt.lowbit_handles().values()]
+
+    before = snapshot()
+    foreign = [torch.zeros_like(p) for p in params]
+    nan_param = params[1].detach().clone()
+    nan_param[0] = float("nan")
+    bad = [
+        (params[:2] + [torch.zeros(8)] + params[3:], grads, lrs, r"params\[2\] is a torch.float32 tensor of shape \(8,\)"),
+        (params[:3] + [params[3].double()], grads, lrs, r"params\[3\] is a torch.float64 tensor"),
+        (foreign, grads, lrs, r"params\[0\] is neither the optimizer's param 0 nor a copy of it \(its values differ"),
+        ([params[0], nan_param] + params[2:], grads, lrs, r"params\[1\] is neither"),
+        (params, grads[:3] + [torch.zeros(3)], lrs, r"grads\[3\] is a torch.strided torch.float32 tensor of shape \(3,\)"),
+        (params, grads[:3] + [grads[3].double()], lrs, r"grads\[3\] is a torch.strided torch.float64"),
+        (params, grads[:3], lrs, "3 grads for 4 params"),
+        (params, grads, [lrs[0], torch.tensor(float("nan"))], r"lrs\[1\] = nan .* must be finite and >= 0"),
+        (params, grads, [torch.tensor(-0.1), lrs[1]], r"lrs\[0\] = -0.1"),
+        (params, grads, [torch.tensor(1e39, dtype=torch.float64), lrs[1]], r"lrs\[0\] = 1e\+39"),
+        (params, grads, [torch.tensor([0.1, 0.2]), lrs[1]], r"lrs\[0\] is a torch.float32 tensor of 2 elements"),
+    ]
+    for ps, gs, ls, message in bad:
+        with pytest.raises(RuntimeError, match=message):
+            torch.ops.lowbit.step(opt._compile_key, ps, gs, ls)
+        now = snapshot()
+        assert all(torch.equal(a, b) for a, b in zip(now[0], before[0])), message
+        assert now[1] == before[1], message
+    assert all(torch.equal(f, torch.zeros_like(f)) for f in foreign)
+    # the params themselves, or copies of them, step (a copy gets the result)
+    copies = [p.detach().clone() for p in params]
+    torch.ops.lowbit.step(opt._compile_key, copies, grads, lrs)
+    assert all(torch.equal(c, p) for c, p in zip(copies, params))
+    assert not torch.equal(params[0], before[0][0]) and opt.param_info(params[0]).step == 2
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_reduce_overhead_gives_eager_bits():
     """mode="reduce-overhead": the op (host-side hyper-parameters and step

@@ -158,3 +158,90 @@ def test_distributed_in_backward_equals_step_after_backward(case, seed):
     result = launch(Path(__file__).parent / "torch_in_backward_worker.py", 2, case, seed, timeout=600)
     assert result["equal"], result
     assert result["steps"] == 4
+
+
+# Issue 45 (1): a param whose storage is replaced or resized after it was
+# registered. The hooks stepped the registered (freed) memory: ASan reported
+# heap-use-after-free in the step; the run of this test under ASan
+# (scripts/test_asan.sh, CTest python.asan_moved_storage, exhaustive) says
+# no library call touches freed memory now.
+MOVES = {
+    "data": lambda v: setattr(v, "data", torch.zeros_like(v)),  # a new storage; the registered one is freed
+    "resize_grow": lambda v: v.data.resize_(50000),  # the shared storage reallocated, v keeps its shape
+    "shrink": lambda v: setattr(v, "data", v.data[:2500]),  # the same address, half the elements
+}
+
+
+def _moving_model(seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.nn.Parameter(torch.randn(64, 24, generator=g) * 0.2)
+    v = torch.nn.Parameter(torch.randn(5000, generator=g))  # shape-agnostic in the loss: any size backpropagates
+    x = torch.randn(32, 24, generator=g)
+    return w, v, lambda: (x @ w.t()).square().mean() + 1e-3 * v.square().sum()
+
+
+def _state_snapshot(opt, params):
+    return ([dev.handle.save() for dev in opt._devices.values()],
+            [p.detach().clone().view(torch.int32) for p in params],
+            [opt.param_info(p).step for p in opt._where])
+
+
+@pytest.mark.parametrize("bucket_numel", [0, 1 << 30])
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_param_whose_storage_moved_is_refused_in_backward_and_nothing_changes(move, bucket_numel, seed):
+    w, v, loss = _moving_model(seed)
+    opt = lt.AdamW([w, v], lr=1e-2, state="8bit", min_quantized_numel=0)
+    lt.step_in_backward(opt, bucket_numel=bucket_numel)
+    loss().backward()  # registers both and steps them
+    assert opt.param_info(v).step == 1
+    MOVES[move](v)
+    snap = _state_snapshot(opt, [w, v])
+    with pytest.raises(RuntimeError, match=r"param \((5000|2500),\) of this optimizer moved in memory"):
+        loss().backward()
+    now = _state_snapshot(opt, [w, v])
+    assert now[0] == snap[0] and now[2] == snap[2] == [1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(now[1], snap[1]))
+    # the numpy-level handle refuses the moved param too (what the hooks call)
+    handle = opt.lowbit_handles()["cpu"]
+    _, pid = opt._where[v]
+    with pytest.raises(lowbit.InvalidStateError, match=f"param {pid} no longer holds the memory registered"):
+        handle.step_params([pid], [torch.zeros(5000)])
+    assert handle.step_params([1 - pid], [torch.zeros_like(w)])  # the param that did not move still steps
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_param_whose_storage_moved_is_refused_by_step_and_the_compile_op(move, seed):
+    """The other paths that hand a torch param's memory to the library."""
+    w, v, loss = _moving_model(seed)
+    opt = lt.AdamW([w, v], lr=1e-2, state="8bit", min_quantized_numel=0)
+    loss().backward()
+    opt.step()
+    opt.zero_grad()
+    MOVES[move](v)
+    loss().backward()
+    snap = _state_snapshot(opt, [w, v])
+    with pytest.raises(RuntimeError, match="moved in memory"):
+        opt.step()
+    from lowbit.torch import _compile
+    if _compile.step_op is not None:
+        with pytest.raises(RuntimeError, match="moved in memory"):
+            torch.ops.lowbit.step(opt._compile_key, [w, v], [w.grad, v.grad], [torch.tensor(1e-2)])
+    now = _state_snapshot(opt, [w, v])
+    assert now[0] == snap[0] and now[2] == snap[2] == [1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(now[1], snap[1]))
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_host_copy_whose_storage_moved_is_refused_by_cpu_offload(move, seed):
+    w, v, loss = _moving_model(seed)
+    off = lt.CPUOffload(lt.AdamW, [w, v], lr=1e-2, state="8bit", min_quantized_numel=0)
+    loss().backward()
+    off.step()
+    MOVES[move](off.host_param(v))  # the host copy the library steps
+    snap = _state_snapshot(off.inner, [w, v, off.host_param(w), off.host_param(v)])
+    with pytest.raises(RuntimeError, match="moved in memory"):
+        loss().backward()
+    now = _state_snapshot(off.inner, [w, v, off.host_param(w), off.host_param(v)])
+    assert now[0] == snap[0] and now[2] == snap[2] == [1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(now[1], snap[1]))
+    off.close()

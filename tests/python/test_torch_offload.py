@@ -293,6 +293,28 @@ def test_moved_param_is_refused_and_nothing_changes(clip, seed):
             off.step()
 
 
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["noclip", "clip0.5"])
+def test_step_after_close_raises_and_nothing_changes(clip, seed):
+    """Issue 45 (12): after close() (hooks removed, worker stopped) a
+    backward only accumulates the gradients; step() did nothing, silently."""
+    cls, kwargs, _ = CASES[0]
+    batches = _batches(seed, 2)
+    model = _model(seed)
+    off = lt.CPUOffload(cls, _groups(model), lr=1e-2, clip_grad_norm=clip, **kwargs)
+    _offload_step(model, off, None, *batches[0])
+    off.close()
+    snap = _snapshot(model, off)
+    _loss(model, *batches[1]).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(RuntimeError, match=r"CPUOffload: step\(\) after close\(\).*nothing would be stepped"):
+        off.step()
+    assert _unchanged(model, off, snap)
+    off.close()  # again: nothing to do
+    with pytest.raises(RuntimeError, match=r"add_param_group\(\) after close\(\)"):
+        off.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    assert len(off.param_groups) == 2 and _unchanged(model, off, snap)
+
+
 def _snapshot_without_state_dict(model, off):
     return ([p.detach().clone() for p in model.parameters()], [off.host_param(p).clone() for p in model.parameters()],
             [off.param_info(p).step for p in model.parameters()],

@@ -67,7 +67,7 @@ def test_bitsandbytes_state_dict_loads(name, cls, n, state, seed):
     live = peer.state[params[0]]
     for k, key in ((1, "exp_avg"), (2, "exp_avg_sq"))[:n]:
         want = F.dequantize_blockwise(live[f"state{k}"], absmax=live[f"absmax{k}"], code=live[f"qmap{k}"],
-                                      blocksize=live[f"state{k}"].numel() // live[f"absmax{k}"].numel())
+                                      blocksize=256)
         assert torch.equal(decoded[0][key], want.reshape(params[0].shape).float())
     assert torch.equal(decoded[1]["exp_avg"], peer.state[params[1]]["state1"])  # the small param: fp32
     mine = [p.detach().clone().requires_grad_() for p in params]
@@ -81,6 +81,64 @@ def test_bitsandbytes_state_dict_loads(name, cls, n, state, seed):
     assert opt.param_info(mine[0]).step == 3
     _train(opt, mine, seed + 1, steps=1)
     assert opt.param_info(mine[0]).step == 4
+
+
+# Issue 45 (2): every size class of a bitsandbytes param: under its
+# min_8bit_size (fp32 state), uint8 state of one partial block, multiples of
+# 256, sizes that are not (4100: 17 blocks where ceil(4100 / 17) = 242 gave
+# elements the wrong block), a big one.
+BNB_NUMELS = [(100, 4096), (4095, 4096), (100, 0), (4096, 4096), (8192, 4096), (4100, 4096), (5000, 4096),
+              (30000, 4096), (65281, 4096), ((1 << 20) + 7, 4096)]
+
+
+@pytest.mark.parametrize("numel,min_8bit_size", BNB_NUMELS, ids=[f"{n}-min{m}" for n, m in BNB_NUMELS])
+@pytest.mark.parametrize("name", ["AdamW8bit", "Lion8bit"])
+def test_bitsandbytes_decode_equals_its_dequantize_blockwise_at_every_size(name, numel, min_8bit_size, seed):
+    bnb = pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as F
+
+    g = torch.Generator().manual_seed(seed + numel)
+    p = torch.nn.Parameter(torch.randn(numel, generator=g))
+    peer = getattr(bnb.optim, name)([p], lr=1e-3, min_8bit_size=min_8bit_size)
+    _train(peer, [p], seed)
+    decoded = to_torch_layout(peer.state_dict()["state"], {0: (numel,)})[0]
+    live = peer.state[p]
+    for k, key in ((1, "exp_avg"), (2, "exp_avg_sq"))[:2 if name == "AdamW8bit" else 1]:
+        if numel < min_8bit_size:
+            assert live[f"state{k}"].dtype == torch.float32
+            want = live[f"state{k}"]
+        else:
+            assert live[f"absmax{k}"].numel() == -(-numel // 256)
+            want = F.dequantize_blockwise(live[f"state{k}"], absmax=live[f"absmax{k}"], code=live[f"qmap{k}"],
+                                          blocksize=256)
+        assert decoded[key].dtype == torch.float32
+        assert torch.equal(decoded[key], want.float()), f"{key}: {int((decoded[key] != want).sum())} elements differ"
+
+
+@pytest.mark.parametrize("change", [-1, 1], ids=["one-block-short", "one-block-long"])
+def test_a_bitsandbytes_absmax_of_another_block_count_is_refused_and_changes_nothing(change, seed):
+    bnb = pytest.importorskip("bitsandbytes")
+    params = [torch.nn.Parameter(torch.randn(5000)), torch.nn.Parameter(torch.randn(64))]
+    peer = bnb.optim.AdamW8bit(params, lr=1e-3)
+    _train(peer, params, seed)
+    sd = peer.state_dict()
+    q = sd["state"][0]["__bnb_optimizer_quant_state__"]
+    absmax = q["absmax2"]
+    q["absmax2"] = absmax[:-1] if change < 0 else torch.cat([absmax, absmax[-1:]])
+    with pytest.raises(ValueError, match=rf"absmax2 has {absmax.numel() + change} scales for 5000 codes.*"
+                                         rf"block of 256 elements, {absmax.numel()} here"):
+        to_torch_layout(sd["state"], {0: (5000,), 1: (64,)})
+    opt = lt.AdamW([p.detach().clone().requires_grad_() for p in params], lr=1e-3, state="8bit",
+                   min_quantized_numel=0)
+    _train(opt, opt.param_groups[0]["params"], seed + 3)
+    before = opt.state_dict()
+    values = [p.detach().clone() for p in opt.param_groups[0]["params"]]
+    with pytest.raises(ValueError, match="absmax2 has"):
+        opt.load_state_dict(sd)
+    after = opt.state_dict()
+    assert all(torch.equal(a["checkpoint"], b["checkpoint"])
+               for a, b in zip(before["lowbit"]["handles"], after["lowbit"]["handles"]))
+    assert all(torch.equal(a, b) for a, b in zip(values, opt.param_groups[0]["params"]))
 
 
 TORCHAO = [("AdamW8bit", 8), ("AdamW4bit", 4), ("AdamWFp8", "fp8")]

@@ -210,17 +210,22 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         mine = [p for group in self.param_groups for p in group["params"]]
         if len(mine) != len(params) or len(lrs) != len(self.param_groups):
             raise RuntimeError("lowbit::step: the optimizer's param groups changed since this step was traced")
-        # A backend that functionalizes the op without re-inplacing it (e.g.
-        # aot_eager) hands it copies of the params and copies them back
-        # after: the library steps the params it registered, so a copy's
-        # values go in first and the result goes back into the copy.
-        copies = [(p, q) for p, q in zip(mine, params) if q is not p and q.data_ptr() != p.data_ptr()]
-        for p, q in copies:
-            p.copy_(q)
-        if _capturing(mine):
+        if len(grads) != len(params):
+            raise RuntimeError(f"lowbit::step: {len(grads)} grads for {len(params)} params")
+        # Every argument is checked before anything is written.
+        capturing = _capturing(mine)
+        copies = _op_copies(mine, params, compare=not capturing)
+        for i, (p, g) in enumerate(zip(mine, grads)):
+            _check_op_grad(i, p, g)
+        values = [_op_lr(gi, t, read=not capturing) for gi, t in enumerate(lrs)]
+        if capturing:
+            # a capture cannot compare the copies' values on the host: they go in
+            for p, q in copies:
+                p.copy_(q)
             self._step_captured(dict(zip(mine, grads)), lrs)
         else:
-            self._run_step(dict(zip(mine, grads)), [float(t.item()) for t in lrs])
+            self._run_step(dict(zip(mine, grads)), values)
+        # a copy (aot_eager) holds the param's values: it gets the result
         for p, q in copies:
             q.copy_(p)
 
@@ -439,7 +444,7 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
     def _register(self, p: torch.Tensor, gi: int, group: dict) -> None:
         local = _local(p)  # a DTensor: the library keeps the state of this rank's shard
         dev = self._device_state(local.device)
-        ref = _tensor_ref(local, "param")
+        ref = _tensor_ref(local, "param", registered=True)
         fmt = parse_state_format(group.get("state"), "state")
         pid = dev.handle._add_param_ref(
             ref, None, group=gi,
@@ -454,6 +459,12 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
         self._where[p] = (_device_key(local.device), pid)
         self.state[p] = _StateView(self, p)
 
+    def _check_unmoved(self) -> None:
+        """Raises before any step if a registered param no longer holds the
+        memory registered with the library (its .data replaced or resized)."""
+        for dev in self._devices.values():
+            dev.check_unmoved()
+
     def _push_hparams(self, dev: _DeviceState, lrs=None) -> None:
         """Gives the library the groups' hyper-parameters that changed since
         the last push (lrs: None, or one float per group that replaces the
@@ -466,6 +477,81 @@ class LowbitOptimizer(StateDicts, torch.optim.Optimizer):
             if dev.pushed[gi] != key:
                 dev.handle.set_hparams(gi, **hp)
                 dev.pushed[gi] = key
+
+
+_OP_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as integers of its width (NaNs compare by their bits)."""
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def _op_copies(mine: list, given: list, compare: bool = True) -> list:
+    """The (param, copy) pairs among the lowbit::step op's params, each
+    checked before anything is written: params[i] is the optimizer's param i
+    itself (eager, inductor), the same memory seen the same way, or a copy
+    of it (a backend that functionalizes the op without putting it back in
+    place, aot_eager: a clone made just before the op) -- same shape, dtype,
+    device and bits (compare; not inside a CUDA graph capture, which cannot
+    read them) -- which gets the result after the step. Anything else
+    (another shape, another tensor's values) raises, naming it: the library
+    steps the params it registered, and a foreign tensor copied in would
+    overwrite them."""
+    copies = []
+    for i, (p, q) in enumerate(zip(mine, given)):
+        if q is p:
+            continue
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"lowbit::step: params[{i}] is a {type(q).__name__}, not a tensor")
+        if (q.shape, q.dtype, q.device, q.layout) != (p.shape, p.dtype, p.device, p.layout):
+            raise RuntimeError(
+                f"lowbit::step: params[{i}] is a {q.dtype} tensor of shape {tuple(q.shape)} on {q.device}, but the "
+                f"optimizer's param {i} is {p.dtype} of shape {tuple(p.shape)} on {p.device}; nothing was changed")
+        if q.data_ptr() == p.data_ptr() and q.stride() == p.stride():
+            continue  # the param's own memory (p.detach(), p.data)
+        shares = q.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        if shares or (compare and not torch.equal(_bits(q), _bits(p))):
+            raise RuntimeError(
+                f"lowbit::step: params[{i}] is neither the optimizer's param {i} nor a copy of it ("
+                + ("a view of its memory laid out differently" if shares else "its values differ")
+                + "); the op steps the params the optimizer registered: pass them (a backend that functionalizes "
+                "the op hands it copies made just before it; a param written earlier in the same compiled region "
+                "then differs: step outside that region, or with inductor); nothing was changed")
+        copies.append((p, q))
+    return copies
+
+
+def _check_op_grad(i: int, p: torch.Tensor, g) -> None:
+    """The op's grads[i] for param i: None, or a float tensor of the param's
+    shape on its device (dense, or torch.sparse_coo)."""
+    if g is None:
+        return
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"lowbit::step: grads[{i}] is a {type(g).__name__}, not a tensor or None")
+    if (g.layout not in (torch.strided, torch.sparse_coo) or g.shape != p.shape or g.device != p.device
+            or g.dtype not in _OP_GRAD_DTYPES):
+        raise RuntimeError(
+            f"lowbit::step: grads[{i}] is a {g.layout} {g.dtype} tensor of shape {tuple(g.shape)} on {g.device}; "
+            f"param {i} needs a float32, bfloat16 or float16 gradient of shape {tuple(p.shape)} on {p.device}; "
+            "nothing was changed")
+
+
+def _op_lr(gi: int, t, read: bool):
+    """The op's lr of group gi: a one-element real tensor; its value (read:
+    outside a CUDA graph capture) finite and >= 0 as a float32 (lowbit.h)."""
+    if not isinstance(t, torch.Tensor) or t.numel() != 1 or t.is_complex() or t.dtype == torch.bool:
+        what = (f"a {t.dtype} tensor of {t.numel()} elements" if isinstance(t, torch.Tensor)
+                else f"a {type(t).__name__}")
+        raise RuntimeError(f"lowbit::step: lrs[{gi}] is {what}; each group's lr is a one-element real tensor")
+    if not read:
+        return None
+    value = float(t.item())
+    if not 0.0 <= value <= _FLOAT32_MAX:  # NaN fails too
+        raise RuntimeError(f"lowbit::step: lrs[{gi}] = {value} (param group {gi}'s lr) must be finite and >= 0; "
+                           "nothing was changed")
+    return value
 
 
 def _capturing(params: list) -> bool:

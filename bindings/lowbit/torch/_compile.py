@@ -17,7 +17,11 @@ backward traced into the same graph the grads are values of the graph, and
 decay, ...) are read from the param groups when the op runs. A backend that
 functionalizes the op without putting it back in place (aot_eager) hands it
 copies of the params and copies them back afterwards; inductor gives it the
-params themselves (see LowbitOptimizer._step_from_op).
+params themselves (see LowbitOptimizer._step_from_op). Every argument is
+checked before anything is written: a param that is neither the optimizer's
+nor a copy of it (same shape, dtype, device and bits), a grad of another
+shape, dtype or device, an lr that is not a finite number >= 0 raise and
+change nothing (_base._op_copies, _check_op_grad, _op_lr).
 
 Inside a CUDA graph capture the op does not read the lrs on the host: it
 copies each lr tensor (on the params' device) into the library's own copy of

@@ -98,10 +98,15 @@ class StepInBackward:
                 # DDP's buckets arrive after their all-reduce, each stepped at
                 # once (possibly on a communication thread): nothing is left
                 # for the end of backward
+                opt._check_unmoved()
                 self._register_all()
                 for dev in opt._devices.values():
                     opt._push_hparams(dev)
             elif not self._armed:
+                # the first gradient of this backward: a param whose storage
+                # was replaced or resized since it was registered stops the
+                # backward here, before any param is stepped
+                opt._check_unmoved()
                 self._armed = True
                 self._skipped = False
                 # the end of this backward: step what is left
@@ -149,6 +154,14 @@ class StepInBackward:
         if b is None or not b.ids:
             return
         dev = self._opt._devices[key]
+        try:
+            # the memory handed to the library is the params' now (a storage
+            # replaced inside this backward, by a hook, stops it here too)
+            dev.check_unmoved(b.ids)
+        except RuntimeError:
+            self._buckets.clear()
+            self._armed = False
+            raise
         # a sparse grad (nn.Embedding(sparse=True)) is densified here, at its
         # bucket's step, and its dense form dropped with refs right after it
         refs = [_tensor_ref(_dense_grad(g, _local(p)), "grad") for p, g in zip(b.params, b.grads)]

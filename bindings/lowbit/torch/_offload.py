@@ -147,7 +147,7 @@ class CPUOffload(torch.optim.Optimizer):
         self._params: list = []  # the params (on their device)
         self._hosts: list = []  # their host copies
         self._host_grads: list = []  # host gradient buffers
-        self._where: list = []  # (device, data_ptr) when built
+        self._where: list = []  # (device, data_ptr, numel) when built
         self._versions: list = []  # the param's version counter after our last write
         self._index: dict = {}  # param -> i
         self._d2h_events: dict = {}  # i -> CUDA event of its gradient's copy to the host
@@ -165,6 +165,7 @@ class CPUOffload(torch.optim.Optimizer):
         self._skipped = False
         self.last_grad_norm = None  # with clipping: the total norm of the last step (a tensor)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lowbit-offload")
+        self._closed = False
         # The groups as the inner optimizer filled them: its add_param_group
         # may fill a group with defaults of its own (Muon's AdamW groups get
         # AdamW's, not Muon's), which _sync_groups copies back at each step.
@@ -229,7 +230,7 @@ class CPUOffload(torch.optim.Optimizer):
                 self._hosts.append(h)
                 self._host_grads.append(torch.empty(p.shape, dtype=p.dtype, device=_HOST,
                                                     pin_memory=self._pin))
-                self._where.append((p.device, p.data_ptr()))
+                self._where.append((p.device, p.data_ptr(), p.numel()))
                 self._versions.append(p._version)
                 self._got.append(False)
                 if h not in inner._where:
@@ -243,6 +244,7 @@ class CPUOffload(torch.optim.Optimizer):
             super().add_param_group(param_group)
             return
         with self._lock:
+            self._check_open("add_param_group()")
             if self._armed:
                 raise RuntimeError("CPUOffload.add_param_group: a backward's gradients are waiting for step(); "
                                    "add groups between steps")
@@ -290,6 +292,7 @@ class CPUOffload(torch.optim.Optimizer):
 
     def _on_grad(self, p: torch.Tensor, grad: torch.Tensor, end_of_backward: bool) -> None:
         with self._lock:
+            self._check_open("a gradient arrived (a DDP comm hook cannot be removed)")
             i = self._index.get(p)
             if i is None:
                 return
@@ -428,6 +431,7 @@ class CPUOffload(torch.optim.Optimizer):
                                "the gradients could be unscaled (use bf16 autocast, which needs no scaler)")
         if kwargs:
             raise TypeError(f"step() got unexpected keyword arguments {sorted(kwargs)}")
+        self._check_open("step()")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -522,14 +526,18 @@ class CPUOffload(torch.optim.Optimizer):
 
     def _check_unmoved(self, after_steps: bool = False) -> None:
         for i, p in enumerate(self._params):
-            device, ptr = self._where[i]
-            if p.device != device or p.data_ptr() != ptr:
+            device, ptr, numel = self._where[i]
+            if p.device != device or p.data_ptr() != ptr or p.numel() != numel:
                 raise RuntimeError(
                     f"CPUOffload: {self._name(i)} moved to another device after CPUOffload was built (it was on "
-                    f"{device} at 0x{ptr:x}, it is on {p.device} at 0x{p.data_ptr():x}: was the model moved or "
-                    "its .data replaced?); build it again after moving the model. "
+                    f"{device} at 0x{ptr:x}, it is on {p.device} at 0x{p.data_ptr():x} with {p.numel()} elements of "
+                    f"{numel}: was the model moved or its .data replaced or resized?); build it "
+                    "again after moving the model. "
                     + ("This backward's host steps had already run (the copies back went to its old memory)"
                        if after_steps else "Nothing was changed"))
+        if not after_steps:
+            # the host copies the library steps (inner.param_groups; host_param)
+            self._inner._check_unmoved()
 
     def _refresh_changed_params(self) -> None:
         """Params written outside the optimizer since our last copy back
@@ -637,11 +645,20 @@ class CPUOffload(torch.optim.Optimizer):
 
     def close(self) -> None:
         """Removes the hooks and stops the worker thread (after the pending
-        host steps)."""
+        host steps). Then backward only accumulates the params' gradients on
+        their devices, as without an optimizer, and ``step()`` (or a DDP
+        comm hook's gradient, or ``add_param_group``) raises RuntimeError
+        instead of doing nothing. Calling it again does nothing."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._closed = True
         self._pool.shutdown(wait=True)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"CPUOffload: {what} after close(): its hooks are removed and its worker stopped, so "
+                               "nothing would be stepped; build a new CPUOffload (its state_dict() still reads)")
 
     def __repr__(self):
         clip = "" if self._clip is None else f", clip_grad_norm={self._clip}"

@@ -5,9 +5,12 @@ rules, without importing the library that wrote it:
 
 * bitsandbytes' 8-bit optimizers (``Adam8bit``, ``AdamW8bit``, ``Lion8bit``,
   paged or not), blockwise: per moment k, ``statek`` holds uint8 codes on the
-  map ``qmapk`` (256 values) and ``absmaxk`` one scale per block of
-  ``numel / len(absmaxk)`` elements (256): value = qmap[code] * absmax[block].
-  A param under bitsandbytes' ``min_8bit_size`` keeps float32 ``statek``.
+  map ``qmapk`` (256 values) and ``absmaxk`` one scale per block of 256
+  elements, the last block partial: ceil(numel / 256) scales, whatever the
+  param's size (``Optimizer1State`` / ``Optimizer2State.init_state``);
+  value = qmap[code] * absmax[i // 256]. Another count of scales is refused.
+  A param under bitsandbytes' ``min_8bit_size`` (default 4096) keeps float32
+  ``statek`` (told by its dtype: the threshold is the peer optimizer's option).
   Since bitsandbytes 0.45 the entries sit under
   ``"__bnb_optimizer_quant_state__"``. Non-blockwise 8-bit state (a
   per-tensor ``maxk``) is refused.
@@ -32,13 +35,16 @@ from __future__ import annotations
 import torch
 
 _BNB_KEY = "__bnb_optimizer_quant_state__"
+_BNB_BLOCK = 256  # elements per absmax of bitsandbytes' blockwise 8-bit optimizer state
 _TORCHAO_TYPES = {"OptimState8bit": 8, "OptimState4bit": 4, "OptimStateFp8": "fp8"}
 
 
-def _blocks(scale: torch.Tensor, numel: int) -> torch.Tensor:
-    """The scale of each element: one per block of numel / len(scale)."""
-    block = -(-numel // scale.numel())
-    return scale.float().repeat_interleave(block)[:numel]
+def _blocks(scale: torch.Tensor, numel: int, block: int | None = None) -> torch.Tensor:
+    """The scale of each element: one per block of `block` elements (None:
+    numel / len(scale), torchao's rule: its blocks divide the param)."""
+    if block is None:
+        block = -(-numel // scale.numel())
+    return scale.float().reshape(-1).repeat_interleave(block)[:numel]
 
 
 def _shaped(values: torch.Tensor, shape) -> torch.Tensor:
@@ -64,8 +70,17 @@ def _bnb_moment(s: dict, k: int, idx: int, shape) -> torch.Tensor | None:
             raise ValueError(f"param {idx}: bitsandbytes 8-bit state without blocks (block_wise=False, a per-tensor "
                              f"max{k}) is not supported; save it from a blockwise optimizer (the default)")
         raise ValueError(f"param {idx}: bitsandbytes state{k} has codes but no absmax{k}")
-    qmap = s[f"qmap{k}"].float()
-    values = qmap[codes.reshape(-1).long()] * _blocks(s[f"absmax{k}"], numel)
+    absmax = s[f"absmax{k}"]
+    blocks = -(-numel // _BNB_BLOCK)
+    if absmax.numel() != blocks:
+        raise ValueError(f"param {idx}: bitsandbytes absmax{k} has {absmax.numel()} scales for {numel} codes; "
+                         f"its 8-bit optimizers keep one per block of {_BNB_BLOCK} elements, {blocks} here (a state "
+                         "dict from another writer, or truncated?)")
+    qmap = s.get(f"qmap{k}")
+    if qmap is None or qmap.numel() != 256:
+        raise ValueError(f"param {idx}: bitsandbytes state{k} needs qmap{k}, a map of 256 values (got "
+                         f"{'none' if qmap is None else qmap.numel()})")
+    values = qmap.float()[codes.reshape(-1).long()] * _blocks(absmax, numel, _BNB_BLOCK)
     return _shaped(values, shape)
 
 

@@ -41,8 +41,11 @@ def _device_key(device: torch.device) -> str:
     return device.type
 
 
-def _tensor_ref(t: torch.Tensor, role: str) -> ArrayRef:
-    """Describe a torch tensor for the library (no copy, no DLPack round trip)."""
+def _tensor_ref(t: torch.Tensor, role: str, registered: bool = False) -> ArrayRef:
+    """Describe a torch tensor for the library (no copy, no DLPack round trip).
+    `registered`: the library keeps the address (a param): the ref carries a
+    probe of where `t`'s memory is now, so that lowbit.Optimizer's steps
+    refuse it once its storage was replaced or resized (ArrayRef.moved)."""
     if t.layout != torch.strided:
         raise ArrayError(f"{role}: {t.layout} tensors are not supported (dense tensors only)")
     dtype = _TORCH_DTYPES.get(t.dtype)
@@ -57,7 +60,17 @@ def _tensor_ref(t: torch.Tensor, role: str) -> ArrayRef:
         device, index = Device.CUDA, t.device.index
     else:
         raise ArrayError(f"{role}: tensors on {t.device} are not supported (cpu or cuda)")
-    return ArrayRef(t.data_ptr(), tuple(t.shape), dtype, device, index, t)
+    probe = (lambda: (t.data_ptr(), t.numel())) if registered else None
+    return ArrayRef(t.data_ptr(), tuple(t.shape), dtype, device, index, t, probe)
+
+
+def moved_error(p: torch.Tensor, registered_numel: int) -> RuntimeError:
+    """The error of a step that finds a registered param's memory moved."""
+    size = "" if p.numel() == registered_numel else f", {p.numel()} elements where {registered_numel} were registered"
+    return RuntimeError(
+        f"param {tuple(p.shape)} of this optimizer moved in memory{size} (was its .data replaced or resized, or the "
+        "model moved to another device after the optimizer was built?); nothing was stepped; build the optimizer "
+        "after moving the model")
 
 
 def _dense_grad(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -107,6 +120,16 @@ class _DeviceState:
         self.grad_device = torch.device(_device_key(device))  # with its index on CUDA
         self.dtensor = False  # some params are DTensors: the library steps their local shards
         self.dense_grads = None  # the dense forms of this step's sparse grads (fill_grads_checked), until stepped
+
+    def check_unmoved(self, indices=None) -> None:
+        """Raises (moved_error) unless every registered param (those at
+        `indices`, the library's ids) still holds the memory registered
+        with the library: the address and the element count."""
+        params, ptrs, numels = self.params, self.ptrs, self.numels
+        for i in range(len(params)) if indices is None else indices:
+            p = _local(params[i]) if self.dtensor else params[i]
+            if p.data_ptr() != ptrs[i] or p.numel() != numels[i]:
+                raise moved_error(p, numels[i])
 
     def local_params(self) -> list:
         return [_local(p) for p in self.params] if self.dtensor else self.params
@@ -169,11 +192,8 @@ class _DeviceState:
         self.dense_grads = None
         any_grad = False
         for i, (p, g) in enumerate(zip(params, grads)):
-            if p.data_ptr() != self.ptrs[i]:
-                raise RuntimeError(
-                    f"param {tuple(p.shape)} of this optimizer moved in memory (was its .data replaced, or the "
-                    "model moved to another device after the optimizer was built?); build the optimizer after "
-                    "moving the model")
+            if p.data_ptr() != self.ptrs[i] or p.numel() != self.numels[i]:
+                raise moved_error(p, self.numels[i])
             if g is None:
                 self.grads.clear(i)
                 continue

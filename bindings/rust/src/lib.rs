@@ -510,6 +510,41 @@ fn plan_len(n: i64, what: &str) -> Result<usize> {
     Ok(n as usize)
 }
 
+/// Element types whose all-zero bytes are a value (the state's buffers).
+unsafe trait ZeroValid: Copy {}
+unsafe impl ZeroValid for u8 {}
+unsafe impl ZeroValid for u64 {}
+unsafe impl ZeroValid for f32 {}
+
+/// `n` zeros, or an `OUT_OF_MEMORY` [`Error`] naming `what` where `vec![0; n]`
+/// would abort the process (the allocation fails) or panic (more than
+/// `isize::MAX` bytes). The memory comes zeroed from the allocator, its pages
+/// untouched until written.
+fn zeroed_vec<T: ZeroValid>(n: usize, what: &str) -> Result<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let refused = || {
+        Error::new(
+            LOWBIT_ERROR_OUT_OF_MEMORY,
+            format!(
+                "{}: {} values of {} bytes could not be allocated",
+                what,
+                n,
+                size_of::<T>()
+            ),
+        )
+    };
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| refused())?;
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        return Err(refused());
+    }
+    // SAFETY: the global allocator's memory for n values of T, in the layout
+    // Vec<T> uses for that capacity, all zero bytes (a value of T).
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
 impl ParamState {
     /// Plans the state of `param` (`lowbit_plan_param_state`; its numel,
     /// dtype, shape and per-param overrides) and allocates it.
@@ -543,10 +578,10 @@ impl ParamState {
         let mut scales = [Vec::new(), Vec::new()];
         for m in 0..2 {
             let bytes = plan_len(plan.data_bytes[m], "data_bytes")?;
-            moments[m] = vec![0u64; (bytes + 7) / 8];
-            scales[m] = vec![0f32; plan_len(plan.scale_count[m], "scale_count")?];
+            moments[m] = zeroed_vec::<u64>(bytes / 8 + usize::from(bytes % 8 != 0), "the plan's data_bytes")?;
+            scales[m] = zeroed_vec::<f32>(plan_len(plan.scale_count[m], "scale_count")?, "the plan's scale_count")?;
         }
-        let ecc = vec![0u8; plan_len(plan.ecc_bytes, "ecc_bytes")?];
+        let ecc = zeroed_vec::<u8>(plan_len(plan.ecc_bytes, "ecc_bytes")?, "the plan's ecc_bytes")?;
         Ok(ParamState {
             plan,
             numel,
@@ -592,7 +627,15 @@ impl ParamState {
 
     /// Moment `m` (0 or 1) decoded to fp32 (`lowbit_decode_moment`).
     pub fn decode_moment(&self, m: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.numel as usize];
+        if m >= 2 {
+            return Err(Error::new(
+                LOWBIT_ERROR_INVALID_ARGUMENT,
+                format!("moment = {}: a state has moments 0 and 1 at most", m),
+            ));
+        }
+        // numel is the caller's (from_plan): the library checks it against
+        // the plan before writing, this allocation must not abort first.
+        let mut out = zeroed_vec::<f32>(self.numel as usize, "the decoded moment")?;
         let bytes = self.moment_bytes(m);
         check(unsafe {
             lowbit_decode_moment(
@@ -977,6 +1020,48 @@ mod tests {
             StepContext::new(&wrong_cfg).err().unwrap().status,
             LOWBIT_ERROR_UNSUPPORTED
         );
+    }
+
+    // Issue 45 (11): sizes the process cannot allocate and a moment index out
+    // of range are errors, not an abort or a panic.
+    #[test]
+    fn huge_sizes_and_bad_moments_are_errors() {
+        let mut cfg = optimizer_config(LOWBIT_ALGORITHM_ADAMW).unwrap();
+        cfg.state_format = LOWBIT_STATE_8BIT;
+        cfg.min_quantized_numel = 0;
+        let hp = hparams(LOWBIT_ALGORITHM_ADAMW).unwrap();
+        let pc = param_config(300, LOWBIT_DTYPE_FLOAT32).unwrap();
+        let plan = plan_param_state(&cfg, &hp, &pc).unwrap();
+        let shape = [0i64; LOWBIT_MAX_DIMS];
+        for (field, value) in [(0, 1i64 << 62), (0, i64::MAX), (1, i64::MAX - 3), (2, 1i64 << 61)] {
+            let mut huge = plan;
+            match field {
+                0 => huge.data_bytes[0] = value,
+                1 => huge.scale_count[1] = value,
+                _ => huge.ecc_bytes = value,
+            }
+            let e = ParamState::from_plan(huge, 300, LOWBIT_DTYPE_FLOAT32, 0, &shape).unwrap_err();
+            assert_eq!(e.status, LOWBIT_ERROR_OUT_OF_MEMORY, "{}", e);
+            assert!(e.message.contains("could not be allocated"), "{}", e);
+        }
+        // a numel the plan was not made for: decode_moment refuses it
+        for numel in [i64::MAX / 2, 1i64 << 40, 301] {
+            let state = ParamState::from_plan(plan, numel, LOWBIT_DTYPE_FLOAT32, 0, &shape).unwrap();
+            let e = state.decode_moment(0).unwrap_err();
+            assert!(
+                e.status == LOWBIT_ERROR_OUT_OF_MEMORY || e.status == LOWBIT_ERROR_INVALID_ARGUMENT,
+                "numel {}: {}",
+                numel,
+                e
+            );
+        }
+        let state = ParamState::from_plan(plan, 300, LOWBIT_DTYPE_FLOAT32, 0, &shape).unwrap();
+        for m in [2usize, 3, usize::MAX] {
+            let e = state.decode_moment(m).unwrap_err();
+            assert_eq!(e.status, LOWBIT_ERROR_INVALID_ARGUMENT);
+            assert!(e.message.contains("moments 0 and 1"), "{}", e);
+        }
+        assert_eq!(state.decode_moment(1).unwrap(), vec![0f32; 300]);
     }
 
     #[test]
