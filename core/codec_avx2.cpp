@@ -62,18 +62,6 @@ inline V lookup16(V lo, V hi, I idx) {
                           as_float(_mm256_slli_epi32(idx, 28)));  // bit 3 into the sign: the blend's mask
 }
 inline I lookup16i(I lo, I hi, I idx) { return as_int(lookup16(as_float(lo), as_float(hi), idx)); }
-// table[idx] for a 32-entry table in four registers (idx in [0, 31]).
-inline V lookup32(const V (&t)[4], I idx) {
-  const V bit4 = as_float(_mm256_slli_epi32(idx, 27));
-  return _mm256_blendv_ps(lookup16(t[0], t[1], idx), lookup16(t[2], t[3], idx), bit4);
-}
-inline I lookup32i(const I (&t)[4], I idx) {
-  const V bit3 = as_float(_mm256_slli_epi32(idx, 28)), bit4 = as_float(_mm256_slli_epi32(idx, 27));
-  const V lo = _mm256_blendv_ps(_mm256_permutevar8x32_ps(as_float(t[0]), idx), _mm256_permutevar8x32_ps(as_float(t[1]), idx), bit3);
-  const V hi = _mm256_blendv_ps(_mm256_permutevar8x32_ps(as_float(t[2]), idx), _mm256_permutevar8x32_ps(as_float(t[3]), idx), bit3);
-  return as_int(_mm256_blendv_ps(lo, hi, bit4));
-}
-
 // max |x| over n (a multiple of 8) elements, on the bits (as block_absmax).
 inline float absmax_bits(const float* x, int n) {
   const I magnitude = set1(0x7FFFFFFF);
@@ -145,27 +133,32 @@ inline I load_codes8(const uint8_t* c) {
 
 // ---- 8-bit codes: the direct form (codec_tables.hpp Direct8) -------------
 
-// A map's direct form in registers, its 32-entry tables read by gathers; the
-// floored form (unsigned map, second moment) counts 1 instead of 0 in level 0.
+// A map's direct form for 8 lanes. The level of y = |q| is the count of the
+// level boundaries below it (as Direct8's per-binade tables give it), found by
+// compares, not table lookups (permutes are scarce: one port, and two cycles
+// each on Zen 3). The maps have 7 levels, so 8 boundaries, and levels 1..8
+// are indexed by level - 1 in one 8-entry permute; level 0 (y at or below
+// the first boundary) counts 0, or 1 in the floored form (unsigned map,
+// second moment: floor_positive built in).
 struct Direct8Regs {
-  V bound[4];
-  I level_at[4];
-  V a_lo, a_hi, c_lo, c_hi;
-  I top_lo, top_hi;
+  V b[8];      // boundary l in every lane
+  V a, c;      // the line of level idx + 1
+  I top;
+  V next;      // [idx] = boundary idx + 1 (the one above level idx + 1), NaN at 7
+  I level0;    // the count of level 0
   Direct8Regs(const Direct8& d, bool floored) {
-    for (int k = 0; k < 4; ++k)
-      bound[k] = _mm256_load_ps(d.bound + 8 * k),
-      level_at[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(d.level_at + 8 * k));
-    a_lo = _mm256_load_ps(d.a), a_hi = _mm256_load_ps(d.a + 8);
-    alignas(32) float c[16];
-    alignas(32) int32_t top[16];
-    for (int k = 0; k < 16; ++k) c[k] = d.c[k], top[k] = d.top[k];
-    if (floored) c[0] = 0.5f, top[0] = 1;
-    c_lo = _mm256_load_ps(c), c_hi = _mm256_load_ps(c + 8);
-    top_lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(top));
-    top_hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(top + 8));
+    for (int l = 0; l < 8; ++l) b[l] = set1f(d.boundary[l]);
+    alignas(32) float nx[8];
+    for (int j = 0; j < 8; ++j) nx[j] = j < 7 ? d.boundary[j + 1] : NAN;
+    a = _mm256_loadu_ps(d.a + 1), c = _mm256_loadu_ps(d.c + 1);
+    top = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d.top + 1));
+    next = _mm256_load_ps(nx);
+    level0 = set1(floored ? 1 : 0);
   }
 };
+
+// Whether the 8-lane direct form covers this map (seven levels).
+inline bool direct8_fits(const Direct8& d) { return d.usable && d.num_boundaries == 8; }
 
 // The deferred lanes of an 8-bit code vector, by the reference search
 // (nearest_code), floor_positive() included for a second moment.
@@ -187,27 +180,32 @@ enum class Form8 { Signed, Unsigned, Floored };
 // The codes of 8 normalised values (direct8_count of codec_tables.cpp, then
 // the sign): zero_code + count for q >= 0, zero_code - min(count, zero_code)
 // for q < 0 (signed maps); an unsigned map gives q < 0 the code 0, and its
-// floored form gives 0 to every q that is not > 0. Lanes near a midpoint, on
-// a boundary or NaN take the search.
+// floored form gives 0 to every q that is not > 0. Lanes near a midpoint
+// (the line within kDirectMargin of an integer), on a boundary (signed maps)
+// or NaN take the search.
 template <Form8 F>
 inline I direct_codes8(const Direct8Regs& r, const QMap& map, int zero_code, bool second, V xn) {
   const I bits = as_int(xn);
-  const I ybits = _mm256_and_si256(bits, set1(0x7FFFFFFF));
-  const V y = as_float(ybits);
-  // The binade's table index: exponent - 96, clamped to [0, 31] (y <= 1 but NaN).
-  const I binade = _mm256_min_epu32(_mm256_subs_epu16(_mm256_srli_epi32(ybits, 23), set1(kFirstBinade)), set1(31));
-  const V bound = lookup32(r.bound, binade);
-  const I above = as_int(_mm256_cmp_ps(y, bound, _CMP_GT_OQ));
-  const I level = _mm256_sub_epi32(lookup32i(r.level_at, binade), above);  // + 1 where above
-  const V t = _mm256_fmadd_ps(y, lookup16(r.a_lo, r.a_hi, level), lookup16(r.c_lo, r.c_hi, level));
-  const I count = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)),
-                                   lookup16i(r.top_lo, r.top_hi, level));
+  const V y = _mm256_and_ps(xn, as_float(set1(0x7FFFFFFF)));
+  auto gt = [&](int l) { return as_int(_mm256_cmp_ps(y, r.b[l], _CMP_GT_OQ)); };
+  const I above0 = gt(0);  // level >= 1 (NaN: no)
+  // idx = level - 1 above the first boundary (else 0): the other boundaries below y
+  const I below = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(gt(1), gt(2)), _mm256_add_epi32(gt(3), gt(4))),
+                                   _mm256_add_epi32(_mm256_add_epi32(gt(5), gt(6)), gt(7)));
+  const I idx = _mm256_sub_epi32(_mm256_setzero_si256(), below);
+  const V t = _mm256_fmadd_ps(y, _mm256_permutevar8x32_ps(r.a, idx), _mm256_permutevar8x32_ps(r.c, idx));
+  I count = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps(t, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)),
+                             _mm256_permutevar8x32_epi32(r.top, idx));
+  count = select(above0, r.level0, count);
   const V frac = _mm256_sub_ps(t, _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const V abs_frac = _mm256_and_ps(frac, as_float(set1(0x7FFFFFFF)));
-  V defer = _mm256_cmp_ps(abs_frac, set1f(kDirectMargin), _CMP_NGE_UQ);
+  const V near = _mm256_cmp_ps(_mm256_and_ps(frac, as_float(set1(0x7FFFFFFF))), set1f(kDirectMargin), _CMP_NGE_UQ);
+  // level 0 is exact (no line); NaN lanes are not at or below the boundary, and defer
+  V defer = _mm256_andnot_ps(_mm256_cmp_ps(y, r.b[0], _CMP_LE_OQ), near);
   I c;
   if constexpr (F == Form8::Signed) {
-    defer = _mm256_or_ps(defer, _mm256_cmp_ps(y, bound, _CMP_EQ_OQ));
+    const V tie = _mm256_or_ps(_mm256_cmp_ps(y, _mm256_permutevar8x32_ps(r.next, idx), _CMP_EQ_OQ),
+                               _mm256_cmp_ps(y, r.b[0], _CMP_EQ_OQ));
+    defer = _mm256_or_ps(defer, tie);
     const I zc = set1(zero_code);
     c = select(_mm256_srai_epi32(bits, 31), _mm256_add_epi32(zc, count), _mm256_sub_epi32(zc, _mm256_min_epi32(count, zc)));
   } else if constexpr (F == Form8::Floored) {
@@ -452,7 +450,7 @@ bool avx2_encode_tile(const MomentView& mv, int64_t base, const float* in) {
   switch (mv.format) {
     case LOWBIT_STATE_8BIT: {
       const int m = map_index(t, mv.map);
-      if (!t.direct8[m].usable) return false;
+      if (!direct8_fits(t.direct8[m])) return false;
       const int zc = t.zero_code[m];
       with_form8(form8(zc, mv.second), [&](auto form) {
         encode8_block<form()>(t.direct8[m], *mv.map, zc, mv.second, in, static_cast<uint8_t*>(mv.data) + base,
@@ -527,7 +525,7 @@ int avx2_encode_rank1(const MomentView& mv, int64_t base, int n, const float* sc
       for (int k = 0; k < 8; ++k) c[k] = codes4(r, t.zero_code[m], mv.second, normalized_each(in + i + 8 * k, scale + i + 8 * k));
       store_nibbles64(c, packed + i / 2);
     }
-  } else if (mv.format == LOWBIT_STATE_8BIT && t.direct8[m].usable) {
+  } else if (mv.format == LOWBIT_STATE_8BIT && direct8_fits(t.direct8[m])) {
     uint8_t* codes = static_cast<uint8_t*>(mv.data) + base;
     const int zc = t.zero_code[m];
     with_form8(form8(zc, mv.second), [&](auto form) {

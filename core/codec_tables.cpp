@@ -33,6 +33,8 @@ void build_direct8(const QMap& q, DynamicMapSpec spec, int zero_code, Direct8& d
   // Boundary l (l = 0..levels) is pos[base of level l] (the last one: pos[sum]).
   float boundary[17];
   for (int l = 0; l <= levels; ++l) boundary[l] = pos[l < levels ? base[l] : sum];
+  for (int l = 0; l <= levels; ++l) d.boundary[l] = boundary[l];
+  d.num_boundaries = levels + 1;
   d.a[0] = 0.f, d.c[0] = -0.5f, d.top[0] = 0;
   for (int l = 0; l < levels; ++l) {
     const double scale = std::pow(10.0, l - levels + 1);

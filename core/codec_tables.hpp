@@ -50,6 +50,11 @@ struct alignas(64) Direct8 {
   int32_t level_at[32];
   float a[16], c[16];
   int32_t top[16];
+  // The level boundaries in order (boundary l: the first midpoint of level
+  // l; the last: the one below the value 1): the level of y is the count of
+  // them below it, as level_at and bound give it per binade.
+  float boundary[16];
+  int32_t num_boundaries;
   bool usable;
 };
 constexpr float kDirectMargin = 1.f / 8192;
