@@ -39,7 +39,8 @@ std::string version_name(int v) { return concat(v / 10000, ".", v / 100 % 100); 
   }
 
 // lowbit.h
-LOWBIT_STRUCT_ABI(lowbit_build_info_t, "lowbit_build_info_init", rel(300, sizeof(lowbit_build_info_t)))
+LOWBIT_STRUCT_ABI(lowbit_build_info_t, "lowbit_build_info_init",
+                  rel(300, offsetof(lowbit_build_info_t, cpu_matmul_fp32)), rel(700, sizeof(lowbit_build_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_hparams_t, "lowbit_hparams_init",
                   rel(200, 48, offsetof(lowbit_hparams_t, algorithm)), rel(700, sizeof(lowbit_hparams_t)))
 LOWBIT_STRUCT_ABI(lowbit_optimizer_config_t, "lowbit_optimizer_config_init",

@@ -64,7 +64,7 @@ void MuonSteps::layout(Engine& e, const std::vector<MuonParam>& params) {
     e.copy_from_host(dev_dims.data(), dims.data(), size_t(2 * n) * 8, nullptr);
     const std::vector<const uint8_t*> masks(static_cast<size_t>(n), nullptr);
     e.bind_flat(offsets.data(), masks.data(), n);
-    if (!batches.empty()) e.reserve_matmul();
+    if (!batches.empty()) e.reserve_matmul(nullptr, 0);
     norm_ = std::move(norm);
     dims_ = std::move(dev_dims);
   }

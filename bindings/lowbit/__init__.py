@@ -79,7 +79,9 @@ def build_info() -> dict:
     cuda / cuda_architectures / cuda_version, mpi, nccl, openmp,
     jax_handlers (built by the same build), cpu_avx512_codecs (whether this
     process runs the AVX-512 codecs), compiler, build_type, cdef_fingerprint,
-    plus the paths of the library and of its declarations."""
+    cpu_matmul_fp32 / cpu_matmul_bf16 (what runs Muon's CPU products now:
+    the CBLAS, lowbit's own product or oneDNN's bf16 matmul), plus the paths
+    of the library and of its declarations."""
     from ._ffi import ffi
     from ._lib import call
 
@@ -87,6 +89,7 @@ def build_info() -> dict:
     info.struct_size = ffi.sizeof("lowbit_build_info_t")
     call("lowbit_build_info", info)
     v = info.version
+    fields = {name for name, _ in ffi.typeof("lowbit_build_info_t").fields}  # a library < 0.7 has no cpu_matmul_*
     return {
         "version": f"{v // 10000}.{v // 100 % 100}.{v % 100}",
         "library": _LIB.path,
@@ -102,6 +105,8 @@ def build_info() -> dict:
         "cpu_avx512_codecs": bool(info.cpu_avx512_codecs),
         "compiler": _c_string(info.compiler),
         "build_type": _c_string(info.build_type),
+        "cpu_matmul_fp32": _c_string(info.cpu_matmul_fp32) if "cpu_matmul_fp32" in fields else "",
+        "cpu_matmul_bf16": _c_string(info.cpu_matmul_bf16) if "cpu_matmul_bf16" in fields else "",
     }
 
 

@@ -73,6 +73,8 @@ def format_report(info: dict) -> str:
         ("JAX handlers built", _yes(info["jax_handlers"])),
         ("JAX handlers found", jax_found),
         ("CPU codecs", codecs),
+        ("Muon CPU products, fp32", info["cpu_matmul_fp32"] or "not reported (a library before 0.7)"),
+        ("Muon CPU products, bf16", info["cpu_matmul_bf16"] or "not reported (a library before 0.7)"),
     ]
     width = max(len(k) for k, _ in rows) + 1
     return "\n".join(f"{k + ':':<{width}} {v}" for k, v in rows)

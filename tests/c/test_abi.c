@@ -96,6 +96,7 @@ typedef struct {
   plain_fn plain_init;
 } struct_case_t;
 
+#define OLD_BUILD_INFO offsetof(lowbit_build_info_t, cpu_matmul_fp32)
 #define OLD_CONFIG offsetof(lowbit_optimizer_config_t, first_normalization)
 #define OLD_PARAM_CONFIG offsetof(lowbit_param_config_t, shape)
 #define OLD_HPARAMS ((size_t)48) /* 0.2 .. 0.6: up to bias_correction, padded */
@@ -105,7 +106,7 @@ typedef struct {
 #define OLD_COMM_INFO offsetof(lowbit_comm_info_t, timeout_ms)
 
 static const struct_case_t kCases[] = {
-    {"lowbit_build_info_t", sizeof(lowbit_build_info_t), 0, sizeof(lowbit_build_info_t), build_info_sized,
+    {"lowbit_build_info_t", sizeof(lowbit_build_info_t), OLD_BUILD_INFO, OLD_BUILD_INFO, build_info_sized,
      build_info_plain},
     {"lowbit_hparams_t", sizeof(lowbit_hparams_t), OLD_HPARAMS, OLD_HPARAMS, hparams_sized, hparams_plain},
     {"lowbit_optimizer_config_t", sizeof(lowbit_optimizer_config_t), OLD_CONFIG, OLD_CONFIG, config_sized,
@@ -433,6 +434,12 @@ static void test_writes_honour_struct_size(void** state) {
   OK(lowbit_build_info(bi));
   assert_int_equal(bi->version, lowbit_version());
   untouched(buf, sizeof(lowbit_build_info_t), sizeof(lowbit_build_info_t) + SLACK, "build_info");
+  assert_true(strlen(bi->cpu_matmul_fp32) > 0 && strlen(bi->cpu_matmul_bf16) > 0);
+  /* A 0.3 caller's struct gets its 80 bytes, nothing past them. */
+  bi = (lowbit_build_info_t*)guarded_out(buf, OLD_BUILD_INFO);
+  OK(lowbit_build_info(bi));
+  assert_int_equal(bi->version, lowbit_version());
+  untouched(buf, OLD_BUILD_INFO, OLD_BUILD_INFO + SLACK, "0.3 build_info");
   guarded_out(buf, sizeof(lowbit_build_info_t) - 8);
   expect_error(lowbit_build_info((lowbit_build_info_t*)buf), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(),
                "lowbit_build_info_t", NULL, "build_info - 8");
