@@ -24,6 +24,8 @@
   without AVX-512 runs for bf16, and a host with only the reference BLAS for
   fp32), under the same bounds; test_bf16_products_agree_across_backends
   compares the two runs with each other.
+* Refusals: an SGD group registered without momentum refuses one later
+  (issue 45 item 3).
 """
 
 import io
@@ -651,3 +653,53 @@ def test_bad_matmul_choice_is_refused(monkeypatch):
             opt.add_param(np.zeros((8, 4), np.float32), np.zeros((8, 4), np.float32), shape=(8, 4))
         assert opt.num_params == 0
     assert lowbit.build_info()["cpu_matmul_fp32"].startswith("none: LOWBIT_MATMUL")
+
+
+# ----------------------------------------------------------------- refusals change nothing
+
+
+def test_sgd_group_without_momentum_refuses_one_later():
+    """An SGD group of a Muon optimizer registered with momentum 0 has no
+    momentum buffer: a later momentum is refused, as a plain SGD optimizer
+    refuses it (issue 45 item 3: it was accepted, and the step read an
+    uninitialised tile), through lowbit.Optimizer and lowbit.torch.Muon; the
+    params then step as plain SGD's, bit for bit."""
+    rng = seeding.rng("muon", "sgd-group")
+    w, b = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    b2 = b.copy()
+    gw, gb, gb2 = np.zeros_like(w), np.zeros_like(b), np.zeros_like(b)
+    with lowbit.Optimizer("muon", ns_precision="fp32") as opt, lowbit.Optimizer("sgd", lr=0.05) as plain:
+        group = opt.add_group(algorithm="sgd", lr=0.05, momentum=0.0)
+        opt.add_param(w, gw, shape=w.shape)
+        opt.add_param(b, gb, group=group)
+        plain.add_param(b2, gb2)
+        for o, gi in ((opt, group), (plain, 0)):
+            with pytest.raises(lowbit.InvalidArgumentError, match="registered without momentum"):
+                o.set_hparams(gi, momentum=0.9)
+            assert o.get_hparams(gi)["momentum"] == 0.0
+        for _ in range(4):
+            gw[...], gb[...] = rng.standard_normal(gw.shape), rng.standard_normal(gb.shape)
+            gb2[...] = gb
+            opt.step()
+            plain.step()
+        assert np.array_equal(b, b2)
+
+    g = _gen("sgd-group-torch")
+    wt, bt = torch.randn(16, 8, generator=g).requires_grad_(), torch.randn(20, generator=g).requires_grad_()
+    bp = bt.detach().clone().requires_grad_()
+    topt = lt.Muon([{"params": [wt]}, {"params": [bt], "algorithm": "sgd", "lr": 0.05, "momentum": 0.0}])
+    tplain = lt.SGD([bp], lr=0.05, momentum=0.0)
+    wt.grad, bt.grad = torch.randn(16, 8, generator=g), torch.randn(20, generator=g)
+    bp.grad = bt.grad.clone()
+    topt.step()
+    tplain.step()
+    before = [wt.detach().clone(), bt.detach().clone()]
+    for o in (topt, tplain):
+        o.param_groups[-1]["momentum"] = 0.9
+        with pytest.raises(lowbit.InvalidArgumentError, match="registered without momentum"):
+            o.step()
+        o.param_groups[-1]["momentum"] = 0.0
+    assert torch.equal(wt.detach(), before[0]) and torch.equal(bt.detach(), before[1])
+    topt.step()
+    tplain.step()
+    assert torch.equal(bt.detach(), bp.detach())
