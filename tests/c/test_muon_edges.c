@@ -1,9 +1,15 @@
-/* Muon's refused calls and edge cases (issue 45), on the CPU engine:
+/* Muon's refused calls and edge cases (issue 45, items 3 and 4), on the CPU
+ * engine:
  * - an SGD group of a Muon optimizer registered without momentum refuses a
  *   momentum later, as a plain SGD optimizer does (its params have no
  *   momentum buffer); its params then step as a plain SGD optimizer's, bit
  *   for bit (CTest c.muon_edges_memcheck runs this one under valgrind: no
- *   uninitialised read; item 3).
+ *   uninitialised read);
+ * - a step whose products fail (the test hook LOWBIT_TEST_MATMUL_FAIL_AFTER,
+ *   the first batch's products readied, the second's refused) changes
+ *   nothing: the state bytes (a compressed checkpoint), the params, the step
+ *   counts; the handle's and the functional step's alike; the next step
+ *   gives the bits of an optimizer that never failed.
  * Seed: LOWBIT_TEST_SEED. Argument: a cmocka test-name filter. */
 #include <math.h>
 #include <setjmp.h>
@@ -136,12 +142,239 @@ static void test_sgd_group_refuses_momentum(void** state) {
   lowbit_optimizer_destroy(sgd);
 }
 
+/* ---- item 4: a step whose products fail changes nothing */
+
+typedef struct {
+  lowbit_optimizer_t opt;
+  float a[24 * 40], b[40 * 24], bias[24];
+  float ga[24 * 40], gb[40 * 24], gbias[24];
+} twin_t;
+
+/* Muon (8-bit momentum, bf16 products) over a 24 x 40 and a 40 x 24 matrix
+ * (two batches), and an AdamW group's bias stepped first. */
+static void twin_make(twin_t* x) {
+  lowbit_optimizer_config_t c = muon_config(LOWBIT_STATE_8BIT);
+  lowbit_hparams_t h, ha;
+  lowbit_hparams_init(&h, LOWBIT_ALGORITHM_MUON);
+  h.lr = 0.02f;
+  h.ns_precision = LOWBIT_NS_PRECISION_BF16;
+  OK(NULL, lowbit_optimizer_create(&x->opt, &c, &h));
+  lowbit_hparams_init(&ha, LOWBIT_ALGORITHM_ADAMW);
+  ha.algorithm = LOWBIT_ALGORITHM_ADAMW;
+  int32_t group = -1;
+  OK(x->opt, lowbit_optimizer_add_group(x->opt, &ha, &group));
+  rng_state = 77;
+  fill(x->a, 960, 0.1f), fill(x->b, 960, 0.1f), fill(x->bias, 24, 0.1f);
+  add(x->opt, x->bias, x->gbias, 1, 24, 0, group);
+  add(x->opt, x->a, x->ga, 2, 24, 40, 0);
+  add(x->opt, x->b, x->gb, 2, 40, 24, 0);
+}
+static void twin_grads(twin_t* x, uint64_t seed) {
+  rng_state = seed;
+  fill(x->ga, 960, 1.f), fill(x->gb, 960, 1.f), fill(x->gbias, 24, 1.f);
+}
+/* Everything a step can change: a compressed checkpoint (codes, scales, step
+ * counts, hyper-parameters) and the params. */
+static unsigned char* twin_snapshot(const twin_t* x, int64_t* size) {
+  OK(x->opt, lowbit_optimizer_save(x->opt, LOWBIT_CHECKPOINT_COMPRESSED, NULL, 0, size, NULL));
+  const int64_t params = (int64_t)(sizeof x->a + sizeof x->b + sizeof x->bias);
+  unsigned char* s = malloc((size_t)(*size + params));
+  int64_t written = 0;
+  OK(x->opt, lowbit_optimizer_save(x->opt, LOWBIT_CHECKPOINT_COMPRESSED, s, *size, &written, NULL));
+  memcpy(s + *size, x->a, sizeof x->a);
+  memcpy(s + *size + sizeof x->a, x->b, sizeof x->b);
+  memcpy(s + *size + sizeof x->a + sizeof x->b, x->bias, sizeof x->bias);
+  *size += params;
+  return s;
+}
+
+static void test_failed_products_change_nothing(void** state) {
+  (void)state;
+  static twin_t x, ref;
+  twin_make(&x);
+  twin_make(&ref);
+  twin_grads(&x, 1), twin_grads(&ref, 1);
+  OK(x.opt, lowbit_optimizer_step(x.opt, NULL)); /* products 1-6: two batches x three */
+  OK(ref.opt, lowbit_optimizer_step(ref.opt, NULL));
+  int64_t n0 = 0, n1 = 0;
+  unsigned char* before = twin_snapshot(&x, &n0);
+  unsigned char* again = twin_snapshot(&x, &n1);
+  assert_true(n0 == n1 && memcmp(before, again, (size_t)n0) == 0); /* a snapshot is deterministic */
+  free(again);
+
+  /* The next step: the first batch's three products are readied, the
+   * second's first is refused, before anything is written. */
+  setenv("LOWBIT_TEST_MATMUL_FAIL_AFTER", "9", 1);
+  twin_grads(&x, 2);
+  assert_int_equal(lowbit_optimizer_step(x.opt, NULL), LOWBIT_ERROR_INTERNAL);
+  printf("  the refused step: %s\n", lowbit_optimizer_last_error(x.opt));
+  assert_non_null(strstr(lowbit_optimizer_last_error(x.opt), "LOWBIT_TEST_MATMUL_FAIL_AFTER = 9: product 10"));
+  unsetenv("LOWBIT_TEST_MATMUL_FAIL_AFTER");
+  unsigned char* after = twin_snapshot(&x, &n1);
+  assert_int_equal(n0, n1);
+  if (memcmp(before, after, (size_t)n0) != 0) {
+    size_t first = 0;
+    while (before[first] == after[first]) ++first;
+    fail_msg("the failed step changed byte %zu of %lld of the state and params", first, (long long)n0);
+  }
+  free(after);
+  free(before);
+
+  /* Then the same step goes through and gives the bits of one that never failed. */
+  twin_grads(&x, 2), twin_grads(&ref, 2);
+  OK(x.opt, lowbit_optimizer_step(x.opt, NULL));
+  OK(ref.opt, lowbit_optimizer_step(ref.opt, NULL));
+  unsigned char* mine = twin_snapshot(&x, &n0);
+  unsigned char* theirs = twin_snapshot(&ref, &n1);
+  assert_true(n0 == n1 && memcmp(mine, theirs, (size_t)n0) == 0);
+  free(mine), free(theirs);
+  lowbit_optimizer_destroy(x.opt);
+  lowbit_optimizer_destroy(ref.opt);
+}
+
+/* ---- the functional step: a context and its params' buffers */
+
+#define FMAX 3
+typedef struct {
+  lowbit_step_context_t ctx;
+  int n;
+  float* p[FMAX];
+  float* g[FMAX];
+  int64_t numel[FMAX];
+  lowbit_state_plan_t plan[FMAX];
+  lowbit_param_buffers_t b[FMAX];
+  int32_t records[FMAX * LOWBIT_STATE_RECORD_INT32];
+  int32_t count;
+} functional_t;
+
+/* Matrices rows[i] x cols[i] (cols 0: a 1-D param) in groups group[i], state
+ * planned with `hp` (the groups' current-size hparams). */
+static void functional_make(functional_t* f, const lowbit_optimizer_config_t* c, const lowbit_hparams_t* hp,
+                            int n, const int64_t* rows, const int64_t* cols, const int32_t* group, uint64_t seed) {
+  memset(f, 0, sizeof *f);
+  f->n = n;
+  OK(NULL, lowbit_step_context_create(&f->ctx, c));
+  rng_state = seed;
+  for (int i = 0; i < n; ++i) {
+    lowbit_param_config_t pc;
+    lowbit_param_config_init(&pc);
+    f->numel[i] = cols[i] ? rows[i] * cols[i] : rows[i];
+    f->p[i] = malloc(4 * (size_t)f->numel[i]);
+    f->g[i] = malloc(4 * (size_t)f->numel[i]);
+    fill(f->p[i], f->numel[i], 0.1f);
+    pc.param = host_tensor(f->p[i], f->numel[i]);
+    pc.group = group[i];
+    pc.ndim = cols[i] ? 2 : 1;
+    pc.shape[0] = rows[i];
+    pc.shape[1] = cols[i];
+    lowbit_state_plan_init(&f->plan[i]);
+    OK(NULL, lowbit_plan_param_state(c, &hp[group[i]], &pc, &f->plan[i]));
+    lowbit_param_buffers_init(&f->b[i]);
+    f->b[i].param = pc.param;
+    f->b[i].grad = host_tensor(f->g[i], f->numel[i]);
+    f->b[i].group = group[i];
+    f->b[i].plan = &f->plan[i];
+    f->b[i].ndim = pc.ndim;
+    f->b[i].shape[0] = pc.shape[0];
+    f->b[i].shape[1] = pc.shape[1];
+    for (int m = 0; m < 2; ++m) {
+      f->b[i].moment[m] = calloc(1, (size_t)f->plan[i].data_bytes[m] + 1);
+      f->b[i].moment_bytes[m] = f->plan[i].data_bytes[m];
+      f->b[i].scales[m] = calloc(1, 4 * (size_t)f->plan[i].scale_count[m] + 4);
+      f->b[i].scale_count[m] = f->plan[i].scale_count[m];
+    }
+    OK(NULL, lowbit_state_record(&f->plan[i], pc.ndim, pc.shape, f->records + LOWBIT_STATE_RECORD_INT32 * i,
+                                 LOWBIT_STATE_RECORD_INT32));
+  }
+}
+static void functional_free(functional_t* f) {
+  for (int i = 0; i < f->n; ++i) {
+    free(f->p[i]), free(f->g[i]);
+    for (int m = 0; m < 2; ++m) free(f->b[i].moment[m]), free(f->b[i].scales[m]);
+  }
+  lowbit_step_context_destroy(f->ctx);
+}
+static void functional_grads(functional_t* f, uint64_t seed) {
+  rng_state = seed;
+  for (int i = 0; i < f->n; ++i) fill(f->g[i], f->numel[i], 1.f);
+}
+/* One step with the count in engine (host) memory, count_out aliasing it. */
+static lowbit_status_t functional_step(functional_t* f, const lowbit_hparams_t* hparams, int num_groups) {
+  lowbit_step_args_t a;
+  lowbit_step_args_init(&a);
+  a.hparams = hparams;
+  a.num_groups = num_groups;
+  a.records = f->records;
+  a.count = &f->count;
+  a.count_out = &f->count;
+  return lowbit_functional_step(f->ctx, f->b, f->n, &a, NULL);
+}
+/* The params and every state buffer, back to back. */
+static unsigned char* functional_snapshot(const functional_t* f, size_t* size) {
+  size_t n = sizeof f->count;
+  for (int i = 0; i < f->n; ++i) {
+    n += 4 * (size_t)f->numel[i];
+    for (int m = 0; m < 2; ++m) n += (size_t)f->b[i].moment_bytes[m] + 4 * (size_t)f->b[i].scale_count[m];
+  }
+  unsigned char* s = malloc(n);
+  unsigned char* w = s;
+  memcpy(w, &f->count, sizeof f->count), w += sizeof f->count;
+  for (int i = 0; i < f->n; ++i) {
+    memcpy(w, f->p[i], 4 * (size_t)f->numel[i]), w += 4 * (size_t)f->numel[i];
+    for (int m = 0; m < 2; ++m) {
+      memcpy(w, f->b[i].moment[m], (size_t)f->b[i].moment_bytes[m]), w += f->b[i].moment_bytes[m];
+      memcpy(w, f->b[i].scales[m], 4 * (size_t)f->b[i].scale_count[m]), w += 4 * f->b[i].scale_count[m];
+    }
+  }
+  *size = n;
+  return s;
+}
+
+static void muon_groups(lowbit_hparams_t* hp) {
+  lowbit_hparams_init(&hp[0], LOWBIT_ALGORITHM_MUON);
+  hp[0].lr = 0.02f;
+  hp[0].ns_precision = LOWBIT_NS_PRECISION_BF16;
+  lowbit_hparams_init(&hp[1], LOWBIT_ALGORITHM_ADAMW);
+  hp[1].algorithm = LOWBIT_ALGORITHM_ADAMW;
+}
+
+/* Item 4 in the functional step: the caller's buffers and count are left as they were. */
+static void test_failed_products_change_nothing_functional(void** state) {
+  (void)state;
+  const lowbit_optimizer_config_t c = muon_config(LOWBIT_STATE_8BIT);
+  lowbit_hparams_t hp[2];
+  muon_groups(hp);
+  static const int64_t rows[3] = {24, 40, 24}, cols[3] = {0, 24, 40};
+  static const int32_t group[3] = {1, 0, 0};
+  functional_t f;
+  functional_make(&f, &c, hp, 3, rows, cols, group, 5);
+  functional_grads(&f, 1);
+  OK(NULL, functional_step(&f, hp, 2));
+  assert_int_equal(f.count, 1);
+  size_t n0 = 0, n1 = 0;
+  unsigned char* before = functional_snapshot(&f, &n0);
+  functional_grads(&f, 2);
+  setenv("LOWBIT_TEST_MATMUL_FAIL_AFTER", "9", 1);
+  assert_int_equal(functional_step(&f, hp, 2), LOWBIT_ERROR_INTERNAL);
+  unsetenv("LOWBIT_TEST_MATMUL_FAIL_AFTER");
+  printf("  the refused functional step: %s\n", lowbit_step_context_last_error(f.ctx));
+  assert_non_null(strstr(lowbit_step_context_last_error(f.ctx), "LOWBIT_TEST_MATMUL_FAIL_AFTER = 9: product 10"));
+  unsigned char* after = functional_snapshot(&f, &n1);
+  assert_true(n0 == n1 && memcmp(before, after, n0) == 0);
+  free(before), free(after);
+  OK(NULL, functional_step(&f, hp, 2));
+  assert_int_equal(f.count, 2);
+  functional_free(&f);
+}
+
 int main(int argc, char** argv) {
   rng_state = lowbit_test_seed("test_muon_edges") | 1;
   unsetenv("LOWBIT_TEST_MATMUL_FAIL_AFTER");
   if (argc > 1) cmocka_set_test_filter(argv[1]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd_group_refuses_momentum),
+      cmocka_unit_test(test_failed_products_change_nothing),
+      cmocka_unit_test(test_failed_products_change_nothing_functional),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

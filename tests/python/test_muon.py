@@ -24,8 +24,8 @@
   without AVX-512 runs for bf16, and a host with only the reference BLAS for
   fp32), under the same bounds; test_bf16_products_agree_across_backends
   compares the two runs with each other.
-* Refusals: an SGD group registered without momentum refuses one later
-  (issue 45 item 3).
+* Refusals: an SGD group registered without momentum refuses one later, and
+  a step whose products fail changes nothing (issue 45, items 3 and 4).
 """
 
 import io
@@ -703,3 +703,27 @@ def test_sgd_group_without_momentum_refuses_one_later():
     topt.step()
     tplain.step()
     assert torch.equal(bt.detach(), bp.detach())
+
+
+def test_failed_products_change_nothing(monkeypatch):
+    """A step whose products cannot run (the test hook
+    LOWBIT_TEST_MATMUL_FAIL_AFTER: the first shape's products are readied,
+    the second's refused) raises and changes nothing: the state bytes, the
+    params, the step counts (issue 45 item 4: the momentum had advanced)."""
+    rng = seeding.rng("muon", "failed-products")
+    params = [rng.standard_normal(s).astype(np.float32) for s in ((24, 40), (40, 24))]
+    grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+    with lowbit.Optimizer("muon", ns_precision="bf16", state="8bit", min_quantized_numel=0) as opt:
+        for p, g in zip(params, grads):
+            opt.add_param(p, g, shape=p.shape)
+        opt.step()  # products 1-6
+        state, before = opt.save(), [p.copy() for p in params]
+        monkeypatch.setenv("LOWBIT_TEST_MATMUL_FAIL_AFTER", "9")
+        with pytest.raises(lowbit.InternalError, match="LOWBIT_TEST_MATMUL_FAIL_AFTER = 9: product 10"):
+            opt.step()
+        monkeypatch.delenv("LOWBIT_TEST_MATMUL_FAIL_AFTER")
+        assert opt.save() == state
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        assert opt.param_info(0).step == 1 and opt.param_info(1).step == 1
+        opt.step()
+        assert opt.param_info(0).step == 2
