@@ -127,6 +127,9 @@ void MuonSteps::step(Engine& e, const GradView* grads, const lowbit_hparams_t* g
         calls.emplace_back(LOWBIT_ALGORITHM_MUON, int64_t(b));
         break;
       }
+  // No param has a grad: one call all the same, which steps nothing and
+  // writes the shared count (count + 1, as every algorithm's step does).
+  if (calls.empty()) calls.emplace_back(LOWBIT_ALGORITHM_ADAMW, -1);
   // Every product this step runs is readied before anything is written: a
   // product that cannot run fails the step here, with nothing changed.
   products_.clear();

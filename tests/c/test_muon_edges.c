@@ -1,5 +1,5 @@
-/* Muon's refused calls and edge cases (issue 45, items 3 and 4), on the CPU
- * engine:
+/* Muon's refused calls and edge cases (issue 45, items 3, 4, 6, 7 and 10), on
+ * the CPU engine:
  * - an SGD group of a Muon optimizer registered without momentum refuses a
  *   momentum later, as a plain SGD optimizer does (its params have no
  *   momentum buffer); its params then step as a plain SGD optimizer's, bit
@@ -9,7 +9,13 @@
  *   the first batch's products readied, the second's refused) changes
  *   nothing: the state bytes (a compressed checkpoint), the params, the step
  *   counts; the handle's and the functional step's alike; the next step
- *   gives the bits of an optimizer that never failed.
+ *   gives the bits of an optimizer that never failed;
+ * - a functional step in which no param has a grad writes count + 1 and
+ *   reports "not skipped", as the other algorithms do;
+ * - a 0.2-sized (48-byte) hparams struct in a Muon functional step gets
+ *   Muon's defaults for the fields added since, as optimizer_create gives
+ *   them: the bits of the current struct holding those defaults;
+ * - ns_steps: 1..100 (the header's range) are accepted, 0 and 101 refused.
  * Seed: LOWBIT_TEST_SEED. Argument: a cmocka test-name filter. */
 #include <math.h>
 #include <setjmp.h>
@@ -367,6 +373,116 @@ static void test_failed_products_change_nothing_functional(void** state) {
   functional_free(&f);
 }
 
+/* ---- item 6: no grad at all writes count + 1, not skipped, as AdamW's step does */
+
+static void test_functional_step_without_grads_counts(void** state) {
+  (void)state;
+  lowbit_hparams_t hp[2];
+  muon_groups(hp);
+  static const int64_t rows[3] = {24, 40, 24}, cols[3] = {0, 24, 40};
+  static const int32_t group[3] = {1, 0, 0};
+  lowbit_optimizer_config_t cm = muon_config(LOWBIT_STATE_FP32), ca = cm;
+  ca.algorithm = LOWBIT_ALGORITHM_ADAMW;
+  lowbit_hparams_t ha[1];
+  lowbit_hparams_init(&ha[0], LOWBIT_ALGORITHM_ADAMW);
+  static const int32_t group0[1] = {0};
+  functional_t fm, fa;
+  functional_make(&fm, &cm, hp, 3, rows, cols, group, 9);
+  functional_make(&fa, &ca, ha, 1, rows, cols, group0, 9);
+  functional_grads(&fm, 3), functional_grads(&fa, 3);
+  OK(NULL, functional_step(&fm, hp, 2));
+  OK(NULL, functional_step(&fa, ha, 1));
+  for (int i = 0; i < 3; ++i) fm.b[i].grad.data = NULL;
+  fa.b[0].grad.data = NULL;
+  size_t n0 = 0, n1 = 0;
+  unsigned char* before = functional_snapshot(&fm, &n0);
+  OK(NULL, functional_step(&fm, hp, 2));
+  OK(NULL, functional_step(&fa, ha, 1));
+  assert_int_equal(fa.count, 2);
+  assert_int_equal(fm.count, 2);
+  int32_t skipped = -1;
+  OK(NULL, lowbit_step_context_last_step_skipped(fm.ctx, &skipped));
+  assert_int_equal(skipped, 0);
+  unsigned char* after = functional_snapshot(&fm, &n1);
+  /* Only the count moved. */
+  assert_true(n0 == n1 && memcmp(before + sizeof(int32_t), after + sizeof(int32_t), n0 - sizeof(int32_t)) == 0);
+  free(before), free(after);
+  functional_free(&fm);
+  functional_free(&fa);
+}
+
+/* ---- item 7: a 48-byte (0.2) hparams struct in a Muon functional step */
+
+static void test_old_hparams_size_gets_muons_defaults(void** state) {
+  (void)state;
+  const lowbit_optimizer_config_t c = muon_config(LOWBIT_STATE_FP32);
+  lowbit_hparams_t hp[1];
+  lowbit_hparams_init(&hp[0], LOWBIT_ALGORITHM_MUON); /* Muon's defaults, bf16 products aside */
+  hp[0].lr = 0.02f;
+  hp[0].weight_decay = 0.05f;
+  static const int64_t rows[2] = {24, 16}, cols[2] = {40, 16};
+  static const int32_t group[2] = {0, 0};
+  functional_t now, old;
+  functional_make(&now, &c, hp, 2, rows, cols, group, 21);
+  functional_make(&old, &c, hp, 2, rows, cols, group, 21);
+  /* Two groups of the 0.2 struct, back to back (the array's stride is its struct_size). */
+  const size_t old_size = 48;
+  unsigned char old_groups[2 * 48];
+  for (int g = 0; g < 2; ++g) {
+    memcpy(old_groups + g * old_size, &hp[0], old_size);
+    memcpy(old_groups + g * old_size, &old_size, sizeof old_size);
+  }
+  for (int t = 0; t < 3; ++t) {
+    functional_grads(&now, 30 + (uint64_t)t), functional_grads(&old, 30 + (uint64_t)t);
+    OK(NULL, functional_step(&now, hp, 1));
+    lowbit_status_t st = functional_step(&old, (const lowbit_hparams_t*)old_groups, 1);
+    if (st != LOWBIT_SUCCESS) fail_msg("the 48-byte hparams: %s", lowbit_step_context_last_error(old.ctx));
+  }
+  size_t n0 = 0, n1 = 0;
+  unsigned char* a = functional_snapshot(&now, &n0);
+  unsigned char* b = functional_snapshot(&old, &n1);
+  assert_true(n0 == n1 && memcmp(a, b, n0) == 0);
+  free(a), free(b);
+  /* The same struct creates an optimizer (the rule optimizer_create has always had). */
+  lowbit_optimizer_t opt = NULL;
+  OK(NULL, lowbit_optimizer_create(&opt, &c, (const lowbit_hparams_t*)old_groups));
+  lowbit_hparams_t back;
+  back.struct_size = sizeof back;
+  OK(opt, lowbit_optimizer_get_hparams(opt, 0, &back));
+  assert_int_equal(back.ns_steps, 5);
+  lowbit_optimizer_destroy(opt);
+  functional_free(&now);
+  functional_free(&old);
+}
+
+/* ---- item 10: ns_steps 1..100 */
+
+static void test_ns_steps_bounds(void** state) {
+  (void)state;
+  lowbit_hparams_t h;
+  lowbit_hparams_init(&h, LOWBIT_ALGORITHM_MUON);
+  const int32_t good[3] = {1, 99, 100}, bad[3] = {0, 101, -1};
+  for (int k = 0; k < 3; ++k) {
+    h.ns_steps = good[k];
+    OK(NULL, lowbit_hparams_check(&h, LOWBIT_ALGORITHM_MUON));
+    h.ns_steps = bad[k];
+    assert_int_equal(lowbit_hparams_check(&h, LOWBIT_ALGORITHM_MUON), LOWBIT_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(lowbit_last_error(), "1..100"));
+  }
+  /* 100 iterations run. */
+  lowbit_optimizer_config_t c = muon_config(LOWBIT_STATE_FP32);
+  h.ns_steps = 100;
+  h.ns_precision = LOWBIT_NS_PRECISION_FP32;
+  lowbit_optimizer_t opt = NULL;
+  OK(NULL, lowbit_optimizer_create(&opt, &c, &h));
+  float w[8 * 6], g[8 * 6];
+  fill(w, 48, 1.f), fill(g, 48, 1.f);
+  add(opt, w, g, 2, 8, 6, 0);
+  OK(opt, lowbit_optimizer_step(opt, NULL));
+  for (int i = 0; i < 48; ++i) assert_true(isfinite(w[i]));
+  lowbit_optimizer_destroy(opt);
+}
+
 int main(int argc, char** argv) {
   rng_state = lowbit_test_seed("test_muon_edges") | 1;
   unsetenv("LOWBIT_TEST_MATMUL_FAIL_AFTER");
@@ -375,6 +491,9 @@ int main(int argc, char** argv) {
       cmocka_unit_test(test_sgd_group_refuses_momentum),
       cmocka_unit_test(test_failed_products_change_nothing),
       cmocka_unit_test(test_failed_products_change_nothing_functional),
+      cmocka_unit_test(test_functional_step_without_grads_counts),
+      cmocka_unit_test(test_old_hparams_size_gets_muons_defaults),
+      cmocka_unit_test(test_ns_steps_bounds),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -86,7 +86,8 @@ def test_muon_refusals(ljax):
     with pytest.raises(ValueError, match="adamw"):
         ljax.muon(0.02).init({"w": jnp.zeros((8, 8)), "b": jnp.zeros(8)})
     with pytest.raises(lowbit.InvalidArgumentError, match="ns_steps"):
-        ljax.muon(0.02, ns_steps=100)
+        ljax.muon(0.02, ns_steps=101)
+    ljax.muon(0.02, ns_steps=100)  # the header's range: 1..100
     with pytest.raises(lowbit.InvalidArgumentError, match="adjust_lr_fn"):
         ljax.muon(0.02, adjust_lr_fn="sqrt")
     with pytest.raises(lowbit.InvalidArgumentError, match="ns_precision"):

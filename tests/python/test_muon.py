@@ -271,8 +271,10 @@ def test_low_level_options_and_refusals():
         assert opt.workspace_bytes() == 0 or opt.workspace_bytes() > 0  # reported; 0 without Muon params
         opt.add_param(np.zeros((8, 16), np.float32))
         assert opt.workspace_bytes() >= 8 * 16 * 4
+        opt.set_hparams(0, ns_steps=100)  # the header's range: 1..100
+        assert opt.get_hparams(0)["ns_steps"] == 100
         with pytest.raises(lowbit.InvalidArgumentError, match="ns_steps"):
-            opt.set_hparams(0, ns_steps=100)
+            opt.set_hparams(0, ns_steps=101)
         with pytest.raises(lowbit.InvalidArgumentError, match="adjust_lr"):
             opt.set_hparams(0, adjust_lr="sqrt")
         with pytest.raises(lowbit.InvalidArgumentError, match="ns_precision"):
