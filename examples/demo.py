@@ -259,8 +259,10 @@ def plot(results, path, steps):
             ax.plot(x, smooth[id(r)], color=colour, ls=style, lw=1.6,
                     label=f"{r['label']} (final {r['train_loss']:.3f})")
         ax.set_yscale("log")
-        for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis_format(FuncFormatter(lambda v, _: f"{v:g}"))  # 1.2, not 1.2 x 10^0
+        # 0.2, not 2 x 10^-1; minor labels at 2, 3 and 5 only, clear of the decades'
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6) in (2, 3, 5) else ""))
         ax.set_xlabel("step")
         ax.set_title(title, color=FAMILY_COLOURS[family])
         ax.grid(True, which="both", alpha=0.3)
