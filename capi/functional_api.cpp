@@ -146,7 +146,12 @@ LOWBIT_API lowbit_status_t lowbit_functional_step(lowbit_step_context_t ctx, con
     for (int32_t g = 0; a.hparams && g < a.num_groups; ++g) {
       const size_t stride = abi::struct_size_of(a.hparams);  // an array holds one struct type
       const auto* h = reinterpret_cast<const lowbit_hparams_t*>(reinterpret_cast<const char*>(a.hparams) + stride * size_t(g));
-      ctx->hparams[size_t(g)] = read_element(h, lowbit_hparams_t{}, "args.hparams", g, "");
+      try {
+        ctx->hparams[size_t(g)] = abi::read_hparams(h, f.algorithm(), "args.hparams");
+      } catch (const lowbit::Error&) {  // again, naming the element (the name is built for the message only)
+        const std::string name = lowbit::concat("args.hparams[", g, "]");
+        ctx->hparams[size_t(g)] = abi::read_hparams(h, f.algorithm(), name.c_str());
+      }
     }
     ctx->params.resize(size_t(num_params));
     ctx->plans.resize(size_t(num_params));
@@ -178,7 +183,7 @@ LOWBIT_API lowbit_status_t lowbit_step_context_last_step_skipped(lowbit_step_con
 LOWBIT_API lowbit_status_t lowbit_hparams_check(const lowbit_hparams_t* hparams, lowbit_algorithm_t algorithm) {
   return guarded(nullptr, [&] {
     lowbit::check_algorithm(algorithm);
-    lowbit::check_hparams(abi::read_struct(hparams, lowbit::default_hparams(algorithm), "hparams"), algorithm);
+    lowbit::check_hparams(abi::read_hparams(hparams, algorithm, "hparams"), algorithm);
   });
 }
 

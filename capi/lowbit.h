@@ -167,6 +167,14 @@ typedef struct lowbit_build_info {
   /* What became of LOWBIT_CPU_KERNELS ("" when unset or honoured: a name that
    * is no level, or a level this CPU cannot run). */
   const char* cpu_kernels_note;
+  /* Since 0.8: what runs Muon's fp32 and bf16 matrix products on the CPU in this
+   * process, with LOWBIT_MATMUL as it is now (auto, blas or builtin, README
+   * "Muon"): the CBLAS loaded ("OpenBLAS 0.3.21 ... (path)"), lowbit's own
+   * blocked product (where the CBLAS is the reference BLAS, or there is
+   * none) or, for bf16, oneDNN's bf16 matmul ("oneDNN 2.6.3 bf16 matmul",
+   * where this CPU has one). */
+  const char* cpu_matmul_fp32;
+  const char* cpu_matmul_bf16;
 } lowbit_build_info_t;
 
 /* Zeroes the struct and sets struct_size; writes struct_size bytes (a

@@ -45,7 +45,7 @@ lowbit_optimizer_config_t read_config(const lowbit_optimizer_config_t* c, const 
   return abi::read_struct(c, lowbit::default_config(LOWBIT_ALGORITHM_ADAMW), arg);
 }
 lowbit_hparams_t read_hparams(const lowbit_hparams_t* h, lowbit_algorithm_t algorithm) {
-  return abi::read_struct(h, lowbit::default_hparams(algorithm), "hparams");
+  return abi::read_hparams(h, algorithm, "hparams");
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "core/defaults.hpp"
+
 namespace lowbit {
 namespace abi {
 namespace {
@@ -68,6 +70,10 @@ LOWBIT_STRUCT_ABI(lowbit_comm_stats_t, "lowbit_comm_stats_init", rel(200, sizeof
 LOWBIT_STRUCT_ABI(lowbit_comm_transport_t, "lowbit_comm_transport_init", rel(300, sizeof(lowbit_comm_transport_t)))
 
 #undef LOWBIT_STRUCT_ABI
+
+lowbit_hparams_t read_hparams(const lowbit_hparams_t* in, lowbit_algorithm_t algorithm, const char* arg) {
+  return read_struct(in, default_hparams(algorithm), arg);
+}
 
 const Release& find_release(const StructAbi& s, size_t struct_size, const char* arg) {
   for (int i = 0; i < s.count; ++i)

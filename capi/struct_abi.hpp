@@ -80,6 +80,13 @@ T read_struct(const T* in, const T& defaults, const char* arg) {
   return full;
 }
 
+// A caller's hyper-parameters, wherever they come in (optimizer_create,
+// add_group, set_hparams, the functional step, hparams_check): an older
+// struct gets the defaults of `algorithm` (the optimizer's, or the step
+// context's) for the fields added since, so a 0.2 struct in a Muon
+// optimizer or context gets Muon's Newton-Schulz defaults.
+lowbit_hparams_t read_hparams(const lowbit_hparams_t* in, lowbit_algorithm_t algorithm, const char* arg);
+
 // An out-struct checked before any work: not NULL, a released size.
 template <class T>
 void check_out(const T* out, const char* arg) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu_matmul.hpp"
@@ -144,8 +145,14 @@ class CpuEngine final : public Engine {
     skipped_ = check_nonfinite && any_nonfinite();
   }
 
-  void reserve_matmul() override {}
-  void matmul(const Matmul& mm, void*) override { cpu_matmul(mm, num_threads_); }
+  void reserve_matmul(const Matmul* products, int64_t count) override {
+    if (!matmul_) matmul_ = std::make_unique<CpuMatmul>(num_threads_);
+    matmul_->reserve(products, count);
+  }
+  void matmul(const Matmul& mm, void*) override {
+    LOWBIT_REQUIRE(matmul_ != nullptr, LOWBIT_ERROR_INTERNAL, "matmul before reserve_matmul");
+    matmul_->run(mm);
+  }
 
   void read_steps(int64_t* out, int64_t num_params, void*) override {
     check_count(num_params, "read_steps");
@@ -218,6 +225,7 @@ class CpuEngine final : public Engine {
   int64_t total_ = 0;
   bool skipped_ = false;
   CpuShapedPass shaped_;
+  std::unique_ptr<CpuMatmul> matmul_;  // Muon's products: made at the first reserve_matmul
 };
 
 }  // namespace

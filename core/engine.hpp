@@ -149,8 +149,12 @@ class Engine {
   virtual void begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void* stream) = 0;
 
   // ---- matrix products (Muon's Newton-Schulz iterations)
-  // Readies the BLAS (may allocate and wait: registration time).
-  virtual void reserve_matmul() = 0;
+  // Readies the products a step is about to run (their shapes, precision,
+  // alpha and beta; the pointers are not read), or with none the BLAS alone
+  // (registration). Throws what they would fail for (no kernel, no memory);
+  // a step calls it before it writes anything, so that after it matmul of
+  // these products does not fail. May allocate and wait.
+  virtual void reserve_matmul(const Matmul* products, int64_t count) = 0;
   // Enqueues one batched product (after reserve_matmul). A product runs even
   // in a skipped step; what it writes is the caller's workspace.
   virtual void matmul(const Matmul& mm, void* stream) = 0;

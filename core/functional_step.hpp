@@ -57,6 +57,7 @@ class FunctionalStepper {
                                         const lowbit_hparams_t*, const StepControl&, void*)>;
   void set_step_driver(StepDriver driver) { driver_ = std::move(driver); }
   lowbit_device_t device() const { return config_.device; }
+  lowbit_algorithm_t algorithm() const { return config_.algorithm; }
 
  private:
   // `hparams`: the groups' values when the host can read them, else nullptr.

@@ -48,7 +48,9 @@ int32_t Optimizer::add_group(const lowbit_hparams_t& hparams) {
 void Optimizer::set_hparams(int32_t group, const lowbit_hparams_t& h) {
   hparams(group);  // validates the index
   check_hparams(h, config_.algorithm);
-  if (config_.algorithm == LOWBIT_ALGORITHM_SGD && h.momentum != 0.f)
+  // SGD keeps a momentum buffer only when it was registered with momentum:
+  // a plain SGD optimizer's groups and a Muon optimizer's SGD groups alike.
+  if (group_algorithm(h, config_.algorithm) == LOWBIT_ALGORITHM_SGD && h.momentum != 0.f)
     for (const ParamState& p : params_)
       LOWBIT_REQUIRE(p.group != group || p.num_moments == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ", h.momentum,
                      ": group ", group, " was registered without momentum, so its params have no momentum buffer");

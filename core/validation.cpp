@@ -78,8 +78,8 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algor
   if (muon) {
     check_unit_interval(h.momentum, "momentum");
     check_flag(h.nesterov, "nesterov", false);
-    LOWBIT_REQUIRE(h.ns_steps >= 1 && h.ns_steps < 100, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_steps = ", h.ns_steps,
-                   " must be in 1..99 (Newton-Schulz iterations; torch.optim.Muon also refuses 100 or more)");
+    LOWBIT_REQUIRE(h.ns_steps >= 1 && h.ns_steps <= 100, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_steps = ", h.ns_steps,
+                   " must be in 1..100 (Newton-Schulz iterations)");
     for (int k = 0; k < 3; ++k)
       LOWBIT_REQUIRE(std::isfinite(h.ns_coefficients[k]), LOWBIT_ERROR_INVALID_ARGUMENT, "ns_coefficients[", k,
                      "] = ", h.ns_coefficients[k], " must be finite");

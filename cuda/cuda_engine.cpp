@@ -637,7 +637,9 @@ void CudaEngine::begin_step(const GradView* grads, int64_t num_params, bool chec
   }
 }
 
-void CudaEngine::reserve_matmul() {
+// cuBLAS's products take their workspace from the handle: loading it is all
+// there is to ready.
+void CudaEngine::reserve_matmul(const Matmul*, int64_t) {
   DeviceGuard guard(device_);
   if (!blas_) blas_ = std::make_unique<Blas>(device_);
 }

@@ -53,7 +53,7 @@ class CudaEngine final : public Engine {
   void write_steps(const int64_t* in, int64_t num_params, void* stream) override;
 
   void begin_step(const GradView* grads, int64_t num_params, bool check_nonfinite, void* stream) override;
-  void reserve_matmul() override;
+  void reserve_matmul(const Matmul* products, int64_t count) override;
   void matmul(const Matmul& mm, void* stream) override;
 
   void bind_flat(const int64_t* offsets, const uint8_t* const* masks, int64_t num_params) override;

@@ -202,6 +202,8 @@ def train(label, algorithm, state, peak_lr, wd, init, data, steps, log_every):
     print(f"  ({seconds:.1f} s)")
     return {
         "label": label,
+        "algorithm": algorithm,
+        "state": state,
         "curve": curve,
         "train_loss": train_loss,
         "test_loss": test_loss,
@@ -214,33 +216,73 @@ def train(label, algorithm, state, peak_lr, wd, init, data, steps, log_every):
     }
 
 
+# The loss plot: one panel per optimizer family (small multiples), each
+# state format in the same colour and line style in every panel, and AdamW
+# fp32 (the baseline) as a thin grey line in the others.
+FAMILIES = (("adamw", "AdamW"), ("lion", "Lion"), ("muon", "Muon (+ AdamW for the biases)"))
+FAMILY_COLOURS = {"adamw": "tab:blue", "lion": "tab:green", "muon": "tab:red"}
+FORMAT_STYLES = {  # state format: (colour, line style)
+    "fp32": ("black", "-"),
+    "bf16": ("tab:blue", "--"),
+    "8bit": ("tab:green", "-"),
+    "fp8": ("tab:olive", ":"),
+    "4bit": ("tab:orange", "-"),
+    "4bit-rank1": ("tab:red", "--"),
+    "4bit-factor": ("tab:purple", "-."),
+    "4bit-sr": ("tab:brown", ":"),
+}
+
+
 def plot(results, path, steps):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    fig = plt.figure(figsize=(15, 8.5))
+    grid = fig.add_gridspec(2, 3, height_ratios=[3, 2], width_ratios=[1.4, 1, 1])
+    panels = [fig.add_subplot(grid[0, 0])]
+    panels += [fig.add_subplot(grid[0, k], sharey=panels[0]) for k in (1, 2)]
     window = max(1, steps // 60)
     kernel = np.ones(window) / window
-    for r in results:
-        smooth = np.convolve(r["curve"], kernel, mode="valid")
-        ax.plot(np.arange(window, steps + 1), smooth, label=f"{r['label']} (final {r['train_loss']:.3f})",
-                lw=1.6, ls="--" if r["label"].startswith("Lion") else "-")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss (mean over {window} steps)")
-    ax.set_title("4-class spirals, MLP 2-128-128-128-4")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    x = np.arange(window, steps + 1)
+    smooth = {id(r): np.convolve(r["curve"], kernel, mode="valid") for r in results}
+    base = results[0]
+    for ax, (family, title) in zip(panels, FAMILIES):
+        if family != base["algorithm"]:
+            ax.plot(x, smooth[id(base)], color="0.6", lw=1.0, label=f"{base['label']} (baseline)")
+        for r in results:
+            if r["algorithm"] != family:
+                continue
+            colour, style = FORMAT_STYLES.get(r["state"], ("tab:gray", "-"))
+            ax.plot(x, smooth[id(r)], color=colour, ls=style, lw=1.6,
+                    label=f"{r['label']} (final {r['train_loss']:.3f})")
+        ax.set_yscale("log")
+        # 0.2, not 2 x 10^-1; minor labels at 2, 3 and 5 only, clear of the decades'
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** np.floor(np.log10(v)), 6) in (2, 3, 5) else ""))
+        ax.set_xlabel("step")
+        ax.set_title(title, color=FAMILY_COLOURS[family])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    panels[0].set_ylabel(f"training loss (mean over {window} steps)")
+    for ax in panels[1:]:
+        ax.tick_params(labelleft=False)
+
+    bx = fig.add_subplot(grid[1, :])
     labels = [r["label"] for r in results]
     values = [r["bytes_per_param"] for r in results]
-    bars = bx.barh(labels[::-1], values[::-1], color="tab:blue")
+    colours = [FAMILY_COLOURS.get(r["algorithm"], "tab:gray") for r in results]
+    bars = bx.barh(labels[::-1], values[::-1], color=colours[::-1])
     for bar, v in zip(bars, values[::-1]):
-        bx.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.2f}", va="center")
-    bx.set_xlabel("optimizer state, bytes per parameter")
-    bx.set_xlim(0, max(values) * 1.25)
+        bx.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.2f}", va="center", fontsize=8)
+    bx.set_xlabel("optimizer state, bytes per parameter (colour: the family)")
+    bx.set_xlim(0, max(values) * 1.15)
+    bx.tick_params(axis="y", labelsize=8)
     bx.set_title("optimizer memory")
+    fig.suptitle("4-class spirals, MLP 2-128-128-128-4: every optimizer-state format")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)

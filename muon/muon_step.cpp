@@ -22,6 +22,42 @@ bool use_bf16(const lowbit_hparams_t& h, lowbit_device_t device) {
          (h.ns_precision == LOWBIT_NS_PRECISION_DEFAULT && device == LOWBIT_DEVICE_CUDA);
 }
 
+// The three products of one Newton-Schulz iteration over `count` rows x cols
+// matrices (k = min(rows, cols)): the iterate X in x, the next one to x2,
+// the k x k Gram matrices A in gram and B = b A + c A A in poly.
+struct NsProducts {
+  Matmul gram, poly, update;
+};
+NsProducts ns_products(int64_t rows, int64_t cols, int64_t count, const lowbit_hparams_t& h, bool bf16,
+                       const float* x, float* x2, float* gram, float* poly) {
+  const bool tall = rows > cols;
+  const int64_t numel = rows * cols, k = std::min(rows, cols);
+  NsProducts p;
+  Matmul& g = p.gram;  // A = X X^T (wide) or X^T X (tall): k x k
+  g.m = k, g.n = k, g.k = tall ? rows : cols, g.batch = count;
+  g.trans_a = tall, g.trans_b = !tall;
+  g.a = x, g.b = x, g.c = gram;
+  g.stride_a = numel, g.stride_b = numel, g.stride_c = k * k;
+  g.bf16 = bf16;
+  g.symmetric = true;
+  Matmul& q = p.poly;  // B = b A + c A A
+  q.m = k, q.n = k, q.k = k, q.batch = count;
+  q.a = gram, q.b = gram, q.d = gram, q.c = poly;
+  q.stride_a = k * k, q.stride_b = k * k, q.stride_c = k * k;
+  q.alpha = h.ns_coefficients[2], q.beta = h.ns_coefficients[1];
+  q.bf16 = bf16;
+  q.symmetric = true;  // A is symmetric (mirrored or exactly so)
+  Matmul& u = p.update;  // X' = a X + B X (wide) or a X + X B^T (tall)
+  u.m = rows, u.n = cols, u.k = k, u.batch = count;
+  u.a = tall ? x : poly, u.b = tall ? poly : x;
+  u.trans_b = tall;
+  u.stride_a = tall ? numel : k * k, u.stride_b = tall ? k * k : numel;
+  u.d = x, u.c = x2, u.stride_c = numel;
+  u.alpha = 1.f, u.beta = h.ns_coefficients[0];
+  u.bf16 = bf16;
+  return p;
+}
+
 }  // namespace
 
 void MuonSteps::layout(Engine& e, const std::vector<MuonParam>& params) {
@@ -64,7 +100,7 @@ void MuonSteps::layout(Engine& e, const std::vector<MuonParam>& params) {
     e.copy_from_host(dev_dims.data(), dims.data(), size_t(2 * n) * 8, nullptr);
     const std::vector<const uint8_t*> masks(static_cast<size_t>(n), nullptr);
     e.bind_flat(offsets.data(), masks.data(), n);
-    if (!batches.empty()) e.reserve_matmul();
+    if (!batches.empty()) e.reserve_matmul(nullptr, 0);
     norm_ = std::move(norm);
     dims_ = std::move(dev_dims);
   }
@@ -91,6 +127,21 @@ void MuonSteps::step(Engine& e, const GradView* grads, const lowbit_hparams_t* g
         calls.emplace_back(LOWBIT_ALGORITHM_MUON, int64_t(b));
         break;
       }
+  // No param has a grad: one call all the same, which steps nothing and
+  // writes the shared count (count + 1, as every algorithm's step does).
+  if (calls.empty()) calls.emplace_back(LOWBIT_ALGORITHM_ADAMW, -1);
+  // Every product this step runs is readied before anything is written: a
+  // product that cannot run fails the step here, with nothing changed.
+  products_.clear();
+  for (const auto& call : calls) {
+    if (call.second < 0) continue;
+    const Batch& b = batches_[size_t(call.second)];
+    const lowbit_hparams_t& h = groups[b.group];
+    const NsProducts p = ns_products(b.rows, b.cols, int64_t(b.params.size()), h, use_bf16(h, device), nullptr,
+                                     nullptr, nullptr, nullptr);
+    products_.insert(products_.end(), {p.gram, p.poly, p.update});
+  }
+  if (!products_.empty()) e.reserve_matmul(products_.data(), int64_t(products_.size()));
   e.begin_step(grads, n, check_nonfinite, stream);
   for (size_t c = 0; c < calls.size(); ++c) {
     StepControl ctl = base;
@@ -131,39 +182,16 @@ void MuonSteps::orthogonalise(Engine& e, const Batch& b, const lowbit_hparams_t&
   sr.bf16 = bf16;
   run_pass(e, sr, in_step, stream);
 
-  const bool tall = b.rows > b.cols;
-  const int64_t numel = b.rows * b.cols, k = std::min(b.rows, b.cols), count = int64_t(b.params.size());
+  const int64_t count = int64_t(b.params.size());
   float* x = static_cast<float*>(x_.data());
   float* x2 = static_cast<float*>(x2_.data());
   float* gram = static_cast<float*>(a_.data());
   float* poly = static_cast<float*>(b_.data());
-  const float ca = h.ns_coefficients[0], cb = h.ns_coefficients[1], cc = h.ns_coefficients[2];
   for (int32_t it = 0; it < h.ns_steps; ++it) {
-    Matmul g;  // A = X X^T (wide) or X^T X (tall): k x k
-    g.m = k, g.n = k, g.k = tall ? b.rows : b.cols, g.batch = count;
-    g.trans_a = tall, g.trans_b = !tall;
-    g.a = x, g.b = x, g.c = gram;
-    g.stride_a = numel, g.stride_b = numel, g.stride_c = k * k;
-    g.bf16 = bf16;
-    g.symmetric = true;
-    e.matmul(g, stream);
-    Matmul p;  // B = b A + c A A
-    p.m = k, p.n = k, p.k = k, p.batch = count;
-    p.a = gram, p.b = gram, p.d = gram, p.c = poly;
-    p.stride_a = k * k, p.stride_b = k * k, p.stride_c = k * k;
-    p.alpha = cc, p.beta = cb;
-    p.bf16 = bf16;
-    p.symmetric = true;  // A is symmetric (mirrored or exactly so)
-    e.matmul(p, stream);
-    Matmul u;  // X' = a X + B X (wide) or a X + X B^T (tall)
-    u.m = b.rows, u.n = b.cols, u.k = k, u.batch = count;
-    u.a = tall ? x : poly, u.b = tall ? poly : x;
-    u.trans_b = tall;
-    u.stride_a = tall ? numel : k * k, u.stride_b = tall ? k * k : numel;
-    u.d = x, u.c = x2, u.stride_c = numel;
-    u.alpha = 1.f, u.beta = ca;
-    u.bf16 = bf16;
-    e.matmul(u, stream);
+    const NsProducts p = ns_products(b.rows, b.cols, count, h, bf16, x, x2, gram, poly);
+    e.matmul(p.gram, stream);
+    e.matmul(p.poly, stream);
+    e.matmul(p.update, stream);
     std::swap(x, x2);
   }
   ApplyRule ar;

@@ -57,6 +57,7 @@ class MuonSteps {
   bool laid_out_ = false;
   std::vector<Batch> batches_;
   std::vector<GradView> table_;  // one call's grads
+  std::vector<Matmul> products_;  // one step's products, readied before it writes
   StateBuffer x_, x2_, a_, b_;   // workspace: updates (twice), Gram matrices, their polynomial
   StateBuffer norm_, dims_;      // per param: the update's norm; rows, cols
   int64_t x_floats_ = 0, gram_floats_ = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing lowbit needs on a fresh Debian machine:
-# cmocka, OpenMPI and cargo from Debian, the Python test dependencies from PyPI.
+# cmocka, OpenMPI, OpenBLAS, oneDNN, valgrind and cargo from Debian, the Python test dependencies from PyPI.
 # Skips whatever is already there: when every requirement of
 # requirements-test.txt is installed (and satisfies its version, if it names
 # one) pip is not run at all; LOWBIT_SETUP_PIP=always runs it anyway.
@@ -13,6 +13,7 @@ dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
 dpkg -s libopenblas-dev >/dev/null 2>&1 || need_apt+=(libopenblas-dev)  # Muon's CPU products (CBLAS)
 dpkg -s libdnnl-dev >/dev/null 2>&1 || need_apt+=(libdnnl-dev)  # Muon's bf16 CPU products (oneDNN)
 dpkg -s openmpi-bin >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+command -v valgrind >/dev/null 2>&1 || need_apt+=(valgrind)  # the memcheck runs of the exhaustive label
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 # The Rust crate's test (bindings/rust, CTest rust.train_linear): Debian's
 # cargo brings its rustc; a rustup toolchain on PATH serves as well.

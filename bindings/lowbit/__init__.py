@@ -80,7 +80,9 @@ def build_info() -> dict:
     jax_handlers (built by the same build), cpu_avx512_codecs (whether this
     process runs the AVX-512 codecs), cpu_kernels (the CPU instruction-set
     level that runs: portable, avx2, avx512 or neon), cpu_kernels_available,
-    cpu_codec, cpu_kernels_note (what became of LOWBIT_CPU_KERNELS), compiler,
+    cpu_codec, cpu_kernels_note (what became of LOWBIT_CPU_KERNELS),
+    cpu_matmul_fp32 / cpu_matmul_bf16 (what runs Muon's CPU products now:
+    the CBLAS, lowbit's own product or oneDNN's bf16 matmul), compiler,
     build_type, cdef_fingerprint, plus the paths of the library and of its
     declarations."""
     from ._ffi import ffi
@@ -90,6 +92,7 @@ def build_info() -> dict:
     info.struct_size = ffi.sizeof("lowbit_build_info_t")
     call("lowbit_build_info", info)
     v = info.version
+    fields = {name for name, _ in ffi.typeof("lowbit_build_info_t").fields}  # a library < 0.7 has no cpu_matmul_*
     return {
         "version": f"{v // 10000}.{v // 100 % 100}.{v % 100}",
         "library": _LIB.path,
@@ -109,6 +112,8 @@ def build_info() -> dict:
         "cpu_kernels_available": _c_string(info.cpu_kernels_available).split(","),
         "cpu_codec": _c_string(info.cpu_codec),
         "cpu_kernels_note": _c_string(info.cpu_kernels_note),
+        "cpu_matmul_fp32": _c_string(info.cpu_matmul_fp32) if "cpu_matmul_fp32" in fields else "",
+        "cpu_matmul_bf16": _c_string(info.cpu_matmul_bf16) if "cpu_matmul_bf16" in fields else "",
     }
 
 

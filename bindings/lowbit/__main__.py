@@ -76,6 +76,8 @@ def format_report(info: dict) -> str:
         ("JAX handlers found", jax_found),
         ("CPU kernels", kernels),
         ("CPU codecs", info["cpu_codec"]),
+        ("Muon CPU products, fp32", info["cpu_matmul_fp32"] or "not reported (a library before 0.8)"),
+        ("Muon CPU products, bf16", info["cpu_matmul_bf16"] or "not reported (a library before 0.8)"),
     ]
     width = max(len(k) for k, _ in rows) + 1
     return "\n".join(f"{k + ':':<{width}} {v}" for k, v in rows)

@@ -434,6 +434,13 @@ static void test_writes_honour_struct_size(void** state) {
   OK(lowbit_build_info(bi));
   assert_int_equal(bi->version, lowbit_version());
   untouched(buf, sizeof(lowbit_build_info_t), sizeof(lowbit_build_info_t) + SLACK, "build_info");
+  assert_true(strlen(bi->cpu_matmul_fp32) > 0 && strlen(bi->cpu_matmul_bf16) > 0);
+  assert_true(strlen(bi->cpu_kernels) > 0 && strlen(bi->cpu_kernels_available) > 0 && strlen(bi->cpu_codec) > 0);
+  /* A 0.3 caller's struct gets its 80 bytes, nothing past them. */
+  bi = (lowbit_build_info_t*)guarded_out(buf, OLD_BUILD_INFO);
+  OK(lowbit_build_info(bi));
+  assert_int_equal(bi->version, lowbit_version());
+  untouched(buf, OLD_BUILD_INFO, OLD_BUILD_INFO + SLACK, "0.3 build_info");
   guarded_out(buf, sizeof(lowbit_build_info_t) - 8);
   expect_error(lowbit_build_info((lowbit_build_info_t*)buf), LOWBIT_ERROR_INVALID_ARGUMENT, lowbit_last_error(),
                "lowbit_build_info_t", NULL, "build_info - 8");

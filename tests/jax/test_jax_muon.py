@@ -1,7 +1,7 @@
 """lowbit.jax.muon: the step through liblowbit_jax gives the bits of the
 handle optimizer (lowbit.Optimizer("muon"), the engine the C tests check
 against torch.optim.Muon and a float64 reference) for every state format and
-Newton-Schulz precision; optax's update path and the Muon + AdamW hybrid
+Newton-Schulz precision, with the products of LOWBIT_MATMUL=auto and =builtin; optax's update path and the Muon + AdamW hybrid
 through optax.partition; 1-D leaves refused."""
 
 import numpy as np
@@ -19,9 +19,13 @@ if not hasattr(lowbit.Algorithm, "MUON"):
 SHAPES = {"a": (48, 48), "b": (80, 24), "c": (24, 80), "d": (8, 4, 6)}
 
 
+@pytest.mark.parametrize("products", ["auto", "builtin"])
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "8bit", "4bit"])
-def test_muon_gives_the_handle_optimizers_bits(ljax, fmt, prec):
+def test_muon_gives_the_handle_optimizers_bits(ljax, fmt, prec, products, monkeypatch):
+    # LOWBIT_MATMUL (read at every step): "builtin" is what runs the bf16
+    # products on a CPU without oneDNN's bf16 matmul (AVX2 hosts)
+    monkeypatch.setenv("LOWBIT_MATMUL", products)
     rng = seeding.rng("jax-muon", fmt, prec)
     params = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in SHAPES.items()}
     hp = dict(weight_decay=0.05, momentum=0.9, nesterov=True, ns_steps=5)
@@ -82,7 +86,8 @@ def test_muon_refusals(ljax):
     with pytest.raises(ValueError, match="adamw"):
         ljax.muon(0.02).init({"w": jnp.zeros((8, 8)), "b": jnp.zeros(8)})
     with pytest.raises(lowbit.InvalidArgumentError, match="ns_steps"):
-        ljax.muon(0.02, ns_steps=100)
+        ljax.muon(0.02, ns_steps=101)
+    ljax.muon(0.02, ns_steps=100)  # the header's range: 1..100
     with pytest.raises(lowbit.InvalidArgumentError, match="adjust_lr_fn"):
         ljax.muon(0.02, adjust_lr_fn="sqrt")
     with pytest.raises(lowbit.InvalidArgumentError, match="ns_precision"):

@@ -33,3 +33,23 @@ def test_demo_short_run(tmp_path):
     assert out.exists() and out.stat().st_size > 10_000
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(out) in text
+
+
+def test_demo_plot_tells_every_series_apart():
+    """Issue 45 item 14: the loss plot has one panel per optimizer family,
+    and inside a panel every state format has its own colour and line style
+    (the same in every panel), none of them the baseline's grey."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lowbit_demo", ROOT / "examples" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    families = [f for f, _ in demo.FAMILIES]
+    assert {run[1] for run in demo.RUNS} == set(families)
+    assert len(set(demo.FAMILY_COLOURS[f] for f in families)) == len(families)
+    assert len(set(demo.FORMAT_STYLES.values())) == len(demo.FORMAT_STYLES)
+    for family in families:
+        states = [run[2] for run in demo.RUNS if run[1] == family]
+        assert all(s in demo.FORMAT_STYLES for s in states), states
+        styles = [demo.FORMAT_STYLES[s] for s in states]
+        assert len(set(styles)) == len(styles) and all(c != "0.6" for c, _ in styles), family

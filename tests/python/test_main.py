@@ -35,7 +35,8 @@ def test_report_lines():
     assert proc.returncode == 0, proc.stderr
     rows = _lines(proc.stdout)
     assert list(rows) == ["version", "library", "declarations", "compiler", "CUDA", "MPI", "NCCL", "OpenMP",
-                          "JAX handlers built", "JAX handlers found", "CPU kernels", "CPU codecs"]
+                          "JAX handlers built", "JAX handlers found", "CPU kernels", "CPU codecs",
+                          "Muon CPU products, fp32", "Muon CPU products, bf16"]
     assert rows["version"] == lowbit.version()
     assert rows["library"] == lowbit.library_path()
     info = lowbit.build_info()
@@ -49,6 +50,30 @@ def test_report_lines():
     assert rows["CPU kernels"].split()[0] == info["cpu_kernels"] in info["cpu_kernels_available"]
     assert rows["CPU codecs"] == info["cpu_codec"] in ("AVX-512", "AVX2", "NEON", "portable")
     assert rows["compiler"].startswith(info["compiler"])
+    assert rows["Muon CPU products, fp32"] == info["cpu_matmul_fp32"]
+    assert rows["Muon CPU products, bf16"] == info["cpu_matmul_bf16"]
+
+
+def test_report_names_what_runs_muons_products():
+    """Which implementation runs Muon's CPU products (core/cpu_matmul.hpp):
+    the CBLAS (named, with its path) or lowbit's own blocked product, and
+    oneDNN's bf16 matmul where this CPU has one; LOWBIT_MATMUL changes it
+    and an unknown value is reported as refused."""
+    auto = _lines(_run().stdout)
+    fp32, bf16 = auto["Muon CPU products, fp32"], auto["Muon CPU products, bf16"]
+    assert fp32.startswith(("OpenBLAS", "Intel MKL", "BLIS", "a CBLAS", "lowbit's blocked product")), fp32
+    if fp32.startswith("lowbit's"):  # no CBLAS, or the reference one: said so
+        assert "reference BLAS" in fp32 or "no CBLAS" in fp32, fp32
+    assert "bf16 matmul" in bf16 or "rounded to bf16" in bf16, bf16
+    builtin = _lines(_run(LOWBIT_MATMUL="builtin").stdout)
+    assert builtin["Muon CPU products, fp32"].startswith("lowbit's blocked product (")
+    assert builtin["Muon CPU products, fp32"].endswith("(LOWBIT_MATMUL=builtin)")
+    assert builtin["Muon CPU products, bf16"].endswith("(LOWBIT_MATMUL=builtin), rounded to bf16")
+    bad = _run(LOWBIT_MATMUL="fastest")
+    assert bad.returncode == 0 and _lines(bad.stdout)["Muon CPU products, fp32"].startswith("none: LOWBIT_MATMUL")
+    if bf16.startswith("oneDNN"):  # a CPU without oneDNN's bf16 matmul, as oneDNN's own switch makes this one
+        avx2 = _lines(_run(DNNL_MAX_CPU_ISA="AVX2").stdout)["Muon CPU products, bf16"]
+        assert avx2.endswith("has no bf16 matmul on this CPU)") and "rounded to bf16" in avx2, avx2
 
 
 def test_report_json_is_build_info():

@@ -18,6 +18,14 @@
 * 8-bit / 4-bit momentum: the bytes per element of a 4096 x 4096 param, and
   a small MLP trained 200 steps ends within 1% of fp32 Muon's loss.
 * The hybrid (AdamW param groups), checkpoints, torch.optim.Muon state dicts.
+* Every test with bf16 products (and the float64 one) runs twice (the
+  `products` fixture): LOWBIT_MATMUL=auto (here oneDNN's bf16 matmul and
+  OpenBLAS) and LOWBIT_MATMUL=builtin (lowbit's own product, what a CPU
+  without AVX-512 runs for bf16, and a host with only the reference BLAS for
+  fp32), under the same bounds; test_bf16_products_agree_across_backends
+  compares the two runs with each other.
+* Refusals: an SGD group registered without momentum refuses one later, and
+  a step whose products fail changes nothing (issue 45, items 3 and 4).
 """
 
 import io
@@ -71,6 +79,14 @@ def _param_errs(a, b):
     return [_rel(pb.detach(), pa.detach()) for pa, pb in zip(a, b)]
 
 
+@pytest.fixture(params=["auto", "builtin"])
+def products(request, monkeypatch):
+    """Which implementation runs the Newton-Schulz products
+    (core/cpu_matmul.hpp; LOWBIT_MATMUL is read at every step)."""
+    monkeypatch.setenv("LOWBIT_MATMUL", request.param)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     old = torch.get_num_threads()
@@ -99,7 +115,7 @@ def _run_pair(shapes, steps, salt, **hp):
 @needs_torch_muon
 @pytest.mark.parametrize("nesterov,adjust", [(True, None), (False, None), (True, "match_rms_adamw"),
                                              (True, "spectral_unclamped")])
-def test_matches_torch_muon(nesterov, adjust):
+def test_matches_torch_muon(nesterov, adjust, products):
     a, b, ta, tb = _run_pair(SHAPES_2D, 50, (nesterov, str(adjust)), lr=1e-3, nesterov=nesterov,
                              adjust_lr_fn=adjust)
     errs = _param_errs(a, b)
@@ -110,7 +126,7 @@ def test_matches_torch_muon(nesterov, adjust):
 
 
 @needs_torch_muon
-def test_matches_torch_muon_at_large_lr():
+def test_matches_torch_muon_at_large_lr(products):
     """lr 2e-2, 50 steps: the bf16 roundings spread last-bit differences of
     the inputs (module docstring); the drift stays at torch's own
     sensitivity (~1e-4), far below what a wrong step gives (~1)."""
@@ -185,7 +201,7 @@ def _update_error(p0, p, want):
 
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw", "spectral_unclamped", "none"])
 @pytest.mark.parametrize("nesterov", [True, False])
-def test_fp32_matches_float64_reference(rng, adjust, nesterov):
+def test_fp32_matches_float64_reference(rng, adjust, nesterov, products):
     shapes = [(48, 48), (80, 24), (24, 80), (1, 300), (8, 4, 6)]
     hp = dict(lr=0.03, weight_decay=0.1, momentum=0.9, nesterov=nesterov, eps=1e-7, ns_steps=5, coeffs=NS,
               adjust=adjust)
@@ -255,8 +271,10 @@ def test_low_level_options_and_refusals():
         assert opt.workspace_bytes() == 0 or opt.workspace_bytes() > 0  # reported; 0 without Muon params
         opt.add_param(np.zeros((8, 16), np.float32))
         assert opt.workspace_bytes() >= 8 * 16 * 4
+        opt.set_hparams(0, ns_steps=100)  # the header's range: 1..100
+        assert opt.get_hparams(0)["ns_steps"] == 100
         with pytest.raises(lowbit.InvalidArgumentError, match="ns_steps"):
-            opt.set_hparams(0, ns_steps=100)
+            opt.set_hparams(0, ns_steps=101)
         with pytest.raises(lowbit.InvalidArgumentError, match="adjust_lr"):
             opt.set_hparams(0, adjust_lr="sqrt")
         with pytest.raises(lowbit.InvalidArgumentError, match="ns_precision"):
@@ -340,7 +358,7 @@ def _task(salt, n=256, din=16, dout=4):
 
 
 @needs_torch_muon
-def test_hybrid_trains_and_matches_torch_muon_plus_adamw():
+def test_hybrid_trains_and_matches_torch_muon_plus_adamw(products):
     """lowbit.torch.Muon with an AdamW group against torch.optim.Muon plus
     torch.optim.AdamW over copies of a net's params, fed the grads of the
     torch copy (so that the last-bit differences bf16 roundings spread,
@@ -445,7 +463,7 @@ def _next_step(net, opt, x, y):
 
 
 @pytest.mark.parametrize("state", ["fp32", "8bit", "4bit"])
-def test_checkpoint_round_trip_gives_the_same_next_step(state):
+def test_checkpoint_round_trip_gives_the_same_next_step(state, products):
     net, opt, x, y = _trained_muon(state, state)
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
@@ -463,7 +481,7 @@ def test_checkpoint_round_trip_gives_the_same_next_step(state):
 
 
 @needs_torch_muon
-def test_torch_muon_state_dict_import():
+def test_torch_muon_state_dict_import(products):
     g = _gen("import")
     init = [torch.randn(s, generator=g) for s in SHAPES_2D]
     a = [p.clone().requires_grad_() for p in init]
@@ -586,3 +604,128 @@ def test_step_paths_give_the_eager_bits():
     }
     for name, params in others.items():
         assert all(torch.equal(a, b) for a, b in zip(eager, params)), name
+
+
+# ----------------------------------------------------------------- the implementations of the products
+
+
+def _numpy_muon_run(products, monkeypatch, shapes, steps, lr, num_threads=2, salt="agree"):
+    """lowbit.Optimizer("muon") (fp32 state, bf16 products) over params of
+    `shapes` fed the same fresh grads, its products by LOWBIT_MATMUL=products."""
+    monkeypatch.setenv("LOWBIT_MATMUL", products)
+    rng = seeding.rng("muon", salt)
+    params = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [np.zeros_like(p) for p in params]
+    with lowbit.Optimizer("muon", lr=lr, ns_precision="bf16", num_threads=num_threads) as opt:
+        for p, g in zip(params, grads):
+            opt.add_param(p, g, shape=p.shape)
+        for _ in range(steps):
+            for g in grads:
+                g[...] = rng.standard_normal(g.shape)
+            opt.step()
+    return params
+
+
+def test_bf16_products_agree_across_backends(monkeypatch):
+    """oneDNN's bf16 matmul (here; "auto") and lowbit's own product
+    ("builtin") multiply the same bf16 values with fp32 sums, in other orders:
+    the bits differ (a last-bit difference of a sum can flip a bf16
+    rounding, which the next products spread), by what two valid orders
+    differ by. The bound is the one the bf16 tests hold against
+    torch.optim.Muon (test_matches_torch_muon: 1e-5 relative after 50 steps
+    at lr 1e-3), which sums in yet another order. lowbit's own product gives
+    the same bits on any thread count (its sums' order does not depend on
+    the blocking)."""
+    print(lowbit.build_info()["cpu_matmul_bf16"])
+    auto = _numpy_muon_run("auto", monkeypatch, SHAPES_2D, 50, 1e-3)
+    builtin = _numpy_muon_run("builtin", monkeypatch, SHAPES_2D, 50, 1e-3)
+    errs = [_rel(b, a) for a, b in zip(auto, builtin)]
+    print(f"auto vs builtin, 50 steps at lr 1e-3: param rel diff {errs}")
+    assert max(errs) < 1e-5
+    shapes = [(130, 130), (200, 70)]  # past the product's threshold for threads
+    one = _numpy_muon_run("builtin", monkeypatch, shapes, 3, 2e-2, num_threads=1, salt="threads")
+    three = _numpy_muon_run("builtin", monkeypatch, shapes, 3, 2e-2, num_threads=3, salt="threads")
+    assert all(np.array_equal(a, b) for a, b in zip(one, three))
+
+
+def test_bad_matmul_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("LOWBIT_MATMUL", "fastest")
+    with lowbit.Optimizer("muon") as opt:
+        with pytest.raises(lowbit.InvalidArgumentError, match="LOWBIT_MATMUL = 'fastest' is not auto, blas or builtin"):
+            opt.add_param(np.zeros((8, 4), np.float32), np.zeros((8, 4), np.float32), shape=(8, 4))
+        assert opt.num_params == 0
+    assert lowbit.build_info()["cpu_matmul_fp32"].startswith("none: LOWBIT_MATMUL")
+
+
+# ----------------------------------------------------------------- refusals change nothing
+
+
+def test_sgd_group_without_momentum_refuses_one_later():
+    """An SGD group of a Muon optimizer registered with momentum 0 has no
+    momentum buffer: a later momentum is refused, as a plain SGD optimizer
+    refuses it (issue 45 item 3: it was accepted, and the step read an
+    uninitialised tile), through lowbit.Optimizer and lowbit.torch.Muon; the
+    params then step as plain SGD's, bit for bit."""
+    rng = seeding.rng("muon", "sgd-group")
+    w, b = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal(20).astype(np.float32)
+    b2 = b.copy()
+    gw, gb, gb2 = np.zeros_like(w), np.zeros_like(b), np.zeros_like(b)
+    with lowbit.Optimizer("muon", ns_precision="fp32") as opt, lowbit.Optimizer("sgd", lr=0.05) as plain:
+        group = opt.add_group(algorithm="sgd", lr=0.05, momentum=0.0)
+        opt.add_param(w, gw, shape=w.shape)
+        opt.add_param(b, gb, group=group)
+        plain.add_param(b2, gb2)
+        for o, gi in ((opt, group), (plain, 0)):
+            with pytest.raises(lowbit.InvalidArgumentError, match="registered without momentum"):
+                o.set_hparams(gi, momentum=0.9)
+            assert o.get_hparams(gi)["momentum"] == 0.0
+        for _ in range(4):
+            gw[...], gb[...] = rng.standard_normal(gw.shape), rng.standard_normal(gb.shape)
+            gb2[...] = gb
+            opt.step()
+            plain.step()
+        assert np.array_equal(b, b2)
+
+    g = _gen("sgd-group-torch")
+    wt, bt = torch.randn(16, 8, generator=g).requires_grad_(), torch.randn(20, generator=g).requires_grad_()
+    bp = bt.detach().clone().requires_grad_()
+    topt = lt.Muon([{"params": [wt]}, {"params": [bt], "algorithm": "sgd", "lr": 0.05, "momentum": 0.0}])
+    tplain = lt.SGD([bp], lr=0.05, momentum=0.0)
+    wt.grad, bt.grad = torch.randn(16, 8, generator=g), torch.randn(20, generator=g)
+    bp.grad = bt.grad.clone()
+    topt.step()
+    tplain.step()
+    before = [wt.detach().clone(), bt.detach().clone()]
+    for o in (topt, tplain):
+        o.param_groups[-1]["momentum"] = 0.9
+        with pytest.raises(lowbit.InvalidArgumentError, match="registered without momentum"):
+            o.step()
+        o.param_groups[-1]["momentum"] = 0.0
+    assert torch.equal(wt.detach(), before[0]) and torch.equal(bt.detach(), before[1])
+    topt.step()
+    tplain.step()
+    assert torch.equal(bt.detach(), bp.detach())
+
+
+def test_failed_products_change_nothing(monkeypatch):
+    """A step whose products cannot run (the test hook
+    LOWBIT_TEST_MATMUL_FAIL_AFTER: the first shape's products are readied,
+    the second's refused) raises and changes nothing: the state bytes, the
+    params, the step counts (issue 45 item 4: the momentum had advanced)."""
+    rng = seeding.rng("muon", "failed-products")
+    params = [rng.standard_normal(s).astype(np.float32) for s in ((24, 40), (40, 24))]
+    grads = [rng.standard_normal(p.shape).astype(np.float32) for p in params]
+    with lowbit.Optimizer("muon", ns_precision="bf16", state="8bit", min_quantized_numel=0) as opt:
+        for p, g in zip(params, grads):
+            opt.add_param(p, g, shape=p.shape)
+        opt.step()  # products 1-6
+        state, before = opt.save(), [p.copy() for p in params]
+        monkeypatch.setenv("LOWBIT_TEST_MATMUL_FAIL_AFTER", "9")
+        with pytest.raises(lowbit.InternalError, match="LOWBIT_TEST_MATMUL_FAIL_AFTER = 9: product 10"):
+            opt.step()
+        monkeypatch.delenv("LOWBIT_TEST_MATMUL_FAIL_AFTER")
+        assert opt.save() == state
+        assert all(np.array_equal(a, b) for a, b in zip(before, params))
+        assert opt.param_info(0).step == 1 and opt.param_info(1).step == 1
+        opt.step()
+        assert opt.param_info(0).step == 2
