@@ -30,6 +30,7 @@
 #include "core/update_rules.hpp"
 #include "cuda/lane_io.cuh"
 #include "cuda/shaped_kernels.cuh"
+#include "cuda/sr_codes.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -305,6 +306,18 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
   }
 }
 
+// A 4BIT_SR first moment of a whole tile stored (every lane of the warp: 8
+// elements each): the generic loop's stochastic codes, by sr_codes.
+__device__ __forceinline__ void encode_store_sr(const MomentRef& mr, const QMap& sm, const float (&x)[8], int64_t e0,
+                                                int64_t tile_off, int lane, int warp, uint64_t sr_key) {
+  const float absmax = block_absmax(x, 8, 8);
+  if ((lane & 15) == 0) mr.scales[tile_off / kBlock4 + (lane >> 4)] = absmax;
+  Raw r;
+  zero(r);
+  r.w[0] = sr_codes(sm, x, absmax, sr_key, e0, lane, warp);
+  store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, 4, 4, r);
+}
+
 // The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
 // of core/shape.hpp (its nearest_code as the bucket search or, for the 4-bit
 // linear map, linear16_code: the same code).
@@ -418,11 +431,13 @@ constexpr int kFastMoments = (A == Algo::AdamW || A == Algo::Adam) ? 2 : 1;
 // aligned bases: the generic loop's helpers with compile-time dtype and
 // format, so their switches fold away, no tail handling remains and the
 // parameter's fields stay in registers. The same operations in the same
-// order as the generic loop: the same bits.
-template <Algo A, uint8_t PD, uint8_t F>
+// order as the generic loop: the same bits. kSR: the first moment is
+// 4BIT_SR (F is 4BIT), its codes stochastic (encode_store_sr).
+template <Algo A, uint8_t PD, uint8_t F, bool kSR = false>
 __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, const StepScalars& s, uint64_t key,
                                            const QMap (&smap)[2], int64_t begin, int64_t t_from, int64_t t_to,
                                            int lane, int warp) {
+  static_assert(!kSR || F == LOWBIT_STATE_4BIT, "4BIT_SR is laid out as 4BIT");
   constexpr int NM = kFastMoments<A>;
   constexpr bool wide = PD == kF32;
   void* const param = P.param;
@@ -432,6 +447,10 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
   const bool second0 = (P.coding[0] & kCodeSecond) != 0, second1 = (P.coding[1] & kCodeSecond) != 0;
   const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
   const MomentRef mom1{NM > 1 ? F : uint8_t(0), P.mdata[1], P.mscale[1]};
+  uint64_t sr_key = kSR ? state_rounding_key(key, 0) : 0;
+#if defined(__CUDA_ARCH__)
+  if constexpr (kSR) asm volatile("" : "+l"(sr_key));  // once: not recomputed in each tile (29 instructions)
+#endif
   for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
     const int64_t tile_off = begin + t * kTile;
     const int64_t e0 = tile_off + lane * kElemsPerThread;
@@ -451,7 +470,10 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
     decode_moment(v, mom1.format, vraw, vscale, smap[1]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
-    encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
+    if constexpr (kSR)
+      encode_store_sr(mom0, smap[0], m, e0, tile_off, lane, warp, sr_key);
+    else
+      encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
     // v: an unsigned map, for 4-bit the linear one (dispatch_fast checks)
     encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom1, smap[1], second1, v, e0, tile_off,
                                                                               8, lane);
@@ -597,13 +619,21 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
                                               int64_t begin, int64_t t_from, int64_t t_to, int lane, int warp) {
   constexpr int NM = kFastMoments<A>;
   if (P.num_moments != NM || !P.param_al16 || !dyn.grad_al16 || dyn.gdtype != P.pdtype) return false;
-  if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
+  // 4BIT_SR: a stochastic first moment in blocks has fast loops; a stochastic second moment takes the generic loop.
+  const bool sr = (P.coding[0] & kCodeStochastic) != 0;
+  if (NM > 1 && (P.coding[1] & kCodeStochastic)) return false;
+  if (sr && (P.coding[0] & kCodeSecond)) return false;  // never: moment 0 is a first moment (sr_codes has no floor)
 #define LOWBIT_FAST_CASE(loop, pd, f)                                                  \
   case (pd) * 8 + (f):                                                                 \
     loop<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
     return true;
+#define LOWBIT_FAST_SR_CASE(pd)                                                                           \
+  case (pd) * 8 + LOWBIT_STATE_4BIT:                                                                      \
+    fast_tiles<A, (pd), LOWBIT_STATE_4BIT, true>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp); \
+    return true;
   if constexpr (NM == 2) {
     const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
+    if (shaped && sr) return false;  // m 4BIT_SR with a factored v: the generic loop
     if (shaped && (P.shape.ndim != 2 || P.shape.dim[1] % 8 != 0)) return false;
     if (P.norm[0] == uint8_t(Norm::Block) && P.norm[1] == uint8_t(Norm::Factored)) {  // lpmm's Factor
       switch (P.pdtype * 8 + P.format[0]) {
@@ -630,6 +660,13 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   // The second moment's codes take bucket_code_unsigned (its map has no negative value) or, 4-bit, linear16_code.
   if (NM > 1 && P.format[1] == LOWBIT_STATE_8BIT && !(smap[1].values[0] >= 0.f)) return false;
   if (NM > 1 && P.format[1] == LOWBIT_STATE_4BIT && !smap[1].linear16) return false;
+  if (sr) {
+    switch (P.pdtype * 8 + P.format[0]) {
+      LOWBIT_FAST_SR_CASE(kBF16)
+      LOWBIT_FAST_SR_CASE(kF32)
+      default: return false;
+    }
+  }
   switch (P.pdtype * 8 + P.format[0]) {
     LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_8BIT)
     LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_4BIT)
@@ -641,6 +678,7 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
     LOWBIT_FAST_CASE(fast_tiles, kF32, LOWBIT_STATE_FP32)
     default: return false;
   }
+#undef LOWBIT_FAST_SR_CASE
 #undef LOWBIT_FAST_CASE
 }
 

@@ -4,7 +4,8 @@
 //
 // Every algorithm (AdamW, Adam, Lion, SGD with momentum / Nesterov / plain) x
 // state format (fp32, bf16, 8-bit, 4-bit, FP8, 8-bit m + 4-bit v, FP8 m +
-// bf16 v) x param/grad dtype and rounding (10 cases: fp32/bf16/fp16 params,
+// bf16 v, 4BIT_SR, 4BIT_SR m + 4-bit v: the fast loops' stochastic codes) x
+// param/grad dtype and rounding (10 cases: fp32/bf16/fp16 params,
 // fp32/bf16/fp16 grads, nearest / stochastic rounding / error correction)
 // takes 3 steps on fresh random inputs on both engines, through the engine
 // interface exactly as Optimizer drives it (bind, set_hparams, step: the
@@ -114,6 +115,7 @@ const lowbit_state_format_t kFormats[][2] = {
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},  // LOWBIT_PRESET_ADAMW_4BIT_SR
 };
 
 struct ParamSpec {
