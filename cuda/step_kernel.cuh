@@ -432,18 +432,20 @@ constexpr int kFastMoments = (A == Algo::AdamW || A == Algo::Adam) ? 2 : 1;
 // format, so their switches fold away, no tail handling remains and the
 // parameter's fields stay in registers. The same operations in the same
 // order as the generic loop: the same bits. kSR: the first moment is
-// 4BIT_SR (F is 4BIT), its codes stochastic (encode_store_sr).
+// 4BIT_SR (F is 4BIT), its codes stochastic (encode_store_sr). Muon reads no
+// param and writes its result to `out` (fp32, 16-byte aligned when out_al16).
 template <Algo A, uint8_t PD, uint8_t F, bool kSR = false>
 __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, const StepScalars& s, uint64_t key,
                                            const QMap (&smap)[2], int64_t begin, int64_t t_from, int64_t t_to,
-                                           int lane, int warp) {
+                                           int lane, int warp, float* out = nullptr, bool out_al16 = false) {
   static_assert(!kSR || F == LOWBIT_STATE_4BIT, "4BIT_SR is laid out as 4BIT");
   constexpr int NM = kFastMoments<A>;
   constexpr bool wide = PD == kF32;
+  constexpr bool muon = A == Algo::Muon;
   void* const param = P.param;
   uint8_t* const ecc_bytes = P.ecc;
   const uint8_t rounding = P.rounding;
-  const bool ecc = !wide && rounding == kEcc;
+  const bool ecc = !muon && !wide && rounding == kEcc;
   const bool second0 = (P.coding[0] & kCodeSecond) != 0, second1 = (P.coding[1] & kCodeSecond) != 0;
   const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
   const MomentRef mom1{NM > 1 ? F : uint8_t(0), P.mdata[1], P.mscale[1]};
@@ -458,14 +460,14 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
     float mscale, vscale;
     zero(eraw);
     load_elems(graw, grad, wide, e0, 8, true);
-    load_elems(praw, param, wide, e0, 8, true);
+    if constexpr (!muon) load_elems(praw, param, wide, e0, 8, true);
     if (ecc) load_bytes(eraw, ecc_bytes + e0, 8, 8);
     load_moment(mraw, mscale, mom0, e0, tile_off, 8, lane);
     load_moment(vraw, vscale, mom1, e0, tile_off, 8, lane);
 
-    float g[8], p[8], m[8], v[8];
+    float g[8], p[8] = {}, m[8], v[8];
     tensor_to_float(PD, graw, g);
-    param_to_float(p, PD, ecc, praw, eraw);
+    if constexpr (!muon) param_to_float(p, PD, ecc, praw, eraw);
     decode_moment(m, F, mraw, mscale, smap[0]);
     decode_moment(v, mom1.format, vraw, vscale, smap[1]);
 #pragma unroll
@@ -477,7 +479,14 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
     // v: an unsigned map, for 4-bit the linear one (dispatch_fast checks)
     encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom1, smap[1], second1, v, e0, tile_off,
                                                                               8, lane);
-    store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
+    if constexpr (muon) {
+      Raw r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.w[j] = float_bits(p[j]);
+      store_elems(out, true, e0, 8, out_al16, r);
+    } else {
+      store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
+    }
   }
 }
 
@@ -682,6 +691,33 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
 #undef LOWBIT_FAST_CASE
 }
 
+// Muon's momentum step (its result to `out`, the param not read): whole tiles
+// of an 8-bit, 4-bit or 4BIT_SR moment in blocks, with bf16 or fp32 grads at a
+// 16-byte aligned base; false when the generic loop must take them.
+__device__ __forceinline__ bool dispatch_fast_muon(const DevParam& P, const DevDyn& dyn, const StepScalars& s,
+                                                   uint64_t key, const QMap (&smap)[2], float* out, int64_t begin,
+                                                   int64_t t_from, int64_t t_to, int lane, int warp) {
+  if (P.num_moments != 1 || !dyn.grad_al16 || P.norm[0] != uint8_t(Norm::Block)) return false;
+  const bool al16 = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+  const int sr = (P.coding[0] & kCodeStochastic) != 0 ? 1 : 0;
+  if (P.coding[0] & kCodeSecond) return false;  // never: Muon's momentum is a first moment
+#define LOWBIT_MUON_CASE(gd, f, k)                                                                           \
+  case (gd) * 16 + (f) * 2 + (k):                                                                            \
+    fast_tiles<Algo::Muon, (gd), (f), (k) != 0>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp, out, \
+                                                 al16);                                                      \
+    return true;
+  switch (dyn.gdtype * 16 + P.format[0] * 2 + sr) {
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_8BIT, 0)
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_4BIT, 0)
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_4BIT, 1)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_8BIT, 0)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_4BIT, 0)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_4BIT, 1)
+    default: return false;
+  }
+#undef LOWBIT_MUON_CASE
+}
+
 // ---- the kernel ----------------------------------------------------------------
 
 // Resident blocks per SM the register budget is sized for (3: 80 registers
@@ -765,7 +801,11 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   int64_t t_generic = t_begin;
   const int64_t whole_tiles = (ch.end - ch.begin) / kTile;
   const int64_t t_whole = whole_tiles < t_end ? whole_tiles : t_end;
-  if constexpr (A != Algo::Muon) {  // Muon's output is not the param: the generic loop only
+  if constexpr (A == Algo::Muon) {  // Muon's output is not the param
+    if (t_whole > t_begin && dispatch_fast_muon(P, dyn, s, key, smap, args.out + args.flat[ch.param].offset, ch.begin,
+                                                t_begin, t_whole, lane, warp))
+      t_generic = t_whole;
+  } else {
     if (t_whole > t_begin && dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
       t_generic = t_whole;
   }
