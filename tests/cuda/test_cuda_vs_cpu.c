@@ -1,8 +1,9 @@
 /* GPU engine against the CPU engine, through the C API.
  *
  * For every algorithm (AdamW, Adam, Lion, SGD with momentum / Nesterov /
- * plain) x state format (fp32, bf16, 8-bit, 4-bit, FP8, and the mixed pairs
- * 8-bit m + 4-bit v, FP8 m + bf16 v) x param/grad dtype and rounding (fp32,
+ * plain) x state format (fp32, bf16, 8-bit, 4-bit, FP8, the mixed pairs
+ * 8-bit m + 4-bit v, FP8 m + bf16 v, and 4BIT_SR: m 4BIT_SR + v 4-bit, the
+ * recommended preset, and both moments 4BIT_SR) x param/grad dtype and rounding (fp32,
  * bf16 and fp16 params with fp32/bf16/fp16 grads; nearest, stochastic
  * rounding, error-correction bytes), two optimizers, one per engine, take the
  * same 22 steps on fresh random inputs and are compared element by element.
@@ -75,7 +76,8 @@ static const fcase_t FORMATS[] = {
     {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32}, {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16},
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
-    {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},
+    {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
 };
 #define NFORMATS (int)(sizeof FORMATS / sizeof FORMATS[0])
 
@@ -86,6 +88,7 @@ static const char* fmt_name(lowbit_state_format_t f) {
     case LOWBIT_STATE_8BIT: return "8bit";
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
+    case LOWBIT_STATE_4BIT_SR: return "4bit-sr";
     default: return "?";
   }
 }
@@ -235,11 +238,12 @@ static void run_case(const acase_t* a, const fcase_t* f, const dcase_t* d, int r
 }
 
 /* LOWBIT_TEST_QUICK=1 (for compute-sanitizer runs): the quantized formats
- * and three dtype cases only. */
+ * (of 4BIT_SR the preset's pair) and three dtype cases only. */
 static int quick_skip(int fi, int di) {
   if (!getenv("LOWBIT_TEST_QUICK")) return 0;
   const lowbit_state_format_t m = FORMATS[fi].m;
-  const int quantized = m == LOWBIT_STATE_8BIT || m == LOWBIT_STATE_4BIT || m == LOWBIT_STATE_FP8 || fi == 0;
+  const int quantized = m == LOWBIT_STATE_8BIT || m == LOWBIT_STATE_4BIT || m == LOWBIT_STATE_FP8 || fi == 0 ||
+                        (m == LOWBIT_STATE_4BIT_SR && FORMATS[fi].v == LOWBIT_STATE_4BIT);
   return !quantized || !(di == 1 || di == 3 || di == 8);
 }
 
