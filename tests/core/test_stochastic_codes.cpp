@@ -235,6 +235,16 @@ void test_simd_tiles_equal_the_portable_rule(void**) {
     }
 }
 
+void test_layout_is_4bit(void**) {
+  for (int64_t numel : {1, 127, 128, 129, 1000, 4097}) {
+    assert_int_equal(moment_data_bytes(LOWBIT_STATE_4BIT_SR, numel), moment_data_bytes(LOWBIT_STATE_4BIT, numel));
+    assert_int_equal(moment_scale_bytes(LOWBIT_STATE_4BIT_SR, numel), moment_scale_bytes(LOWBIT_STATE_4BIT, numel));
+  }
+  assert_true(is_quantized(LOWBIT_STATE_4BIT_SR));
+  assert_string_equal(format_name(LOWBIT_STATE_4BIT_SR), "4bit-sr");
+  assert_false(moment_view(LOWBIT_STATE_4BIT, 0, nullptr, nullptr).stochastic);
+}
+
 // state_bits_run (the CUDA fast loops' 8 elements a lane) gives state_bits of
 // each element, runs on both sides of a multiple of 2^32 included.
 void test_state_bits_run(void**) {
@@ -249,16 +259,6 @@ void test_state_bits_run(void**) {
         fail_msg("first %llu j %d: state_bits_run %08x, state_bits %08x", (unsigned long long)first, j, bits[j],
                  state_bits(key, first + uint64_t(j)));
   }
-}
-
-void test_layout_is_4bit(void**) {
-  for (int64_t numel : {1, 127, 128, 129, 1000, 4097}) {
-    assert_int_equal(moment_data_bytes(LOWBIT_STATE_4BIT_SR, numel), moment_data_bytes(LOWBIT_STATE_4BIT, numel));
-    assert_int_equal(moment_scale_bytes(LOWBIT_STATE_4BIT_SR, numel), moment_scale_bytes(LOWBIT_STATE_4BIT, numel));
-  }
-  assert_true(is_quantized(LOWBIT_STATE_4BIT_SR));
-  assert_string_equal(format_name(LOWBIT_STATE_4BIT_SR), "4bit-sr");
-  assert_false(moment_view(LOWBIT_STATE_4BIT, 0, nullptr, nullptr).stochastic);
 }
 
 }  // namespace
