@@ -23,8 +23,10 @@
 // stochastic_code16 itself.
 //
 // The search runs on the table's shared-memory byte address: a block's table
-// is 128 bytes, 128-byte aligned, so a step is a load, a compare mask and an
-// OR of the step's offset into the address.
+// is 128 bytes, 128-byte aligned, so a step is a load, a compare and a
+// predicated OR of the step's offset into the address, and the address's low
+// 7 bits are 8 x the code. The host emulation runs the same steps on a byte
+// offset (only the load and compare primitives differ).
 #pragma once
 #include <cstdint>
 #include <cstring>
