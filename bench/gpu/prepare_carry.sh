@@ -3,7 +3,7 @@
 # needs on a lent GPU machine that has CUDA, torch and jax but no cmocka, no
 # MPI and no registry: a build for sm_90 (MPI on), the shared libraries the
 # test binaries need, and the Python wheels and Open MPI unpacked. The result
-# is one folder to name in the device call's `carry` (about 57 MB of the
+# is one folder to name in the device call's `carry` (59 MB, 60 MiB of the
 # 64 MiB that may travel, the working tree included):
 #
 #   bash bench/gpu/prepare_carry.sh [DIR]            # default .dev/carry (git-ignored: .gitignore)
