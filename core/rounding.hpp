@@ -53,6 +53,29 @@ LOWBIT_HD uint32_t state_bits(uint64_t key, uint64_t i) {
   return h ^ uint32_t(key >> 32);
 }
 
+// state_bits(key, first + j) for j = 0 .. N - 1, where first is a multiple of
+// N (N a power of two), so first + j keeps first's high word: the first sum
+// once, then j times the low word's multiplier added (the CUDA fast loops'
+// 8 elements a lane; tests/core/test_stochastic_codes.cpp checks it against
+// state_bits).
+template <int N>
+LOWBIT_HD void state_bits_run(uint64_t key, uint64_t first, uint32_t (&bits)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  const uint32_t h0 = uint32_t(first) * 0x9E3779B1u + uint32_t(key) + uint32_t(first >> 32) * 0x85EBCA77u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < N; ++j) {
+    uint32_t h = h0 + uint32_t(j) * 0x9E3779B1u;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    bits[j] = h ^ uint32_t(key >> 32);
+  }
+}
+
 // bf16 stochastic rounding: P(round away from zero) = dropped bits / 2^16.
 // Selects, no early return, so loops over it vectorise.
 LOWBIT_HD uint16_t float_to_bf16_sr(float f, uint32_t bits) {

@@ -30,6 +30,7 @@
 #include "core/update_rules.hpp"
 #include "cuda/lane_io.cuh"
 #include "cuda/shaped_kernels.cuh"
+#include "cuda/sr_codes.cuh"
 #include "cuda/tables.hpp"
 
 namespace lowbit {
@@ -305,6 +306,18 @@ __device__ __forceinline__ void encode_store_moment(const MomentRef& mr, const Q
   }
 }
 
+// A 4BIT_SR first moment of a whole tile stored (every lane of the warp: 8
+// elements each): the generic loop's stochastic codes, by sr_codes.
+__device__ __forceinline__ void encode_store_sr(const MomentRef& mr, const QMap& sm, const float (&x)[8], int64_t e0,
+                                                int64_t tile_off, int lane, int warp, uint64_t sr_key) {
+  const float absmax = block_absmax(x, 8, 8);
+  if ((lane & 15) == 0) mr.scales[tile_off / kBlock4 + (lane >> 4)] = absmax;
+  Raw r;
+  zero(r);
+  r.w[0] = sr_codes(sm, x, absmax, sr_key, e0, lane, warp);
+  store_bytes(static_cast<uint8_t*>(mr.data) + e0 / 2, 4, 4, r);
+}
+
 // The codes of a rank-1 moment's values x[j] with their own scales: rank1_code
 // of core/shape.hpp (its nearest_code as the bucket search or, for the 4-bit
 // linear map, linear16_code: the same code).
@@ -418,20 +431,28 @@ constexpr int kFastMoments = (A == Algo::AdamW || A == Algo::Adam) ? 2 : 1;
 // aligned bases: the generic loop's helpers with compile-time dtype and
 // format, so their switches fold away, no tail handling remains and the
 // parameter's fields stay in registers. The same operations in the same
-// order as the generic loop: the same bits.
-template <Algo A, uint8_t PD, uint8_t F>
+// order as the generic loop: the same bits. kSR: the first moment is
+// 4BIT_SR (F is 4BIT), its codes stochastic (encode_store_sr). Muon reads no
+// param and writes its result to `out` (fp32, 16-byte aligned when out_al16).
+template <Algo A, uint8_t PD, uint8_t F, bool kSR = false>
 __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, const StepScalars& s, uint64_t key,
                                            const QMap (&smap)[2], int64_t begin, int64_t t_from, int64_t t_to,
-                                           int lane, int warp) {
+                                           int lane, int warp, float* out = nullptr, bool out_al16 = false) {
+  static_assert(!kSR || F == LOWBIT_STATE_4BIT, "4BIT_SR is laid out as 4BIT");
   constexpr int NM = kFastMoments<A>;
   constexpr bool wide = PD == kF32;
+  constexpr bool muon = A == Algo::Muon;
   void* const param = P.param;
   uint8_t* const ecc_bytes = P.ecc;
   const uint8_t rounding = P.rounding;
-  const bool ecc = !wide && rounding == kEcc;
+  const bool ecc = !muon && !wide && rounding == kEcc;
   const bool second0 = (P.coding[0] & kCodeSecond) != 0, second1 = (P.coding[1] & kCodeSecond) != 0;
   const MomentRef mom0{F, P.mdata[0], P.mscale[0]};
   const MomentRef mom1{NM > 1 ? F : uint8_t(0), P.mdata[1], P.mscale[1]};
+  uint64_t sr_key = kSR ? state_rounding_key(key, 0) : 0;
+#if defined(__CUDA_ARCH__)
+  if constexpr (kSR) asm volatile("" : "+l"(sr_key));  // once: not recomputed in each tile (29 instructions)
+#endif
   for (int64_t t = t_from + warp; t < t_to; t += kWarps) {
     const int64_t tile_off = begin + t * kTile;
     const int64_t e0 = tile_off + lane * kElemsPerThread;
@@ -439,23 +460,33 @@ __device__ __forceinline__ void fast_tiles(const DevParam& P, const void* grad, 
     float mscale, vscale;
     zero(eraw);
     load_elems(graw, grad, wide, e0, 8, true);
-    load_elems(praw, param, wide, e0, 8, true);
+    if constexpr (!muon) load_elems(praw, param, wide, e0, 8, true);
     if (ecc) load_bytes(eraw, ecc_bytes + e0, 8, 8);
     load_moment(mraw, mscale, mom0, e0, tile_off, 8, lane);
     load_moment(vraw, vscale, mom1, e0, tile_off, 8, lane);
 
-    float g[8], p[8], m[8], v[8];
+    float g[8], p[8] = {}, m[8], v[8];
     tensor_to_float(PD, graw, g);
-    param_to_float(p, PD, ecc, praw, eraw);
+    if constexpr (!muon) param_to_float(p, PD, ecc, praw, eraw);
     decode_moment(m, F, mraw, mscale, smap[0]);
     decode_moment(v, mom1.format, vraw, vscale, smap[1]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) update_element<A>(s, p[j], g[j], m[j], v[j]);
-    encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
+    if constexpr (kSR)
+      encode_store_sr(mom0, smap[0], m, e0, tile_off, lane, warp, sr_key);
+    else
+      encode_store_moment(mom0, smap[0], second0, m, e0, tile_off, 8, lane);
     // v: an unsigned map, for 4-bit the linear one (dispatch_fast checks)
     encode_store_moment<F == LOWBIT_STATE_4BIT ? kLinear16Map : kUnsignedMap>(mom1, smap[1], second1, v, e0, tile_off,
                                                                               8, lane);
-    store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
+    if constexpr (muon) {
+      Raw r;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r.w[j] = float_bits(p[j]);
+      store_elems(out, true, e0, 8, out_al16, r);
+    } else {
+      store_param(PD, rounding, param, ecc_bytes, true, p, e0, 8, key);
+    }
   }
 }
 
@@ -597,13 +628,21 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
                                               int64_t begin, int64_t t_from, int64_t t_to, int lane, int warp) {
   constexpr int NM = kFastMoments<A>;
   if (P.num_moments != NM || !P.param_al16 || !dyn.grad_al16 || dyn.gdtype != P.pdtype) return false;
-  if ((P.coding[0] | P.coding[1]) & kCodeStochastic) return false;  // 4BIT_SR: the generic loop
+  // 4BIT_SR: a stochastic first moment in blocks has fast loops; a stochastic second moment takes the generic loop.
+  const bool sr = (P.coding[0] & kCodeStochastic) != 0;
+  if (NM > 1 && (P.coding[1] & kCodeStochastic)) return false;
+  if (sr && (P.coding[0] & kCodeSecond)) return false;  // never: moment 0 is a first moment (sr_codes has no floor)
 #define LOWBIT_FAST_CASE(loop, pd, f)                                                  \
   case (pd) * 8 + (f):                                                                 \
     loop<A, (pd), (f)>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp);  \
     return true;
+#define LOWBIT_FAST_SR_CASE(pd)                                                                           \
+  case (pd) * 8 + LOWBIT_STATE_4BIT:                                                                      \
+    fast_tiles<A, (pd), LOWBIT_STATE_4BIT, true>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp); \
+    return true;
   if constexpr (NM == 2) {
     const bool shaped = P.norm[0] != uint8_t(Norm::Block) || P.norm[1] != uint8_t(Norm::Block);
+    if (shaped && sr) return false;  // m 4BIT_SR with a factored v: the generic loop
     if (shaped && (P.shape.ndim != 2 || P.shape.dim[1] % 8 != 0)) return false;
     if (P.norm[0] == uint8_t(Norm::Block) && P.norm[1] == uint8_t(Norm::Factored)) {  // lpmm's Factor
       switch (P.pdtype * 8 + P.format[0]) {
@@ -630,6 +669,13 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
   // The second moment's codes take bucket_code_unsigned (its map has no negative value) or, 4-bit, linear16_code.
   if (NM > 1 && P.format[1] == LOWBIT_STATE_8BIT && !(smap[1].values[0] >= 0.f)) return false;
   if (NM > 1 && P.format[1] == LOWBIT_STATE_4BIT && !smap[1].linear16) return false;
+  if (sr) {
+    switch (P.pdtype * 8 + P.format[0]) {
+      LOWBIT_FAST_SR_CASE(kBF16)
+      LOWBIT_FAST_SR_CASE(kF32)
+      default: return false;
+    }
+  }
   switch (P.pdtype * 8 + P.format[0]) {
     LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_8BIT)
     LOWBIT_FAST_CASE(fast_tiles, kBF16, LOWBIT_STATE_4BIT)
@@ -641,7 +687,35 @@ __device__ __forceinline__ bool dispatch_fast(const DevParam& P, const DevDyn& d
     LOWBIT_FAST_CASE(fast_tiles, kF32, LOWBIT_STATE_FP32)
     default: return false;
   }
+#undef LOWBIT_FAST_SR_CASE
 #undef LOWBIT_FAST_CASE
+}
+
+// Muon's momentum step (its result to `out`, the param not read): whole tiles
+// of an 8-bit, 4-bit or 4BIT_SR moment in blocks, with bf16 or fp32 grads at a
+// 16-byte aligned base; false when the generic loop must take them.
+__device__ __forceinline__ bool dispatch_fast_muon(const DevParam& P, const DevDyn& dyn, const StepScalars& s,
+                                                   uint64_t key, const QMap (&smap)[2], float* out, int64_t begin,
+                                                   int64_t t_from, int64_t t_to, int lane, int warp) {
+  if (P.num_moments != 1 || !dyn.grad_al16 || P.norm[0] != uint8_t(Norm::Block)) return false;
+  const bool al16 = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+  const int sr = (P.coding[0] & kCodeStochastic) != 0 ? 1 : 0;
+  if (P.coding[0] & kCodeSecond) return false;  // never: Muon's momentum is a first moment
+#define LOWBIT_MUON_CASE(gd, f, k)                                                                           \
+  case (gd) * 16 + (f) * 2 + (k):                                                                            \
+    fast_tiles<Algo::Muon, (gd), (f), (k) != 0>(P, dyn.grad, s, key, smap, begin, t_from, t_to, lane, warp, out, \
+                                                 al16);                                                      \
+    return true;
+  switch (dyn.gdtype * 16 + P.format[0] * 2 + sr) {
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_8BIT, 0)
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_4BIT, 0)
+    LOWBIT_MUON_CASE(kBF16, LOWBIT_STATE_4BIT, 1)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_8BIT, 0)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_4BIT, 0)
+    LOWBIT_MUON_CASE(kF32, LOWBIT_STATE_4BIT, 1)
+    default: return false;
+  }
+#undef LOWBIT_MUON_CASE
 }
 
 // ---- the kernel ----------------------------------------------------------------
@@ -727,7 +801,11 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
   int64_t t_generic = t_begin;
   const int64_t whole_tiles = (ch.end - ch.begin) / kTile;
   const int64_t t_whole = whole_tiles < t_end ? whole_tiles : t_end;
-  if constexpr (A != Algo::Muon) {  // Muon's output is not the param: the generic loop only
+  if constexpr (A == Algo::Muon) {  // Muon's output is not the param
+    if (t_whole > t_begin && dispatch_fast_muon(P, dyn, s, key, smap, args.out + args.flat[ch.param].offset, ch.begin,
+                                                t_begin, t_whole, lane, warp))
+      t_generic = t_whole;
+  } else {
     if (t_whole > t_begin && dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
       t_generic = t_whole;
   }

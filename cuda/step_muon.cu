@@ -1,5 +1,5 @@
-// Step kernels of Muon's momentum (the generic loop only: its output goes to
-// the Newton-Schulz workspace, not to the param).
+// Step kernels of Muon's momentum (its output goes to the Newton-Schulz
+// workspace, not to the param: the fast loops of dispatch_fast_muon).
 #include "cuda/step_launch.cuh"
 
 namespace lowbit {

@@ -14,10 +14,20 @@
 // and copy bandwidth = 2 x bytes / time of a 1 GiB device-to-device copy (read +
 // write; the better median of cudaMemcpyAsync and a 16-byte-per-thread copy
 // kernel, 10 each), measured in the same run.
+// The Muon configurations step llama1b's 154 block matrices (q, k, v, o, gate,
+// up, down of the 22 layers; torch.optim.Muon's recipe leaves the embedding,
+// head and norms to AdamW) with their 2-D shapes: each step is the momentum
+// pass and the Newton-Schulz products (cuBLAS, bf16 by default on CUDA), so
+// besides the bytes of the element-wise passes (grads read, momentum read +
+// written, params read + written, the fp32 update written twice and read three
+// times) it
+// prints the products' nominal rate (ns_steps x (4 m^2 n + 2 m^3) flops per m x n
+// matrix, m <= n).
 // Not a test: prints a table, asserts nothing.
 //
-// Usage: bench_gpu_step [layout|all] [config|all] [iters]
-//   configs: adamw8 adamw4 lion8 adamw32 adamw8_sr adamw8_ecc adamwfp8 adamw8_check
+// Usage: bench_gpu_step [layout|all] [config[,config...]|all] [iters]
+//   configs: adamw8 adamw4 adamw4_sr lion8 lion4_sr adamw32 adamw8_sr adamw8_ecc adamwfp8 adamw8_check
+//            adamw4_rank1 adamw4_factor muon32 muon8 muon4 muon4_sr (Muon: llama1b only)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lowbit.h"
@@ -52,6 +63,15 @@ namespace {
     }                                                                                                   \
   } while (0)
 
+// llama1b's block matrices (rows, cols), as torch's nn.Linear weights: q, k, v, o, gate, up, down per layer.
+std::vector<std::pair<int64_t, int64_t>> llama1b_matrices() {
+  const int64_t h = 2048, inter = 5632, kv = 256;
+  std::vector<std::pair<int64_t, int64_t>> m;
+  for (int l = 0; l < 22; ++l)
+    m.insert(m.end(), {{h, h}, {kv, h}, {kv, h}, {h, h}, {inter, h}, {inter, h}, {h, inter}});
+  return m;
+}
+
 std::vector<int64_t> layout(const std::string& name) {
   std::vector<int64_t> t;
   if (name == "llama1b") {
@@ -74,13 +94,22 @@ struct Config {
   lowbit_state_format_t format;
   lowbit_dtype_t dtype;
   int sr, ecc, skip_nonfinite;
-  int preset = 0;  // a lowbit_preset_t: tensors of >= 1M elements get a 2-D shape (rows = largest divisor <= sqrt)
+  int preset = 0;  // a lowbit_preset_t; the shaped ones (rank-1, factor): tensors of >= 1M elements get a 2-D
+                   // shape (rows = largest divisor <= sqrt)
 };
+
+bool shaped_preset(const Config& c) {
+  return c.preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || c.preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR;
+}
 
 const Config kConfigs[] = {
     {"adamw8", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
     {"adamw4", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
+    // the recommended 4-bit preset: m 4BIT_SR (stochastic codes), v 4BIT
+    {"adamw4_sr", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0,
+     LOWBIT_PRESET_ADAMW_4BIT_SR},
     {"lion8", LOWBIT_ALGORITHM_LION, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
+    {"lion4_sr", LOWBIT_ALGORITHM_LION, LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
     {"adamw32", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0, 0},
     {"adamw8_sr", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 1, 0, 0},
     {"adamw8_ecc", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 1, 0},
@@ -90,6 +119,10 @@ const Config kConfigs[] = {
      LOWBIT_PRESET_LPMM_ADAMW_4BIT},
     {"adamw4_factor", LOWBIT_ALGORITHM_ADAMW, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0,
      LOWBIT_PRESET_ADAMW_4BIT_FACTOR},
+    {"muon32", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_FP32, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
+    {"muon8", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
+    {"muon4", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
+    {"muon4_sr", LOWBIT_ALGORITHM_MUON, LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0},
 };
 
 // Deterministic pseudo-random values of about `scale`, stored as fp32 or bf16.
@@ -162,14 +195,28 @@ double moment_bytes(lowbit_state_format_t f, int64_t n) {
     case LOWBIT_STATE_BF16: return 2.0 * n;
     case LOWBIT_STATE_8BIT:
     case LOWBIT_STATE_FP8: return double(n) + 4.0 * double((n + 255) / 256);
-    case LOWBIT_STATE_4BIT: return double((n + 1) / 2) + 4.0 * double((n + 127) / 128);
+    case LOWBIT_STATE_4BIT:
+    case LOWBIT_STATE_4BIT_SR: return double((n + 1) / 2) + 4.0 * double((n + 127) / 128);
     default: return 0;
   }
 }
 
 void run(const std::string& lname, const Config& c, int iters, double copy_bw, cudaStream_t s) {
-  const std::vector<int64_t> sizes = layout(lname);
+  const bool muon = c.algo == LOWBIT_ALGORITHM_MUON;
+  const std::vector<std::pair<int64_t, int64_t>> mats = muon ? llama1b_matrices() : std::vector<std::pair<int64_t, int64_t>>{};
+  std::vector<int64_t> sizes = layout(lname);
+  if (muon) {
+    sizes.clear();
+    for (const auto& m : mats) sizes.push_back(m.first * m.second);
+  }
   const int64_t np = int64_t(sizes.size());
+  double ns_flops = 0;  // the Newton-Schulz products of one step (nominal)
+  lowbit_hparams_t h;
+  LB(lowbit_hparams_init(&h, c.algo));
+  for (const auto& m : mats) {
+    const double a = double(std::min(m.first, m.second)), b = double(std::max(m.first, m.second));
+    ns_flops += double(h.ns_steps) * (4.0 * a * a * b + 2.0 * a * a * a);
+  }
   const size_t eb = c.dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2;
   int64_t total = 0;
   for (int64_t n : sizes) total += n;
@@ -181,10 +228,8 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
   CK(cudaMalloc(&grads, padded));
 
   lowbit_optimizer_config_t cfg;
-  lowbit_hparams_t h;
   LB(lowbit_optimizer_config_init(&cfg, c.algo));
   if (c.preset) LB(lowbit_optimizer_config_preset(&cfg, lowbit_preset_t(c.preset)));
-  LB(lowbit_hparams_init(&h, c.algo));
   cfg.device = LOWBIT_DEVICE_CUDA;
   cfg.state_format = c.format;
   cfg.stochastic_rounding = c.sr;
@@ -202,7 +247,11 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
     LB(lowbit_param_config_init(&pc));
     pc.param = lowbit_tensor_t{params + off, n, c.dtype, LOWBIT_DEVICE_CUDA, 0};
     pc.grad = lowbit_tensor_t{grads + off, n, c.dtype, LOWBIT_DEVICE_CUDA, 0};
-    if (c.preset && n >= (int64_t(1) << 20)) {
+    if (muon) {
+      pc.ndim = 2;
+      pc.shape[0] = mats[size_t(i)].first;
+      pc.shape[1] = mats[size_t(i)].second;
+    } else if (shaped_preset(c) && n >= (int64_t(1) << 20)) {
       int64_t rows = 1;
       for (int64_t d = 1; d * d <= n; ++d)
         if (n % d == 0) rows = d;
@@ -218,7 +267,11 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
     LB(lowbit_optimizer_param_info(opt, id, &info));
     bytes += double(n) * double(3 * eb);  // param read + write, grad read
     if (c.skip_nonfinite) bytes += double(n) * double(eb);
-    if (c.preset) {
+    if (muon) {
+      // the fp32 update: written by the momentum pass, read by the norm pass, read and written by the
+      // scale pass, read by the last pass (the products' own traffic is not counted)
+      bytes += 2 * moment_bytes(info.state_format, n) + 5.0 * 4.0 * double(n);
+    } else if (shaped_preset(c)) {
       // shaped: the state as allocated, read and written; pass 1 reads the grads and a rank-1 v's
       // codes once (both maxima in one read, rows a multiple of 8 long), a factored v's grads twice
       // (rows, then columns)
@@ -259,9 +312,11 @@ void run(const std::string& lname, const Config& c, int iters, double copy_bw, c
   }
   for (cudaEvent_t& e : ev) cudaEventDestroy(e);
   const double med = median(t);
-  std::printf("%-11s %-13s %5lld %14lld %10.3f %9.3f %9.3f %9.3f %8.1f %8.1f %7.1f%%\n", lname.c_str(), c.name,
+  std::printf("%-11s %-13s %5lld %14lld %10.3f %9.3f %9.3f %9.3f %8.1f %8.1f %7.1f%%", lname.c_str(), c.name,
               (long long)np, (long long)total, bytes / 1e9, med * 1e3, wall * 1e3, enqueue * 1e3, bytes / med / 1e9,
               copy_bw / 1e9, 100.0 * bytes / med / copy_bw);
+  if (muon) std::printf("  Newton-Schulz %.1f TFLOP/s (nominal, %d steps)", ns_flops / med / 1e12, int(h.ns_steps));
+  std::printf("\n");
   std::fflush(stdout);
   LB(lowbit_optimizer_destroy(opt));
   CK(cudaFree(params));
@@ -291,7 +346,8 @@ int main(int argc, char** argv) {
   for (const char* l : {"llama1b", "many_small"}) {
     if (lsel != "all" && lsel != l) continue;
     for (const Config& c : kConfigs) {
-      if (csel != "all" && csel != c.name) continue;
+      if (csel != "all" && ("," + csel + ",").find("," + std::string(c.name) + ",") == std::string::npos) continue;
+      if (c.algo == LOWBIT_ALGORITHM_MUON && std::string(l) != "llama1b") continue;  // llama1b's matrices
       run(l, c, iters, bw, s);
     }
   }

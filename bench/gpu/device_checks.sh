@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Every check lowbit runs on a GPU, in one call of a lent GPU machine (it keeps
 # nothing between calls, so one prepared script does the whole round):
-#   1. the GPU C suites (cuda.vs_cpu, cuda.graph_capi, cuda.engine_graph,
-#      cuda.functional_step, cuda.step_params);
+#   1. the GPU C suites (cuda.vs_cpu with 4BIT_SR and Muon's momentum,
+#      cuda.graph_capi, cuda.engine_graph, cuda.functional_step,
+#      cuda.step_params, cuda.muon, cuda.extremes);
 #   2. alone on the card, the timings: bench_gpu_step (every config, both
-#      layouts), the same kernels built with --use_fast_math (the cost of
+#      layouts: 4BIT_SR's preset and Lion 4bit-sr on the fast loops, Muon on
+#      llama1b's matrices with fp32, 8-bit, 4-bit and 4BIT_SR momentum), the
+#      element-wise configs built with --use_fast_math (the cost of
 #      exactness; needs FAST_BUILD), bench/gpu/compare_peers.py (torch fused
 #      AdamW, bitsandbytes), bench_comm_cuda (pack/unpack bandwidth, NCCL at
 #      world size 1), bench/gpu/compare_jax.py (optax), bench/gpu/offload_1b.py
 #      (memory and time of the step inside backward and of CPU offload);
 #   3. side by side: compute-sanitizer memcheck, racecheck, initcheck and
 #      synccheck over the C suites, the PyTorch CUDA tests, the JAX tests on
-#      the GPU and the demo on the GPU; where BUILD has the MPI suites and an
+#      the GPU, the demo on the GPU, lowbit.torch.OneBitAdam under torchrun
+#      with NCCL on CUDA params; where BUILD has the MPI suites and an
 #      mpirun is found (LOWBIT_MPIRUN, else PATH), the communicator with CUDA
 #      buffers at 1 and 2 ranks and the 1-bit optimizers with CUDA params at
 #      2 ranks (bench/NOTES.md says how to carry an MPI to a machine without
@@ -63,7 +67,7 @@ cat "$O/logs/env.log" >>"$SUM"
 
 T=$B/tests/cuda
 # 1. correctness of the C suites
-stage vs_cpu 120 "$T/test_cuda_vs_cpu"
+stage vs_cpu 150 "$T/test_cuda_vs_cpu"  # 370 cases + Muon's momentum (16)
 stage graph_capi 45 "$T/test_cuda_graph_capi"
 stage engine_graph 45 "$T/test_cuda_engine_graph"
 stage functional_step 60 "$T/test_functional_step_cuda"
@@ -72,9 +76,11 @@ stage muon 60 "$T/test_muon_cuda"
 stage extremes 60 "$T/test_extremes_vs_cpu"  # rank-1 one-read pass 1 and fast pass 2, bf16, vs the CPU
 
 # 2. timings, alone on the card
-stage bench_gpu_step 120 "$B/bench/gpu/bench_gpu_step" all all 20
+stage bench_gpu_step 180 "$B/bench/gpu/bench_gpu_step" all all 20
 if [ -n "$FB" ]; then
-  stage bench_fastmath 60 env LD_LIBRARY_PATH="$FB:$LD_LIBRARY_PATH" "$B/bench/gpu/bench_gpu_step" llama1b all 20
+  # the element-wise configs (Muon's steps are mostly cuBLAS products, which fast math does not change)
+  EW=adamw8,adamw4,adamw4_sr,lion8,lion4_sr,adamw32,adamw8_sr,adamw8_ecc,adamwfp8,adamw8_check,adamw4_rank1,adamw4_factor
+  stage bench_fastmath 90 env LD_LIBRARY_PATH="$FB:$LD_LIBRARY_PATH" "$B/bench/gpu/bench_gpu_step" llama1b "$EW" 20
 fi
 stage compare_peers 120 python3 "$ROOT/bench/gpu/compare_peers.py" --steps 10 --rounds 3
 stage bench_comm_cuda 40 "$B/bench/comm/bench_comm_cuda"
@@ -97,6 +103,8 @@ stage pytest_torch_cuda 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/test
   "$ROOT/tests/python/test_torch_compile.py" -k "cuda or Cuda or CUDA or stream or captured" &
 stage pytest_jax_gpu 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/jax" &
 stage demo_cuda 150 python3 "$ROOT/examples/demo.py" --device cuda --steps 400 --no-plot &
+# lowbit.torch.OneBitAdam under torchrun with NCCL on CUDA params (one rank per GPU)
+stage torchrun_nccl 150 python3 -m pytest -q -p no:cacheprovider "$ROOT/tests/python/test_torch_onebit.py" -k nccl &
 MPIRUN=${LOWBIT_MPIRUN:-$(command -v mpirun || true)}
 if [ -n "$MPIRUN" ] && [ -x "$B/tests/comm/test_comm_cuda" ] && [ -x "$T/test_onebit_cuda" ]; then
   M="$MPIRUN --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x PATH"

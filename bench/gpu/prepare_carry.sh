@@ -3,10 +3,10 @@
 # needs on a lent GPU machine that has CUDA, torch and jax but no cmocka, no
 # MPI and no registry: a build for sm_90 (MPI on), the shared libraries the
 # test binaries need, and the Python wheels and Open MPI unpacked. The result
-# is one folder to name in the device call's `carry` (about 57 MB of the
+# is one folder to name in the device call's `carry` (59 MB, 60 MiB of the
 # 64 MiB that may travel, the working tree included):
 #
-#   bash bench/gpu/prepare_carry.sh [DIR]            # default .dev/carry (git-ignored: .git/info/exclude)
+#   bash bench/gpu/prepare_carry.sh [DIR]            # default .dev/carry (git-ignored: .gitignore)
 #   # on the device, from the repository root:
 #   source DIR/env.sh && bash bench/gpu/device_checks.sh DIR/build "$LOWBIT_FAST_BUILD" $OUT/checks
 #
@@ -21,7 +21,12 @@ BUILD=${BUILD:-$ROOT/.dev/build}
 FAST_BUILD=${FAST_BUILD:-$ROOT/.dev/build-fast}
 mkdir -p "$C"
 C=$(cd "$C" && pwd)
-grep -qxF "/.dev/" "$ROOT/.git/info/exclude" 2>/dev/null || echo "/.dev/" >>"$ROOT/.git/info/exclude"
+# The device call's `carry` takes ignored paths: .dev/ is in .gitignore (this
+# works in a git worktree too, whose .git is a file).
+case "$C/" in
+  "$ROOT"/*) git -C "$ROOT" check-ignore -q "$C" ||
+    { echo "prepare_carry: $C is not git-ignored (the device call carries ignored paths)" >&2; exit 1; } ;;
+esac
 
 # 1. The build: sm_90 only (the lent machines are Hopper), MPI on (the carried
 # Open MPI provides libmpi.so.40 there), the JAX handlers when jax is here.

@@ -26,8 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_cfg  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SOURCES = ["cuda/step_adam.cu", "cuda/step_lion_sgd.cu", "cuda/aux_kernels.cu", "comm/cuda_kernels.cu"]
+SOURCES = ["cuda/step_adam.cu", "cuda/step_lion_sgd.cu", "cuda/step_muon.cu", "cuda/aux_kernels.cu",
+           "comm/cuda_kernels.cu"]
 STEP = "cuda/step_kernel.cuh"
+SR = "cuda/sr_codes.cuh"
 SHAPED = "cuda/shaped_kernels.cuh"
 COMM = "comm/cuda_kernels.cuh"
 
@@ -58,11 +60,32 @@ NEAREST_NO_ECC = [
 # lpmm's preset: m per block, v rank-1 (the rank-1 first moment is another configuration)
 LPMM_NO_ECC = NEAREST_NO_ECC + [(STEP, "rank1_codes<kAnyMap>(smap[0], second[0]", None)]
 
+# 4BIT_SR's first moment (sr_codes): not a block outside the search's absmax
+# range (tiny, NaN or Inf: stochastic_code16 itself).
+SR_NO_ECC = NEAREST_NO_ECC + [
+    (SR, "decoded_values16(sm, absmax, decoded);", None),
+    ("core/quant.hpp", "const bool le = decoded[k] <= x;", (SR, "packed |= uint32_t(stochastic_code16(decoded")),
+]
+
+# Muon's momentum: its output at a 16-byte aligned flat offset (not element by element).
+MUON_OUT = (STEP, "store_elems(out, true, e0, 8, out_al16, r)")
+MUON_ALIGNED = [("cuda/lane_io.cuh", "if (j < n) p[j] = r.w[j];", MUON_OUT)]
+
 
 def fast(algo, pd, f):
     return dict(src="cuda/step_adam.cu" if algo == 0 else "cuda/step_lion_sgd.cu",
                 kernel="step_kernelILNS_4AlgoE%dEE" % algo, file=STEP, line=True,
                 anchor="LOWBIT_FAST_CASE(fast_tiles, %s, LOWBIT_STATE_%s)" % (pd, f), elems=256, skip=NEAREST_NO_ECC)
+
+
+def fast_sr(algo, pd):
+    return dict(fast(algo, pd, "4BIT"), anchor="LOWBIT_FAST_SR_CASE(%s)" % pd, skip=SR_NO_ECC)
+
+
+def muon(gd, f, sr):
+    return dict(src="cuda/step_muon.cu", kernel="step_kernelILNS_4AlgoE4EE", file=STEP, line=True,
+                anchor="LOWBIT_MUON_CASE(%s, LOWBIT_STATE_%s, %d)" % (gd, f, sr), elems=256,
+                skip=(SR_NO_ECC if sr else NEAREST_NO_ECC) + MUON_ALIGNED)
 
 
 # (label, where): the loop is found by its source lines (`anchor`, the first
@@ -71,12 +94,20 @@ def fast(algo, pd, f):
 ROWS = [
     ("AdamW 8-bit, bf16 params", fast(0, "kBF16", "8BIT")),
     ("AdamW 4-bit, bf16", fast(0, "kBF16", "4BIT")),
+    ("AdamW 4BIT_SR m + 4-bit v, bf16", fast_sr(0, "kBF16")),
     ("AdamW FP8, bf16", fast(0, "kBF16", "FP8")),
     ("AdamW bf16 state, bf16", fast(0, "kBF16", "BF16")),
     ("AdamW fp32 state, bf16", fast(0, "kBF16", "FP32")),
     ("AdamW fp32 state, fp32", fast(0, "kF32", "FP32")),
     ("Lion 8-bit, bf16", fast(2, "kBF16", "8BIT")),
     ("Lion 4-bit, bf16", fast(2, "kBF16", "4BIT")),
+    ("Lion 4BIT_SR, bf16", fast_sr(2, "kBF16")),
+    ("Muon momentum 8-bit, bf16 grads", muon("kBF16", "8BIT", 0)),
+    ("Muon momentum 4-bit, bf16 grads", muon("kBF16", "4BIT", 0)),
+    ("Muon momentum 4BIT_SR, bf16 grads", muon("kBF16", "4BIT", 1)),
+    ("Muon momentum generic loop",
+     dict(src="cuda/step_muon.cu", kernel="step_kernelILNS_4AlgoE4EE", file=STEP,
+          anchor="for (int64_t t = t_generic + warp", elems=256)),
     ("AdamW 4-bit, rank-1 v (pass 2), bf16",
      dict(src="cuda/step_adam.cu", kernel="step_kernelILNS_4AlgoE0EE", file=STEP, line=True,
           anchor="LOWBIT_FAST_CASE(fast_rank1_tiles, kBF16, LOWBIT_STATE_4BIT)", elems=256, skip=LPMM_NO_ECC)),

@@ -257,6 +257,22 @@ void test_layout_is_4bit(void**) {
   assert_false(moment_view(LOWBIT_STATE_4BIT, 0, nullptr, nullptr).stochastic);
 }
 
+// state_bits_run (the CUDA fast loops' 8 elements a lane) gives state_bits of
+// each element, runs on both sides of a multiple of 2^32 included.
+void test_state_bits_run(void**) {
+  for (int t = 0; t < 20000; ++t) {
+    const uint64_t key = rng();
+    uint64_t first = (rng() >> (t % 3 == 0 ? 0 : 30)) & ~uint64_t(7);
+    if (t % 5 == 1) first = (uint64_t(1 + t % 7) << 32) - 8 * (1 + t % 2);
+    uint32_t bits[8];
+    state_bits_run(key, first, bits);
+    for (int j = 0; j < 8; ++j)
+      if (bits[j] != state_bits(key, first + uint64_t(j)))
+        fail_msg("first %llu j %d: state_bits_run %08x, state_bits %08x", (unsigned long long)first, j, bits[j],
+                 state_bits(key, first + uint64_t(j)));
+  }
+}
+
 }  // namespace
 
 int main(void) {
@@ -268,6 +284,7 @@ int main(void) {
       cmocka_unit_test(test_codes_are_unbiased),
       cmocka_unit_test(test_block_encoder),
       cmocka_unit_test(test_simd_tiles_equal_the_portable_rule),
+      cmocka_unit_test(test_state_bits_run),
       cmocka_unit_test(test_layout_is_4bit),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -179,7 +179,9 @@ static inline int ct_ckpt_parse(ct_ckpt_t* c, int64_t got) {
       !ct_take(&p, end, &total, 8) || !ct_take(&p, end, &c->num_params, 8) || !ct_take(&p, end, &seed, 8) ||
       !ct_take(&p, end, &freeze, 8))
     return 0;
-  if (!ct_take(&p, end, NULL, (size_t)num_groups * 36)) return 0;
+  /* a group: 36 bytes of hparams, 28 more in a Muon checkpoint (core/checkpoint.cpp) */
+  const size_t group_bytes = algorithm == (uint32_t)LOWBIT_ALGORITHM_MUON ? 36 + 28 : 36;
+  if (!ct_take(&p, end, NULL, (size_t)num_groups * group_bytes)) return 0;
   c->params = (ct_param_t*)calloc((size_t)c->num_params + 1, sizeof(ct_param_t));
   for (uint64_t i = 0; i < c->num_params; ++i) {
     ct_param_t* q = &c->params[i];

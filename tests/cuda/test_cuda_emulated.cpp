@@ -4,7 +4,8 @@
 //
 // Every algorithm (AdamW, Adam, Lion, SGD with momentum / Nesterov / plain) x
 // state format (fp32, bf16, 8-bit, 4-bit, FP8, 8-bit m + 4-bit v, FP8 m +
-// bf16 v) x param/grad dtype and rounding (10 cases: fp32/bf16/fp16 params,
+// bf16 v, 4BIT_SR, 4BIT_SR m + 4-bit v: the fast loops' stochastic codes) x
+// param/grad dtype and rounding (10 cases: fp32/bf16/fp16 params,
 // fp32/bf16/fp16 grads, nearest / stochastic rounding / error correction)
 // takes 3 steps on fresh random inputs on both engines, through the engine
 // interface exactly as Optimizer drives it (bind, set_hparams, step: the
@@ -17,6 +18,9 @@
 // tile (140001) and an all-zero block. The emulation computes with the
 // host's arithmetic, so the result must be bit-identical: params,
 // error-correction bytes, codes, scales and step counts.
+//
+// Muon's momentum step (Algo::Muon: its result to a flat fp32 output, the
+// param untouched) is compared the same way, the output included.
 //
 // The JAX form of a step (one shared count read and written by the engine,
 // lr from engine memory, the recorded layout checked by the engine) and the
@@ -114,6 +118,7 @@ const lowbit_state_format_t kFormats[][2] = {
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},  // LOWBIT_PRESET_ADAMW_4BIT_SR
 };
 
 struct ParamSpec {
@@ -227,9 +232,10 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
                     ? (std::string(norm_name(g_norm[0])) + "/" + norm_name(g_norm[1])).c_str()
                     : "");
   const std::string label = buf;
+  const bool muon = a.algo == Algo::Muon;
   const int moments = a.algo == Algo::AdamW || a.algo == Algo::Adam
                           ? 2
-                          : (a.algo == Algo::Lion || a.momentum != 0.f ? 1 : 0);  // as moment_count()
+                          : (a.algo == Algo::Lion || muon || a.momentum != 0.f ? 1 : 0);  // as moment_count()
   std::vector<lowbit_hparams_t> hp(static_cast<size_t>(num_groups));
   std::memset(hp.data(), 0, hp.size() * sizeof(lowbit_hparams_t));
   hp[0].struct_size = sizeof(lowbit_hparams_t);
@@ -273,10 +279,30 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
     side->eng->bind(side->views.data(), np, chunks.data(), nc, groups.data(), 0, nullptr);
     side->eng->set_hparams(hp.data(), num_groups);
   }
+  // Muon's step writes each param's fp32 result to out + its flat offset:
+  // 16-byte aligned offsets but for param 1's (one float past).
+  std::vector<int64_t> offsets;
+  int64_t out_floats = 0;
+  float* out[2] = {nullptr, nullptr};
+  if (muon) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      offsets.push_back((out_floats + 3) / 4 * 4 + (i == 1 ? 1 : 0));
+      out_floats = offsets.back() + specs[i].numel;
+    }
+    const std::vector<const uint8_t*> masks(specs.size(), nullptr);
+    Side* sides[2] = {&cpu, &gpu};
+    for (int k = 0; k < 2; ++k) {
+      out[k] = static_cast<float*>(sides[k]->alloc_state(size_t(out_floats) * 4));
+      sides[k]->eng->bind_flat(offsets.data(), masks.data(), np);
+    }
+  }
   std::vector<int64_t> t(specs.size(), 0);
   StepControl ctl;
   ctl.check_nonfinite = true;
   ctl.seed = seed;
+  StepControl gctl = ctl;
+  ctl.flat_out = out[0];
+  gctl.flat_out = out[1];
 
   for (int s = 1; s <= steps; ++s) {
     std::vector<GradView> cg(specs.size()), gg(specs.size());
@@ -318,7 +344,7 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
       for (Side* side : {&cpu, &gpu}) side->eng->set_hparams(hp.data(), num_groups);
     }
     cpu_engine->step(a.algo, cg.data(), np, ctl, nullptr);
-    gpu_engine->step(a.algo, gg.data(), np, ctl, gstream);
+    gpu_engine->step(a.algo, gg.data(), np, gctl, gstream);
     const bool skip_c = cpu_engine->last_step_skipped(), skip_g = gpu_engine->last_step_skipped();
     if (skip_c != (s == nan_step) || skip_g != skip_c)
       fail_msg("%s step %d: skipped CPU %d GPU %d, expected %d", label.c_str(), s, int(skip_c), int(skip_g),
@@ -326,6 +352,7 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
     if (!skip_c)
       for (size_t i = 0; i < specs.size(); ++i) t[i] += cg[i].data ? 1 : 0;
     compare(label + " step " + std::to_string(s), cpu, gpu);
+    if (muon) expect_same(label + " step " + std::to_string(s), "flat output", 0, out[0], out[1], size_t(out_floats) * 4);
     std::vector<int64_t> tc(specs.size()), tg(specs.size());
     cpu_engine->read_steps(tc.data(), np, nullptr);
     gpu_engine->read_steps(tg.data(), np, nullptr);
@@ -394,6 +421,25 @@ void test_shaped(void**) {
   }
   g_norm[0] = g_norm[1] = Norm::Block;
   std::printf("shaped: %lld cases bit-identical\n", (long long)cases);
+}
+
+// Muon's momentum step (its result to the flat output, the param untouched),
+// with and without Nesterov: the fast loops (8-bit, 4-bit and 4BIT_SR moments,
+// fp32 and bf16 grads, the output aligned or not) and the generic loop's
+// formats and dtypes, bit for bit.
+void test_muon_momentum(void**) {
+  int64_t cases = 0;
+  const AlgoCase muons[] = {{"muon nesterov", Algo::Muon, 0.02f, 0.01f, 0.95f, 0.f, 1},
+                            {"muon", Algo::Muon, 0.02f, 0.01f, 0.9f, 0.f, 0}};
+  const std::vector<ParamSpec> specs = {{4100, 0, 0}, {8192, 0, 1}, {129, 0, 1}, {1000, 1, 0}, {70000, 0, 0}};
+  const lowbit_state_format_t formats[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT_SR,
+                                           LOWBIT_STATE_FP32, LOWBIT_STATE_BF16, LOWBIT_STATE_FP8};
+  for (const AlgoCase& a : muons)
+    for (lowbit_state_format_t f : formats) {
+      const lowbit_state_format_t fmt[2] = {f, f};
+      for (int di : {0, 1, 2, 6}) run_case(a, fmt, kDtypes[di], specs, 3, di == 2 ? 2 : 0, &cases);
+    }
+  std::printf("muon: %lld cases bit-identical\n", (long long)cases);
 }
 
 void test_adamw(void**) { run_algo(kAlgos[0]); }
@@ -695,7 +741,7 @@ int main() {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
       cmocka_unit_test(test_large),        cmocka_unit_test(test_many_params),  cmocka_unit_test(test_shared_count),
-      cmocka_unit_test(test_onebit_passes), cmocka_unit_test(test_shaped),
+      cmocka_unit_test(test_onebit_passes), cmocka_unit_test(test_shaped),      cmocka_unit_test(test_muon_momentum),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -1,8 +1,9 @@
 /* GPU engine against the CPU engine, through the C API.
  *
  * For every algorithm (AdamW, Adam, Lion, SGD with momentum / Nesterov /
- * plain) x state format (fp32, bf16, 8-bit, 4-bit, FP8, and the mixed pairs
- * 8-bit m + 4-bit v, FP8 m + bf16 v) x param/grad dtype and rounding (fp32,
+ * plain) x state format (fp32, bf16, 8-bit, 4-bit, FP8, the mixed pairs
+ * 8-bit m + 4-bit v, FP8 m + bf16 v, and 4BIT_SR: m 4BIT_SR + v 4-bit, the
+ * recommended preset, and both moments 4BIT_SR) x param/grad dtype and rounding (fp32,
  * bf16 and fp16 params with fp32/bf16/fp16 grads; nearest, stochastic
  * rounding, error-correction bytes), two optimizers, one per engine, take the
  * same 22 steps on fresh random inputs and are compared element by element.
@@ -25,6 +26,9 @@
  *   - scales (absmax, FP8 absmax / 448): every one within 1 ulp;
  *   - step counts: identical.
  * Totals of what was not bit-identical are printed at the end of each test.
+ *
+ * Muon (test_muon): the momentum's codes and scales (run_muon_case says why
+ * not the params).
  *
  * Each algorithm is one cmocka test with its own random stream (from the run's
  * seed), so the tests can run alone (`test_cuda_vs_cpu test_lion`,
@@ -75,7 +79,8 @@ static const fcase_t FORMATS[] = {
     {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32}, {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16},
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
-    {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},
+    {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
 };
 #define NFORMATS (int)(sizeof FORMATS / sizeof FORMATS[0])
 
@@ -86,6 +91,7 @@ static const char* fmt_name(lowbit_state_format_t f) {
     case LOWBIT_STATE_8BIT: return "8bit";
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
+    case LOWBIT_STATE_4BIT_SR: return "4bit-sr";
     default: return "?";
   }
 }
@@ -235,11 +241,12 @@ static void run_case(const acase_t* a, const fcase_t* f, const dcase_t* d, int r
 }
 
 /* LOWBIT_TEST_QUICK=1 (for compute-sanitizer runs): the quantized formats
- * and three dtype cases only. */
+ * (of 4BIT_SR the preset's pair) and three dtype cases only. */
 static int quick_skip(int fi, int di) {
   if (!getenv("LOWBIT_TEST_QUICK")) return 0;
   const lowbit_state_format_t m = FORMATS[fi].m;
-  const int quantized = m == LOWBIT_STATE_8BIT || m == LOWBIT_STATE_4BIT || m == LOWBIT_STATE_FP8 || fi == 0;
+  const int quantized = m == LOWBIT_STATE_8BIT || m == LOWBIT_STATE_4BIT || m == LOWBIT_STATE_FP8 || fi == 0 ||
+                        (m == LOWBIT_STATE_4BIT_SR && FORMATS[fi].v == LOWBIT_STATE_4BIT);
   return !quantized || !(di == 1 || di == 3 || di == 8);
 }
 
@@ -292,6 +299,118 @@ static void test_sgd_plain(void** state) {
   run_algo(&a, 0); /* no state: one format entry */
 }
 
+/* Muon: its momentum step runs on the engines' element-wise loops (on CUDA
+ * the fast loops for whole tiles of 8-bit, 4-bit and 4BIT_SR momentum with
+ * bf16 or fp32 grads); its Newton-Schulz products run on different BLAS
+ * (cuBLAS, the CPU's), so the params are not compared, but the momentum
+ * depends on the grads only: its codes and scales must be the CPU's, step
+ * counts too. Matrices of 64 x 128 (whole tiles), 33 x 129 (a partial tile)
+ * and 96 x 96 at an unaligned base, 6 steps, a NaN gradient on step 4. */
+static void run_muon_case(lowbit_state_format_t fmt, const dcase_t* d, int nesterov, ct_stats_t* st) {
+  enum { NM = 3, MSTEPS = 6, MNAN_STEP = 4 };
+  static const int64_t rows[NM] = {64, 33, 96}, cols[NM] = {128, 129, 96};
+  static const int unaligned[NM] = {0, 0, 1};
+  char label[160];
+  snprintf(label, sizeof label, "muon %s %s%s", fmt_name(fmt), d->name, nesterov ? " nesterov" : "");
+  const size_t pb = ct_dtype_bytes(d->p), gb = ct_dtype_bytes(d->g);
+  lowbit_optimizer_config_t cfg;
+  lowbit_hparams_t h;
+  assert_int_equal(lowbit_optimizer_config_init(&cfg, LOWBIT_ALGORITHM_MUON), LOWBIT_SUCCESS);
+  assert_int_equal(lowbit_hparams_init(&h, LOWBIT_ALGORITHM_MUON), LOWBIT_SUCCESS);
+  cfg.state_format = fmt;
+  cfg.min_quantized_numel = 0;
+  cfg.seed = ct_next(&g_rng);
+  cfg.stochastic_rounding = d->sr;
+  cfg.skip_nonfinite = 1;
+  h.nesterov = nesterov;
+  lowbit_optimizer_t opt[2] = {NULL, NULL}; /* 0: CPU, 1: GPU */
+  void *hp[NM], *hg[NM], *dp[NM], *dg[NM];
+  char *dpbase[NM], *dgbase[NM];
+  for (int e = 0; e < 2; ++e) {
+    cfg.device = e ? LOWBIT_DEVICE_CUDA : LOWBIT_DEVICE_CPU;
+    if (lowbit_optimizer_create(&opt[e], &cfg, &h) != LOWBIT_SUCCESS)
+      fail_msg("%s: create on %s: %s", label, e ? "GPU" : "CPU", lowbit_last_error());
+  }
+  for (int i = 0; i < NM; ++i) {
+    const int64_t n = rows[i] * cols[i];
+    const size_t off = unaligned[i] ? 1 : 0;
+    hp[i] = malloc((size_t)n * pb);
+    hg[i] = malloc((size_t)n * gb);
+    assert_non_null(hp[i]);
+    assert_non_null(hg[i]);
+    ct_fill(hp[i], d->p, n, -4, 0, &g_rng);
+    CT_CUDA(cudaMalloc((void**)&dpbase[i], (size_t)(n + 8) * pb));
+    CT_CUDA(cudaMalloc((void**)&dgbase[i], (size_t)(n + 8) * gb));
+    dp[i] = dpbase[i] + off * pb;
+    dg[i] = dgbase[i] + off * gb;
+    CT_CUDA(cudaMemcpy(dp[i], hp[i], (size_t)n * pb, cudaMemcpyHostToDevice));
+    for (int e = 0; e < 2; ++e) {
+      lowbit_param_config_t pc;
+      assert_int_equal(lowbit_param_config_init(&pc), LOWBIT_SUCCESS);
+      pc.param = (lowbit_tensor_t){e ? dp[i] : hp[i], n, d->p, e ? LOWBIT_DEVICE_CUDA : LOWBIT_DEVICE_CPU, 0};
+      pc.ndim = 2;
+      pc.shape[0] = rows[i];
+      pc.shape[1] = cols[i];
+      int64_t id = -1;
+      if (lowbit_optimizer_add_param(opt[e], &pc, &id) != LOWBIT_SUCCESS)
+        fail_msg("%s: add_param %d: %s", label, i, lowbit_optimizer_last_error(opt[e]));
+    }
+  }
+  for (int s = 1; s <= MSTEPS; ++s) {
+    CT_CUDA(cudaStreamSynchronize(g_stream));
+    lowbit_tensor_t grads[2][NM];
+    for (int i = 0; i < NM; ++i) {
+      const int64_t n = rows[i] * cols[i];
+      ct_fill(hg[i], d->g, n, -12, 0, &g_rng);
+      if (s == MNAN_STEP && i == 1) ct_set_nan(hg[i], d->g, 17);
+      CT_CUDA(cudaMemcpy(dg[i], hg[i], (size_t)n * gb, cudaMemcpyHostToDevice));
+      for (int e = 0; e < 2; ++e)
+        grads[e][i] = (lowbit_tensor_t){e ? dg[i] : hg[i], n, d->g, e ? LOWBIT_DEVICE_CUDA : LOWBIT_DEVICE_CPU, 0};
+    }
+    for (int e = 0; e < 2; ++e)
+      if (lowbit_optimizer_step_with_grads(opt[e], grads[e], NM, e ? (void*)g_stream : NULL) != LOWBIT_SUCCESS)
+        fail_msg("%s: step %d on %s: %s", label, s, e ? "GPU" : "CPU", lowbit_optimizer_last_error(opt[e]));
+    CT_CUDA(cudaStreamSynchronize(g_stream));
+    for (int e = 0; e < 2; ++e) {
+      int32_t skipped = -1;
+      assert_int_equal(lowbit_optimizer_last_step_skipped(opt[e], &skipped), LOWBIT_SUCCESS);
+      if (skipped != (s == MNAN_STEP))
+        fail_msg("%s: step %d on %s: last_step_skipped = %d", label, s, e ? "GPU" : "CPU", skipped);
+    }
+  }
+  ct_ckpt_t ck[2];
+  for (int e = 0; e < 2; ++e)
+    if (!ct_ckpt_read(opt[e], &ck[e])) fail_msg("%s: could not read the %s checkpoint", label, e ? "GPU" : "CPU");
+  ct_compare_checkpoints(label, &ck[0], &ck[1], 1, st);
+  st->cases++;
+  for (int e = 0; e < 2; ++e) {
+    ct_ckpt_free(&ck[e]);
+    lowbit_optimizer_destroy(opt[e]);
+  }
+  for (int i = 0; i < NM; ++i) {
+    free(hp[i]);
+    free(hg[i]);
+    cudaFree(dpbase[i]);
+    cudaFree(dgbase[i]);
+  }
+}
+
+static void test_muon(void** state) {
+  (void)state;
+  g_rng = g_seed ^ 0x6D756F6Eu;
+  ct_stats_t st;
+  memset(&st, 0, sizeof st);
+  const lowbit_state_format_t fmts[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_FP32};
+  const int dts[] = {0, 1, 2, 6};
+  const int quick = getenv("LOWBIT_TEST_QUICK") != NULL;
+  for (int f = 0; f < 4; ++f)
+    for (int k = 0; k < 4; ++k) {
+      if (quick && (f == 3 || k == 3)) continue;
+      run_muon_case(fmts[f], &DTYPES[dts[k]], (f + k) % 2, &st);
+    }
+  ct_print_stats("muon (momentum)", &st);
+}
+
 int main(int argc, char** argv) {
   if (!ct_gpu_available()) return CT_SKIP;
   g_seed = ct_seed();
@@ -299,6 +418,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
+      cmocka_unit_test(test_muon),
   };
   int failed = LOWBIT_RUN_SELECTED(tests, argc, argv, NULL, NULL);
   cudaStreamDestroy(g_stream);

@@ -2,7 +2,8 @@
 with DDP and lowbit.torch.onebit_ddp_comm_hook: training against DDP +
 torch.optim.Adam, parameters identical on every rank, resume, bad sizes and
 non-finite gradients on one rank (torch_onebit_worker.py does the work;
-every launch is bounded by a timeout).
+every launch is bounded by a timeout). Where a GPU is, the training and the
+resume also on CUDA params over NCCL (bench/gpu/device_checks.sh runs it).
 
 The training comparisons and the 3-rank variants are marked exhaustive
 (scripts/test.sh runs them with --all; its fast set has every case at 2 ranks
@@ -112,6 +113,23 @@ def test_local_error_on_one_rank_fails_every_rank_at_once(nproc, seed):
             assert row["seconds"] < 20, (key, rank, row)  # at once: no waiting for a timeout
             assert row["unchanged"], (key, rank, row)
             assert row["recovered"] in (None, True), (key, rank, row)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (NCCL)")
+def test_ddp_onebit_adam_on_cuda_over_nccl(seed):
+    """The training comparison and the resume on CUDA params over NCCL, one
+    rank per GPU (at most 2; one on a single-GPU machine, where only the
+    transport's and the engine's CUDA paths are exercised: NCCL takes one rank
+    per device)."""
+    nproc = min(2, torch.cuda.device_count())
+    out = _launch(WORKER, nproc, "train,resume", seed, TIMEOUT, env={"LOWBIT_TORCHRUN_DEVICE": "cuda"})
+    train, resume = out["train"], out["resume"]
+    print(json.dumps(out, indent=1))
+    assert train["adam_same"] and train["onebit_same"], "params differ between ranks"
+    assert abs(train["onebit_loss"] - train["adam_loss"]) <= 0.02 * train["adam_loss"], train
+    if nproc > 1:
+        assert train["compressed_bytes_per_step"] * 10 < train["ddp_fp32_bytes_per_step"], train
+    assert all(v for k, v in resume.items() if k.startswith("resume_equal")), resume
 
 
 def test_transport_refuses_other_backends(monkeypatch):

@@ -1,7 +1,9 @@
 """Run by torchrun (tests/python/test_torch_onebit.py): DDP + lowbit.torch
 OneBitAdam against DDP + torch.optim.Adam on the same model and data, on
-CPU with gloo. Rank 0 prints one JSON line of results; every rank checks
-what it can (params identical on all ranks) and exits non-zero on failure.
+CPU with gloo, or with LOWBIT_TORCHRUN_DEVICE=cuda on CUDA tensors over NCCL
+(one GPU per rank; the train and resume cases). Rank 0 prints one JSON line
+of results; every rank checks what it can (params identical on all ranks)
+and exits non-zero on failure.
 
     torchrun --nproc-per-node N torch_onebit_worker.py <case>[,<case>...] <seed>
 case: train | resume | bad_sizes | nonfinite | local_error
@@ -23,11 +25,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import lowbit.torch as lt
 
 STEPS, FREEZE, LR = 800, 150, 1e-3
+CUDA = os.environ.get("LOWBIT_TORCHRUN_DEVICE", "cpu") == "cuda"
+
+
+def device():
+    """This rank's device: the CPU, or (CUDA) the GPU of its local rank."""
+    if not CUDA:
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
 
 
 def model(seed, hidden=64):
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    net = nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+    return net.to(device())
 
 
 def data(seed, rank, n=4096):
@@ -37,7 +48,7 @@ def data(seed, rank, n=4096):
     g = torch.Generator().manual_seed(seed * 1000 + rank + 1)
     x = torch.randn(n, 32, generator=g)
     y = torch.sin(x @ teacher) + 0.3 * torch.randn(n, 1, generator=g)
-    return x, y
+    return x.to(device()), y.to(device())
 
 
 BATCH = 64
@@ -60,14 +71,14 @@ def same_on_all_ranks(net):
 def train(seed, make_opt, steps=STEPS, hook=False, on_step=None, nan_steps=()):
     rank = dist.get_rank()
     net = model(seed)
-    ddp = DDP(net)
+    ddp = DDP(net, device_ids=[device().index]) if CUDA else DDP(net)
     opt = make_opt(net.parameters())
     if hook:
         ddp.register_comm_hook(None, lt.onebit_ddp_comm_hook(opt))
     x, y = data(seed, rank)
     g = torch.Generator().manual_seed(seed * 7 + rank)
     for t in range(steps):
-        idx = torch.randint(0, x.shape[0], (BATCH,), generator=g)  # a fresh minibatch per step
+        idx = torch.randint(0, x.shape[0], (BATCH,), generator=g).to(x.device)  # a fresh minibatch per step
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x[idx]), y[idx])
         if t in nan_steps and rank == dist.get_world_size() - 1:
@@ -237,7 +248,9 @@ def main():
     cases, seed = sys.argv[1].split(","), int(sys.argv[2])
     # A rank that waits for one that gave up waits this long (instead of the
     # default 30 minutes) before the process group gives up too.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    if CUDA:
+        torch.cuda.set_device(device())
+    dist.init_process_group("nccl" if CUDA else "gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     run = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
            "nonfinite": case_nonfinite, "local_error": case_local_error}

@@ -14,15 +14,17 @@ import pytest
 import lowbit
 
 
-def launch(worker, nproc, case, seed, timeout):
-    """Run `worker` under torchrun on `nproc` CPU ranks with the arguments
-    `case` and `seed`; fail the test when it does not finish within `timeout`
-    seconds (the workers are killed too), exits non-zero or prints no result."""
+def launch(worker, nproc, case, seed, timeout, env=None):
+    """Run `worker` under torchrun on `nproc` ranks with the arguments `case`
+    and `seed` (and the variables `env` added to the environment); fail the
+    test when it does not finish within `timeout` seconds (the workers are
+    killed too), exits non-zero or prints no result."""
     torchrun = shutil.which("torchrun")
     cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"])
     cmd += ["--standalone", "--nproc-per-node", str(nproc), str(worker), case, str(seed % 100000)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(Path(lowbit.__file__).parents[1])] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        [str(Path(lowbit.__file__).parents[1])] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        **(env or {}))
     # its own session, so that a timeout kills the workers too, not only torchrun
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          start_new_session=True)

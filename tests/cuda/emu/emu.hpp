@@ -8,7 +8,8 @@
 // the kernels' synchronisation allows is a valid schedule here too.
 // __syncthreads waits for all threads of the block that have not exited;
 // __shfl_xor_sync is a warp exchange between two barriers of the 32 lanes
-// (all lanes must take part, as on the GPU: a deadlock aborts with a message);
+// (all lanes must take part, as on the GPU: a deadlock aborts with a message),
+// and __syncwarp is one too;
 // __shared__ variables are function statics, shared by the fibers of the
 // running block; dynamic shared memory (LOWBIT_DYNAMIC_SHARED, the
 // shared-bytes argument of launch) is a buffer of exactly that size, filled
@@ -102,6 +103,13 @@ inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask) {
   T out;
   std::memcpy(&out, r, sizeof(T));
   return out;
+}
+
+// A barrier of the 32 lanes (all must take part): what each wrote to shared
+// memory before it, every lane reads after it.
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+  if (mask != 0xFFFFFFFFu) __builtin_trap();  // the kernels only synchronise full warps
+  (void)::lowbit::cuda::emu::warp_exchange(0u, threadIdx.x & 31u);
 }
 
 // Threads are fibers switched only at barriers: a read-modify-write is atomic.
