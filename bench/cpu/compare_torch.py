@@ -226,10 +226,10 @@ def run_layout(args, layout_name):
     ref = max(copy_bw, triad_bw, update_bw)
 
     info = lowbit.build_info()
-    level = args.targets or info["cpu_kernels"]
+    level = args.targets or info["cpu_kernels"] or "avx512"  # a library before 0.8: its best level
     print(f"\n== {title} ({n:,} params), {threads} threads, {args.rounds} rounds, "
           f"load average {load0} -> {load1}, skip_nonfinite={args.skip_nonfinite}")
-    print(f"CPU {cpu_model()}; lowbit CPU kernels {info['cpu_kernels']} (codec {info['cpu_codec']}), "
+    print(f"CPU {cpu_model()}; lowbit CPU kernels {info['cpu_kernels'] or '(not reported)'} (codec {info['cpu_codec'] or '?'}), "
           f"torch CPU capability {torch.backends.cpu.get_cpu_capability()}; targets of the {level} level")
     print(f"copy reference {ref / 1e9:.2f} GB/s = max(copy_ {copy_bw / 1e9:.2f}, triad {triad_bw / 1e9:.2f}, "
           f"update {update_bw / 1e9:.2f}) "

@@ -92,7 +92,11 @@ def build_info() -> dict:
     info.struct_size = ffi.sizeof("lowbit_build_info_t")
     call("lowbit_build_info", info)
     v = info.version
-    fields = {name for name, _ in ffi.typeof("lowbit_build_info_t").fields}  # a library < 0.7 has no cpu_matmul_*
+    fields = {name for name, _ in ffi.typeof("lowbit_build_info_t").fields}  # a library < 0.8 has no cpu_* strings
+
+    def since_0_8(name):
+        return _c_string(getattr(info, name)) if name in fields else ""
+
     return {
         "version": f"{v // 10000}.{v // 100 % 100}.{v % 100}",
         "library": _LIB.path,
@@ -108,12 +112,12 @@ def build_info() -> dict:
         "cpu_avx512_codecs": bool(info.cpu_avx512_codecs),
         "compiler": _c_string(info.compiler),
         "build_type": _c_string(info.build_type),
-        "cpu_kernels": _c_string(info.cpu_kernels),
-        "cpu_kernels_available": _c_string(info.cpu_kernels_available).split(","),
-        "cpu_codec": _c_string(info.cpu_codec),
-        "cpu_kernels_note": _c_string(info.cpu_kernels_note),
-        "cpu_matmul_fp32": _c_string(info.cpu_matmul_fp32) if "cpu_matmul_fp32" in fields else "",
-        "cpu_matmul_bf16": _c_string(info.cpu_matmul_bf16) if "cpu_matmul_bf16" in fields else "",
+        "cpu_kernels": since_0_8("cpu_kernels"),
+        "cpu_kernels_available": [k for k in since_0_8("cpu_kernels_available").split(",") if k],
+        "cpu_codec": since_0_8("cpu_codec"),
+        "cpu_kernels_note": since_0_8("cpu_kernels_note"),
+        "cpu_matmul_fp32": since_0_8("cpu_matmul_fp32"),
+        "cpu_matmul_bf16": since_0_8("cpu_matmul_bf16"),
     }
 
 
