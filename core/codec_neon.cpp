@@ -39,19 +39,24 @@ using simd_tables::tables;
 
 bool neon_codec_supported() { return true; }
 
-bool neon_direct8_active() { return tables().direct8[0].usable && tables().direct8[1].usable; }
-
 namespace {
 
 // ---- the NEON forms of the shared tables -------------------------------------
 
 // Direct8's small integer tables as bytes (one tbl reads them into the low
-// byte of each 32-bit lane), and its level-0 line and top in the floored form
-// (level 0 counts 1: floor_positive() of an unsigned map for every y > 0).
+// byte of each 32-bit lane), its level-0 line and top in the floored form
+// (level 0 counts 1: floor_positive() of an unsigned map for every y > 0),
+// and its boundaries by level instead of by binade: a binade holds at most one
+// boundary, the one at index level_at (the count of boundaries below the
+// binade), so bound_by_level[level_at[i]] is bound[i] where that is finite and
+// lies above the binade where it is not (+Inf there), and y > either gives the
+// same level: a 16-entry table (four registers) instead of a 32-entry one.
 struct Direct8Bytes {
   uint8_t level_at[32];
   uint8_t top[2][16];  // [floored]
   float c[2][16];      // [floored]
+  float bound_by_level[16];
+  bool usable;  // Direct8::usable, and the tables above check out
 };
 
 struct NeonTables {
@@ -65,14 +70,27 @@ NeonTables build_neon_tables() {
   for (int m = 0; m < 2; ++m) {
     const Direct8& d = t.direct8[m];
     Direct8Bytes& b = n.direct8[m];
-    for (int i = 0; i < 32; ++i) b.level_at[i] = uint8_t(d.level_at[i]);  // levels + 1 <= 15
+    bool ok = d.usable;
+    for (int l = 0; l < 16; ++l) b.bound_by_level[l] = INFINITY;
+    for (int i = 0; i < 32; ++i) {
+      ok = ok && d.level_at[i] >= 0 && d.level_at[i] < 16;
+      b.level_at[i] = uint8_t(d.level_at[i] & 15);
+      if (std::isfinite(d.bound[i])) b.bound_by_level[b.level_at[i]] = d.bound[i];
+    }
+    for (int i = 0; i < 32; ++i) {  // the same level for every y of binade i as bound[i] gives
+      const float hi = bits_float(uint32_t(kFirstBinade + i + 1) << 23);
+      const float by_level = b.bound_by_level[b.level_at[i]];
+      ok = ok && (std::isfinite(d.bound[i]) ? by_level == d.bound[i] : !(by_level < hi));
+    }
     for (int f = 0; f < 2; ++f)
       for (int l = 0; l < 16; ++l) {
-        b.top[f][l] = uint8_t(d.top[l]);  // at most 255 positive midpoints
+        ok = ok && d.top[l] >= 0 && d.top[l] <= 255;
+        b.top[f][l] = uint8_t(d.top[l]);
         b.c[f][l] = d.c[l];
       }
     b.top[1][0] = 1;
     b.c[1][0] = 0.5f;
+    b.usable = ok;
   }
   bool high_only = true;
   for (int k = 0; k < 2; ++k)
@@ -88,31 +106,25 @@ const NeonTables& neon_tables() {
 
 // ---- table lookups -------------------------------------------------------------
 
-// The byte indices that read 32-bit entry idx[j] (< 64) of a table into lane
-// j: bytes 4 idx + 0..3.
-inline uint8x16_t entry_bytes(uint32x4_t idx) {
-  return vreinterpretq_u8_u32(vmlaq_u32(vdupq_n_u32(0x03020100u), idx, vdupq_n_u32(0x04040404u)));
-}
-// The byte indices that read byte entry idx[j] of a byte table into the low
-// byte of lane j and 0 into the others (index 0xFF is out of every table).
-inline uint8x16_t low_byte(uint32x4_t idx) { return vreinterpretq_u8_u32(vorrq_u32(idx, vdupq_n_u32(0xFFFFFF00u))); }
+// Indices into the tables below travel replicated: the same byte in all four
+// bytes of a 32-bit lane (idx * 0x01010101). A byte table read with such an
+// index gives its entry replicated again; masks (all ones per lane) add and
+// subtract on the bytes as on the lanes.
+inline uint8x16_t replicated(uint32x4_t idx) { return vreinterpretq_u8_u32(vmulq_u32(idx, vdupq_n_u32(0x01010101u))); }
+inline uint32x4_t low_of(uint8x16_t rep) { return vandq_u32(vreinterpretq_u32_u8(rep), vdupq_n_u32(0xFF)); }
+// The byte indices that read byte entry rep of a byte table into the low
+// byte of each lane and 0 into the others (index 0xFF is out of every table).
+inline uint8x16_t low_byte(uint8x16_t rep) { return vorrq_u8(rep, vreinterpretq_u8_u32(vdupq_n_u32(0xFFFFFF00u))); }
 
 inline uint8x16x4_t load_table(const void* p) { return vld1q_u8_x4(static_cast<const uint8_t*>(p)); }
 
-// 16 floats (64 bytes, four registers) indexed by lane.
-inline float32x4_t lookup16(const uint8x16x4_t& t, uint32x4_t idx) {
-  return vreinterpretq_f32_u8(vqtbl4q_u8(t, entry_bytes(idx)));
-}
-
-// 32 floats (128 bytes): tbl reads the first 64, tbx the rest (an index
-// below 64 wraps past 191 after the subtraction and keeps tbl's byte).
-struct Table32 {
-  uint8x16x4_t lo, hi;
-  explicit Table32(const float* t) : lo(load_table(t)), hi(load_table(t + 16)) {}
-};
-inline float32x4_t lookup32(const Table32& t, uint32x4_t idx) {
-  const uint8x16_t b = entry_bytes(idx);
-  return vreinterpretq_f32_u8(vqtbx4q_u8(vqtbl4q_u8(t.lo, b), t.hi, vsubq_u8(b, vdupq_n_u8(64))));
+// 16 floats in four registers byte-transposed (register j holds byte j of
+// every entry: vld4q_u8 de-interleaves them so): entry rep of each lane is
+// bytes rep + 16 j, one orr and one tbl from the replicated index.
+inline uint8x16x4_t load_entries16(const float* p) { return vld4q_u8(reinterpret_cast<const uint8_t*>(p)); }
+inline uint8x16_t entry_bytes(uint8x16_t rep) { return vorrq_u8(rep, vreinterpretq_u8_u32(vdupq_n_u32(0x30201000u))); }
+inline float32x4_t lookup16(const uint8x16x4_t& t, uint8x16_t rep) {
+  return vreinterpretq_f32_u8(vqtbl4q_u8(t, entry_bytes(rep)));
 }
 
 // ---- decoding ------------------------------------------------------------------
@@ -127,15 +139,27 @@ template <int NV, bool kHighOnly>
 inline void lookup_planes(const BytePlanes& bp, const uint8_t* codes, float32x4_t (&v)[4 * NV]) {
   constexpr int k0 = kHighOnly ? 2 : 0;
   uint8x16_t c[NV], b[4][NV];
+#pragma GCC unroll 4
   for (int q = 0; q < NV; ++q) c[q] = vld1q_u8(codes + 16 * q);
-  for (int quarter = 0; quarter < 4; ++quarter) {
+#pragma GCC unroll 4
+  for (int k = k0; k < 4; ++k) {
+    const uint8x16x4_t t = load_table(bp.plane[k]);
+#pragma GCC unroll 4
+    for (int q = 0; q < NV; ++q) b[k][q] = vqtbl4q_u8(t, c[q]);
+  }
+#pragma GCC unroll 4
+  for (int quarter = 1; quarter < 4; ++quarter) {
     uint8x16_t idx[NV];
-    for (int q = 0; q < NV; ++q) idx[q] = quarter == 0 ? c[q] : vsubq_u8(c[q], vdupq_n_u8(uint8_t(64 * quarter)));
+#pragma GCC unroll 4
+    for (int q = 0; q < NV; ++q) idx[q] = vsubq_u8(c[q], vdupq_n_u8(uint8_t(64 * quarter)));
+#pragma GCC unroll 4
     for (int k = k0; k < 4; ++k) {
       const uint8x16x4_t t = load_table(bp.plane[k] + 64 * quarter);
-      for (int q = 0; q < NV; ++q) b[k][q] = quarter == 0 ? vqtbl4q_u8(t, idx[q]) : vqtbx4q_u8(b[k][q], t, idx[q]);
+#pragma GCC unroll 4
+      for (int q = 0; q < NV; ++q) b[k][q] = vqtbx4q_u8(b[k][q], t, idx[q]);
     }
   }
+#pragma GCC unroll 4
   for (int q = 0; q < NV; ++q) {
     if (kHighOnly) {  // the two high bytes as halfwords, shifted into the top of each lane
       const uint16x8_t lo = vreinterpretq_u16_u8(vzip1q_u8(b[2][q], b[3][q]));
@@ -257,18 +281,18 @@ inline uint8x8_t pack_nibbles(const uint32x4_t (&c)[4]) {
 enum class Form8 { Signed, Unsigned, Floored };
 
 struct Direct8Regs {
-  Table32 bound;
+  uint8x16x4_t bound, a, c;
   uint8x16x2_t level_at;
-  uint8x16x4_t a, c;
   uint8x16_t top;
   Direct8Regs(const Direct8& d, const Direct8Bytes& b, bool floored)
-      : bound(d.bound), level_at(vld1q_u8_x2(b.level_at)), a(load_table(d.a)), c(load_table(b.c[floored])),
-        top(vld1q_u8(b.top[floored])) {}
+      : bound(load_entries16(b.bound_by_level)), a(load_entries16(d.a)), c(load_entries16(b.c[floored])),
+        level_at(vld1q_u8_x2(b.level_at)), top(vld1q_u8(b.top[floored])) {}
 };
 
 // The codes of 4 normalised values by the direct form (codec_tables.hpp
-// Direct8): per binade of y = |q| the level at its low end plus one above its
-// boundary, the level's line t = y a + c, count = min(ceil(t), top). Lanes
+// Direct8): per binade of y = |q| the level at its low end (level0) plus one
+// above its boundary (bound_by_level[level0]), the level's line t = y a + c,
+// count = min(ceil(t), top). Lanes
 // within kDirectMargin of an integer t, on a signed map's boundary, or NaN
 // (whose t is NaN) are marked in `defer` for nearest_code(). As codes: zero
 // code + count for q >= 0, zero code - min(count, zero code) for q < 0 (the
@@ -282,9 +306,10 @@ inline uint32x4_t direct_codes4(const Direct8Regs& r, int32x4_t zc, float32x4_t 
   // The binade's index: exponent - 96, 0 below and 31 above (as direct8_count).
   const uint32x4_t binade =
       vminq_u32(vqsubq_u32(vshrq_n_u32(ybits, 23), vdupq_n_u32(uint32_t(kFirstBinade))), vdupq_n_u32(31));
-  const float32x4_t bound = lookup32(r.bound, binade);
+  const uint8x16_t level0 = vqtbl2q_u8(r.level_at, replicated(binade));
+  const float32x4_t bound = lookup16(r.bound, level0);
   const uint32x4_t above = vcgtq_f32(y, bound);  // all ones: the level above the boundary
-  const uint32x4_t level = vsubq_u32(vreinterpretq_u32_u8(vqtbl2q_u8(r.level_at, low_byte(binade))), above);
+  const uint8x16_t level = vsubq_u8(level0, vreinterpretq_u8_u32(above));
   const uint8x16_t lb = entry_bytes(level);
   const float32x4_t t = vfmaq_f32(vreinterpretq_f32_u8(vqtbl4q_u8(r.c, lb)), y, vreinterpretq_f32_u8(vqtbl4q_u8(r.a, lb)));
   const int32x4_t top = vreinterpretq_s32_u8(vqtbl1q_u8(r.top, low_byte(level)));
@@ -302,20 +327,26 @@ inline uint32x4_t direct_codes4(const Direct8Regs& r, int32x4_t zc, float32x4_t 
   }
 }
 
+// 16 lanes by value (an argument or result in registers: the caller's
+// vectors stay in registers on the path that does not call).
+struct Lanes16 {
+  uint32x4_t v[4];
+};
+
 // The lanes the direct form deferred, by the reference search (floored:
-// floor_positive() included, as the floored form's codes).
+// floor_positive() included, as the floored form's codes); rare.
 template <Form8 F>
-__attribute__((noinline)) void patch_deferred(const QMap& map, const float32x4_t (&xn)[4], const uint32x4_t (&defer)[4],
-                                              uint32x4_t (&c)[4]) {
-  float x[16];
-  uint32_t code[16], d[16];
-  for (int k = 0; k < 4; ++k) vst1q_f32(x + 4 * k, xn[k]), vst1q_u32(code + 4 * k, c[k]), vst1q_u32(d + 4 * k, defer[k]);
+__attribute__((noinline, cold)) Lanes16 patch_deferred(const QMap& map, Lanes16 xn, Lanes16 defer, Lanes16 c) {
+  uint32_t x[16], code[16], d[16];
+  for (int k = 0; k < 4; ++k) vst1q_u32(x + 4 * k, xn.v[k]), vst1q_u32(code + 4 * k, c.v[k]), vst1q_u32(d + 4 * k, defer.v[k]);
   for (int i = 0; i < 16; ++i)
     if (d[i]) {
-      const int exact = nearest_code(map, x[i]);
-      code[i] = uint32_t(F == Form8::Floored ? floor_positive_fast(map, exact, x[i]) : exact);
+      const float xi = bits_float(x[i]);
+      const int exact = nearest_code(map, xi);
+      code[i] = uint32_t(F == Form8::Floored ? floor_positive_fast(map, exact, xi) : exact);
     }
-  for (int k = 0; k < 4; ++k) c[k] = vld1q_u32(code + 4 * k);
+  for (int k = 0; k < 4; ++k) c.v[k] = vld1q_u32(code + 4 * k);
+  return c;
 }
 
 // The 8-bit codes of 16 normalised values, floor_positive() for a second
@@ -324,21 +355,26 @@ template <Form8 F>
 inline void store_codes8(const Direct8Regs& r, const QMap& map, int zero_code, bool second, const float32x4_t (&xn)[4],
                          uint8_t* codes) {
   const int32x4_t zc = vdupq_n_s32(zero_code);
-  uint32x4_t c[4], defer[4];
+  Lanes16 c, defer;
+#pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
-    defer[k] = vdupq_n_u32(0);
-    c[k] = direct_codes4<F>(r, zc, xn[k], defer[k]);
+    defer.v[k] = vdupq_n_u32(0);
+    c.v[k] = direct_codes4<F>(r, zc, xn[k], defer.v[k]);
   }
-  if (vmaxvq_u32(vorrq_u32(vorrq_u32(defer[0], defer[1]), vorrq_u32(defer[2], defer[3]))) != 0)
-    patch_deferred<F>(map, xn, defer, c);
+  if (__builtin_expect(vmaxvq_u32(vorrq_u32(vorrq_u32(defer.v[0], defer.v[1]), vorrq_u32(defer.v[2], defer.v[3]))) != 0, 0)) {
+    Lanes16 x;
+    for (int k = 0; k < 4; ++k) x.v[k] = vreinterpretq_u32_f32(xn[k]);
+    c = patch_deferred<F>(map, x, defer, c);
+  }
   if (F != Form8::Floored && second && zero_code >= 0)
-    for (int k = 0; k < 4; ++k) c[k] = floor_positive4(c[k], xn[k], zero_code);
-  vst1q_u8(codes, narrow16(c));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) c.v[k] = floor_positive4(c.v[k], xn[k], zero_code);
+  vst1q_u8(codes, narrow16(c.v));
 }
 
 // The form of a map's codes; false where the direct form is not usable (the
 // caller leaves the tile to the portable path).
-inline bool form8(const Direct8& direct, int zero_code, bool second, Form8& form) {
+inline bool form8(const Direct8Bytes& direct, int zero_code, bool second, Form8& form) {
   if (!direct.usable || zero_code < 0) return false;
   form = zero_code > 0 ? Form8::Signed : (second ? Form8::Floored : Form8::Unsigned);
   return true;
@@ -373,7 +409,7 @@ struct Search4Regs {
   uint8x16x4_t at_step[4];
   bool linear;
   explicit Search4Regs(const Search4& s) : mid7(vdupq_n_f32(s.mid[7])), linear(s.linear) {
-    for (int lv = 1; lv < 4; ++lv) at_step[lv] = load_table(s.at_step[lv]);
+    for (int lv = 1; lv < 4; ++lv) at_step[lv] = load_entries16(s.at_step[lv]);
   }
 };
 
@@ -387,10 +423,11 @@ inline uint32x4_t codes4(const Search4Regs& r, float32x4_t xn) {
     const int32x4_t c = vcvtpq_s32_f32(vfmaq_f32(vdupq_n_f32(-1.5f), xn, vdupq_n_f32(16.f)));
     return vreinterpretq_u32_s32(vminq_s32(vmaxq_s32(c, vdupq_n_s32(0)), vdupq_n_s32(15)));
   }
-  uint32x4_t pos = vandq_u32(vcgtq_f32(xn, r.mid7), vdupq_n_u32(8));
+  uint8x16_t pos = vandq_u8(vreinterpretq_u8_u32(vcgtq_f32(xn, r.mid7)), vdupq_n_u8(8));  // replicated
+#pragma GCC unroll 3
   for (int lv = 1; lv < 4; ++lv)
-    pos = vaddq_u32(pos, vandq_u32(vcgtq_f32(xn, lookup16(r.at_step[lv], pos)), vdupq_n_u32(8u >> lv)));
-  return pos;
+    pos = vaddq_u8(pos, vandq_u8(vreinterpretq_u8_u32(vcgtq_f32(xn, lookup16(r.at_step[lv], pos))), vdupq_n_u8(uint8_t(8 >> lv))));
+  return low_of(pos);
 }
 
 // 16 normalised values: codes, floor_positive() for a second moment, packed
@@ -515,7 +552,7 @@ void encode_block_sr(const QMap& map, int zero, const float* x, float absmax, ui
     below[c] = decoded[c > 0 ? c - 1 : 0];
     next[c] = decoded[c < 15 ? c + 1 : 15];
   }
-  const uint8x16x4_t at0 = load_table(decoded), at1 = load_table(next), lower = load_table(below);
+  const uint8x16x4_t at0 = load_entries16(decoded), at1 = load_entries16(next), lower = load_entries16(below);
   const float32x4_t d3 = vdupq_n_f32(decoded[3]), d7 = vdupq_n_f32(decoded[7]), d11 = vdupq_n_f32(decoded[11]);
   const float32x4_t unit = vdupq_n_f32(5.9604644775390625e-8f);  // 2^-24
   const StateBits4 bits(key, first);
@@ -525,16 +562,16 @@ void encode_block_sr(const QMap& map, int zero, const float* x, float absmax, ui
       const int v = g / 4 + k;
       const float32x4_t xv = vld1q_f32(x + 4 * v);
       const uint32x4_t m8 = vcgeq_f32(xv, d7);
-      uint32x4_t c = vandq_u32(m8, vdupq_n_u32(8));
-      c = vaddq_u32(c, vandq_u32(vcgeq_f32(xv, vbslq_f32(m8, d11, d3)), vdupq_n_u32(4)));
-      c = vaddq_u32(c, vandq_u32(vcgeq_f32(xv, lookup16(at1, c)), vdupq_n_u32(2)));
-      c = vaddq_u32(c, vandq_u32(vcgeq_f32(xv, lookup16(at0, c)), vdupq_n_u32(1)));
+      uint8x16_t c = vandq_u8(vreinterpretq_u8_u32(m8), vdupq_n_u8(8));  // replicated
+      c = vaddq_u8(c, vandq_u8(vreinterpretq_u8_u32(vcgeq_f32(xv, vbslq_f32(m8, d11, d3))), vdupq_n_u8(4)));
+      c = vaddq_u8(c, vandq_u8(vreinterpretq_u8_u32(vcgeq_f32(xv, lookup16(at1, c))), vdupq_n_u8(2)));
+      c = vaddq_u8(c, vandq_u8(vreinterpretq_u8_u32(vcgeq_f32(xv, lookup16(at0, c))), vdupq_n_u8(1)));
       const uint8x16_t eb = entry_bytes(c);
       const float32x4_t b = vreinterpretq_f32_u8(vqtbl4q_u8(at0, eb)), a = vreinterpretq_f32_u8(vqtbl4q_u8(lower, eb));
       const float32x4_t u = vmulq_f32(vcvtq_f32_u32(bits.top24(v)), unit);
       const uint32x4_t up = vorrq_u32(vcltq_f32(vmulq_f32(u, vsubq_f32(b, a)), vsubq_f32(xv, a)), vcleq_f32(b, xv));
       // c - 1 + up (up is all ones where taken), at least 0
-      int32x4_t q = vsubq_s32(vsubq_s32(vreinterpretq_s32_u32(c), vdupq_n_s32(1)), vreinterpretq_s32_u32(up));
+      int32x4_t q = vsubq_s32(vsubq_s32(vreinterpretq_s32_u32(low_of(c)), vdupq_n_s32(1)), vreinterpretq_s32_u32(up));
       q = vmaxq_s32(q, vdupq_n_s32(0));
       code[k] = vreinterpretq_u32_s32(q);
       if (kFloor) code[k] = floor_positive4(code[k], xv, zero);
@@ -544,6 +581,8 @@ void encode_block_sr(const QMap& map, int zero, const float* x, float absmax, ui
 }
 
 }  // namespace
+
+bool neon_direct8_active() { return neon_tables().direct8[0].usable && neon_tables().direct8[1].usable; }
 
 bool neon_decode_tile(const MomentView& mv, int64_t base, float* out) {
   const Tables& t = tables();
@@ -572,7 +611,7 @@ bool neon_encode_tile(const MomentView& mv, int64_t base, const float* in) {
   switch (mv.format) {
     case LOWBIT_STATE_8BIT: {
       Form8 form;
-      if (!form8(t.direct8[m], t.zero_code[m], mv.second, form)) return false;
+      if (!form8(neon_tables().direct8[m], t.zero_code[m], mv.second, form)) return false;
       const Direct8Regs r(t.direct8[m], neon_tables().direct8[m], form == Form8::Floored);
       with_form8(form, [&](auto f) {
         encode8<f()>(r, *mv.map, t.zero_code[m], mv.second, in, static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
@@ -656,7 +695,7 @@ int neon_encode_rank1(const MomentView& mv, int64_t base, int n, const float* sc
     }
   } else if (mv.format == LOWBIT_STATE_8BIT) {
     Form8 form;
-    if (!form8(t.direct8[m], t.zero_code[m], mv.second, form)) return 0;
+    if (!form8(neon_tables().direct8[m], t.zero_code[m], mv.second, form)) return 0;
     const Direct8Regs r(t.direct8[m], neon_tables().direct8[m], form == Form8::Floored);
     uint8_t* codes = static_cast<uint8_t*>(mv.data) + base;
     with_form8(form, [&](auto f) {
