@@ -20,8 +20,8 @@
 # toolkit), MPI (Debian's arm64 OpenMPI would replace the host's: the two
 # cannot be installed side by side), the JAX handlers and the Rust crate (the
 # host's jax and cargo build for the host); examples.train_softmax is left out
-# (a demo of several minutes of float work under emulation; the suites cover
-# what it calls). Environment: LOWBIT_ARM_BUILD_DIR (default build-arm), CI (a
+# (a demo: about 3 minutes of float work under emulation, passes when run by
+# hand; the suites cover what it calls). Environment: LOWBIT_ARM_BUILD_DIR (default build-arm), CI (a
 # tool that cannot be installed fails instead of skipping: exit 1; elsewhere
 # the skip exits 77), LOWBIT_TEST_SEED.
 set -euo pipefail
