@@ -86,11 +86,12 @@ if [ -n "$x86_build" ]; then
   x86_arg=(-DLOWBIT_SAME_BITS_X86_BUILD="$(cd "$x86_build" && pwd)")
 fi
 start=$SECONDS
+mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-aarch64-linux-gnu.cmake -DLOWBIT_QEMU_AARCH64="$qemu" \
   -DCMAKE_BUILD_TYPE=Release -DLOWBIT_WITH_CUDA=OFF -DLOWBIT_WITH_MPI=OFF -DLOWBIT_WITH_JAX=OFF \
-  -DLOWBIT_BUILD_BENCH=ON -DLOWBIT_BUILD_EXAMPLES=ON "${x86_arg[@]+"${x86_arg[@]}"}" >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
-grep -E "^-- lowbit:" "$build.configure.log" || true
+  -DLOWBIT_BUILD_BENCH=ON -DLOWBIT_BUILD_EXAMPLES=ON "${x86_arg[@]+"${x86_arg[@]}"}" >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
+grep -E "^-- lowbit:" "$build/configure.log" || true
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake --build "$build" -j"$jobs"
 echo "scripts/test_arm.sh: configured and built in $((SECONDS - start)) s"
