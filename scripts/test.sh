@@ -10,6 +10,10 @@
 #                                 benchmarks built too (what .ci/run runs);
 #                                 LOWBIT_TEST_ALL=1 does the same
 #
+# Then the aarch64 build under qemu-user with the same selection
+# (scripts/test_arm.sh: cross compilers and qemu from Debian, the C suites, the
+# NEON codec, the same bits as this build); LOWBIT_TEST_ARM=0 leaves it out.
+#
 # Exhaustive: the sweeps (every float through the AVX-512 codecs, the full
 # CUDA-vs-CPU comparison on the emulation, split by algorithm), the 3- and 4-rank
 # variants of the MPI and torchrun tests, and the torchrun training comparisons.
@@ -18,7 +22,8 @@
 # fills the others); pytest reports as it goes, CTest's log (BUILD/ctest.log)
 # is printed when both are done. The exit status is non-zero if either failed.
 # Environment: LOWBIT_BUILD_DIR (default build), LOWBIT_TEST_SEED (README,
-# "Testing"), CI (a missing test framework fails instead of skipping).
+# "Testing"), CI (a missing test framework fails instead of skipping),
+# LOWBIT_TEST_ARM (0: no aarch64 run), LOWBIT_ARM_BUILD_DIR (default build-arm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,5 +82,20 @@ trap - INT TERM
 echo
 echo "==================================== CTest ($ctest_log)"
 cat "$ctest_log"
-echo "scripts/test.sh: $what: CTest $([ $ctest_rc = 0 ] && echo passed || echo "FAILED (rc $ctest_rc)"), pytest $([ $pytest_rc = 0 ] && echo passed || echo "FAILED (rc $pytest_rc)")"
-[ "$ctest_rc" = 0 ] && [ "$pytest_rc" = 0 ]
+
+# The aarch64 build under qemu-user, checked against this build's bits.
+arm_rc=0 arm_status="left out (LOWBIT_TEST_ARM=0)"
+case "${LOWBIT_TEST_ARM:-1}" in
+  0 | false | no) ;;
+  *)
+    echo
+    echo "==================================== aarch64 under qemu-user (scripts/test_arm.sh)"
+    arm_args=(--x86-build "$build")
+    [ "$all" = 1 ] && arm_args+=(--all)
+    bash scripts/test_arm.sh "${arm_args[@]}" || arm_rc=$?
+    arm_status=$([ $arm_rc = 0 ] && echo passed || echo "FAILED (rc $arm_rc)")
+    if [ $arm_rc = 77 ]; then arm_rc=0 arm_status="skipped (no cross tools; CI=true fails instead)"; fi
+    ;;
+esac
+echo "scripts/test.sh: $what: CTest $([ $ctest_rc = 0 ] && echo passed || echo "FAILED (rc $ctest_rc)"), pytest $([ $pytest_rc = 0 ] && echo passed || echo "FAILED (rc $pytest_rc)"), aarch64 $arm_status"
+[ "$ctest_rc" = 0 ] && [ "$pytest_rc" = 0 ] && [ "$arm_rc" = 0 ]

@@ -11,12 +11,17 @@
  *                                every phase, with masks, skipped steps,
  *                                16-bit params (R ranks; rank 0 prints)
  *
+ * Built with LOWBIT_SAME_BITS_NO_MPI (a build without MPI, e.g. the aarch64
+ * cross build: bench/bits/compare_arch.sh) it has the fused mode only.
+ *
  * Inputs are a fixed pseudo-random sequence; nothing here asserts: the
  * output is compared between builds. */
 /* Built with LOWBIT_NO_INIT_MACROS and the sized inits of lowbit 0.3, so one
  * binary runs against an older liblowbit as well as the new one. */
 #define LOWBIT_NO_INIT_MACROS 1
+#ifndef LOWBIT_SAME_BITS_NO_MPI
 #include <mpi.h>
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,6 +268,7 @@ static void fused_all(void) {
         }
 }
 
+#ifndef LOWBIT_SAME_BITS_NO_MPI
 /* ---- 1-bit optimizers over MPI */
 
 typedef struct {
@@ -399,16 +405,27 @@ static void onebit_all(void) {
           }
   CHECK(lowbit_comm_destroy(comm));
 }
+#endif
 
 int main(int argc, char** argv) {
+#ifndef LOWBIT_SAME_BITS_NO_MPI
   MPI_Init(&argc, &argv);
+#endif
   const char* what = argc > 1 ? argv[1] : "fused";
   g_cuda = argc > 2 && strcmp(argv[2], "cuda") == 0;
-  if (strcmp(what, "fused") == 0)
+  if (strcmp(what, "fused") == 0) {
     fused_all();
-  else
+  } else {
+#ifdef LOWBIT_SAME_BITS_NO_MPI
+    fprintf(stderr, "same_bits: built without MPI, only the fused mode runs (asked: %s)\n", what);
+    return 2;
+#else
     onebit_all();
+#endif
+  }
   fflush(stdout);
+#ifndef LOWBIT_SAME_BITS_NO_MPI
   MPI_Finalize();
+#endif
   return 0;
 }
