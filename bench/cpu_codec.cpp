@@ -68,7 +68,7 @@ int main() {
     for (int moment = 0; moment < 2; ++moment) {
       std::vector<uint8_t> data(size_t(moment_data_bytes(f, kElements)));
       std::vector<float> scales(size_t(std::max<int64_t>(1, num_blocks(f, kElements))));
-      const MomentView mv = moment_view(f, moment, data.data(), scales.data());
+      const MomentView mv = adam_moment_view(f, moment, data.data(), scales.data());
       const float* x = moment ? v.data() : m.data();
       std::vector<double> enc, dec;
       for (CpuIsa l : levels) {

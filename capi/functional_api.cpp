@@ -197,6 +197,8 @@ LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan,
     LOWBIT_REQUIRE(numel >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel, " must be >= 0");
     const lowbit_state_format_t f = p.format[moment];
     lowbit::check_state_format(f, "plan->format[moment]", false);
+    LOWBIT_REQUIRE(p.kind[moment] >= 0 && p.kind[moment] <= LOWBIT_MOMENT_UNSIGNED, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "plan->kind[", moment, "] = ", int(p.kind[moment]), " is not a lowbit_moment_kind_t value");
     const lowbit::Norm norm = planned_norm(p, moment);
     const lowbit::Shape s = norm == lowbit::Norm::Block ? lowbit::Shape{} : read_shape(ndim, shape);
     LOWBIT_REQUIRE(norm == lowbit::Norm::Block || s.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "a ",
@@ -218,7 +220,8 @@ LOWBIT_API lowbit_status_t lowbit_decode_moment(const lowbit_state_plan_t* plan,
     LOWBIT_REQUIRE(need_data == 0 || data, LOWBIT_ERROR_NULL_POINTER, "data is NULL");
     LOWBIT_REQUIRE(need_scales == 0 || scales, LOWBIT_ERROR_NULL_POINTER, "scales is NULL");
     LOWBIT_REQUIRE(numel == 0 || out, LOWBIT_ERROR_NULL_POINTER, "out is NULL");
-    lowbit::MomentView mv = lowbit::moment_view(f, moment, const_cast<void*>(data), const_cast<float*>(scales));
+    lowbit::MomentView mv = lowbit::moment_view(f, lowbit::kind_or_index(p.kind[moment], moment),
+                                                const_cast<void*>(data), const_cast<float*>(scales));
     mv.norm = norm;
     lowbit::decode_moment(mv, s, numel, out);
   });

@@ -230,6 +230,8 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_ZEROONE_ADAM = 6, /* 0/1 Adam: docs/ALGORITHMS.md, section 3.2 */
   LOWBIT_ALGORITHM_ONEBIT_LAMB = 7,  /* 1-bit LAMB: docs/ALGORITHMS.md, section 3.3 */
   LOWBIT_ALGORITHM_MUON = 8,         /* Muon (since 0.7): see "Muon" below */
+  LOWBIT_ALGORITHM_RMSPROP = 9,      /* RMSprop as torch.optim.RMSprop (since 0.8) */
+  LOWBIT_ALGORITHM_ADAGRAD = 10,     /* Adagrad as torch.optim.Adagrad (since 0.8) */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;
@@ -346,6 +348,13 @@ typedef struct lowbit_hparams {
   float ns_coefficients[3];     /* Muon: the quintic's (a, b, c), finite (3.4445, -4.775, 2.0315) */
   lowbit_muon_lr_adjust_t adjust_lr; /* Muon: torch.optim.Muon's adjust_lr_fn */
   lowbit_ns_precision_t ns_precision; /* Muon: how the products are rounded */
+  /* Since 0.8 (struct_size of older callers still accepted: the defaults
+   * below). Which fields an algorithm reads, with their defaults and
+   * bounds: lowbit_hparam_info. */
+  float alpha;                       /* RMSprop: smoothing constant, in [0, 1) (default 0.99) */
+  int32_t centered;                  /* RMSprop: 0/1, divide by the variance estimate */
+  float lr_decay;                    /* Adagrad: lr / (1 + (t - 1) lr_decay), finite and >= 0 */
+  float initial_accumulator_value;   /* Adagrad: the sum of squares' start, finite and >= 0 */
 } lowbit_hparams_t;
 
 /* Fills struct_size and the usual defaults for `algorithm`
@@ -360,6 +369,91 @@ LOWBIT_API lowbit_status_t lowbit_hparams_init(lowbit_hparams_t* hparams, lowbit
 #ifndef LOWBIT_NO_INIT_MACROS
 #define lowbit_hparams_init(hparams, algorithm) \
   lowbit_hparams_init_sized((hparams), sizeof(*(hparams)), (algorithm))
+#endif
+
+/* ------------------------------------------------ the algorithms, described
+ * (since 0.8). Every algorithm's facts live in one descriptor inside the
+ * library; these calls export it, so that bindings build their classes,
+ * keyword arguments, defaults and checks from it (docs/ALGORITHMS.md,
+ * "Algorithms as data"). Strings are static and never NULL. */
+
+#define LOWBIT_MAX_MOMENTS 4 /* moment slots an algorithm may describe */
+
+typedef enum lowbit_moment_kind {
+  LOWBIT_MOMENT_SIGNED = 1,   /* a signed average (a momentum): signed maps, no floor */
+  LOWBIT_MOMENT_UNSIGNED = 2, /* a non-negative accumulator (a second moment): unsigned maps, and a
+                                 positive value never encodes to 0 */
+  LOWBIT_MOMENT_KIND_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_MOMENT_KIND_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_moment_kind_t;
+
+typedef struct lowbit_algorithm_info {
+  size_t struct_size; /* set by the caller (lowbit_algorithm_info_init) */
+  lowbit_algorithm_t algorithm;
+  int32_t num_hparams;       /* hyper-parameters it reads: lowbit_hparam_info 0..num_hparams-1 */
+  const char* name;          /* "adamw", "rmsprop", ...: the name every binding takes */
+  const char* title;         /* "AdamW", "RMSprop", ... */
+  int32_t max_moments;       /* moment slots it may keep (which ones, for given hparams:
+                                lowbit_plan_param_state's num_moments, slots 0.. in order) */
+  int32_t reads_param;       /* its moments depend on the param (L2 weight decay) */
+  const char* moment_names[LOWBIT_MAX_MOMENTS];       /* torch's state names: "exp_avg", "square_avg", ... */
+  lowbit_moment_kind_t moment_kinds[LOWBIT_MAX_MOMENTS];
+  int32_t bias_correction;   /* it has Adam's bias correction (hparams.bias_correction) */
+  int32_t factored_second;   /* moment 1 may be factored (second_normalization = FACTORED) */
+  int32_t distributed;       /* a 1-bit optimizer (needs a communicator) */
+  int32_t hybrid_group;      /* a Muon optimizer's group may take it (hparams.algorithm) */
+  int32_t matrices;          /* it steps matrices (params of >= 2 dims only) */
+  int32_t reserved0;         /* 0 */
+} lowbit_algorithm_info_t;
+
+typedef enum lowbit_hparam_type {
+  LOWBIT_HPARAM_REAL = 1, /* float field(s) */
+  LOWBIT_HPARAM_FLAG = 2, /* int32_t, 0 or 1 */
+  LOWBIT_HPARAM_INT = 3,  /* int32_t in [lower, upper] */
+  LOWBIT_HPARAM_ENUM = 4, /* an enum of the header, in [lower, upper] */
+  LOWBIT_HPARAM_TYPE_FORCE_INT32 = 0x7FFFFFFF,
+  LOWBIT_HPARAM_TYPE_FORCE_INT32_MIN = -0x7FFFFFFF
+} lowbit_hparam_type_t;
+
+/* One hyper-parameter of one algorithm: a field of lowbit_hparams_t, its
+ * default for that algorithm, its bounds (a value v is valid when lower <= v
+ * (lower < v if !lower_inclusive) and v <= upper (v < upper if
+ * !upper_inclusive); reals must be finite) and what it means. */
+typedef struct lowbit_hparam_info {
+  size_t struct_size; /* set by the caller (lowbit_hparam_info_init) */
+  const char* name;   /* the field's name in lowbit_hparams_t */
+  const char* meaning;
+  lowbit_hparam_type_t type;
+  int32_t count;           /* values: 1, or 3 (ns_coefficients) */
+  size_t offset;           /* offsetof(lowbit_hparams_t, <name>) */
+  double default_value[3]; /* the first `count` are meaningful */
+  double lower, upper;
+  int32_t lower_inclusive, upper_inclusive;
+  int32_t since;           /* LOWBIT_VERSION of the release that added the field */
+  int32_t reserved0;       /* 0 */
+} lowbit_hparam_info_t;
+
+/* The descriptor of `algorithm` (LOWBIT_ERROR_INVALID_ARGUMENT for a value
+ * that is no algorithm); writes out->struct_size bytes (a released size). */
+LOWBIT_API lowbit_status_t lowbit_algorithm_info(lowbit_algorithm_t algorithm, lowbit_algorithm_info_t* out);
+/* Hyper-parameter `index` (0 .. num_hparams - 1) of `algorithm`. */
+LOWBIT_API lowbit_status_t lowbit_hparam_info(lowbit_algorithm_t algorithm, int32_t index, lowbit_hparam_info_t* out);
+/* How many moments a param of a group with `hparams` keeps under `algorithm`
+ * (slots 0 .. *count - 1 of lowbit_algorithm_info's): SGD's momentum buffer
+ * only with momentum, RMSprop's second only with momentum or centering. The
+ * hparams are checked as lowbit_hparams_check does. */
+LOWBIT_API lowbit_status_t lowbit_moments_in_use(lowbit_algorithm_t algorithm, const lowbit_hparams_t* hparams,
+                                                 int32_t* count);
+/* Every algorithm of this library, in enum order: writes min(count, capacity)
+ * values to out (NULL with capacity 0: only the count). */
+LOWBIT_API lowbit_status_t lowbit_algorithms(lowbit_algorithm_t* out, int32_t capacity, int32_t* count);
+LOWBIT_API lowbit_status_t lowbit_algorithm_info_init_sized(lowbit_algorithm_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_hparam_info_init_sized(lowbit_hparam_info_t* info, size_t struct_size);
+LOWBIT_API lowbit_status_t lowbit_algorithm_info_init(lowbit_algorithm_info_t* info);
+LOWBIT_API lowbit_status_t lowbit_hparam_info_init(lowbit_hparam_info_t* info);
+#ifndef LOWBIT_NO_INIT_MACROS
+#define lowbit_algorithm_info_init(info) lowbit_algorithm_info_init_sized((info), sizeof(*(info)))
+#define lowbit_hparam_info_init(info) lowbit_hparam_info_init_sized((info), sizeof(*(info)))
 #endif
 
 typedef struct lowbit_optimizer_config {
@@ -710,6 +804,11 @@ typedef struct lowbit_state_plan {
   /* Since 0.3 (struct_size of 0.2 callers still accepted: the fields above).
    * The layout of a moment by normalisation: docs/ALGORITHMS.md, section 2. */
   lowbit_normalization_t normalization[2]; /* resolved; DEFAULT for a moment the algorithm does not keep */
+  /* Since 0.8 (struct_size of older callers still accepted: a plan without
+   * kinds is read as moment 0 signed, moment 1 unsigned, the kinds of every
+   * algorithm before 0.8). Each moment's kind, which picks its map and floor
+   * (0 for a moment the algorithm does not keep). */
+  lowbit_moment_kind_t kind[2];
 } lowbit_state_plan_t;
 
 /* Zeroes the struct and sets struct_size (lowbit_state_plan_init: the 0.4 struct). */

@@ -44,7 +44,8 @@ std::string version_name(int v) { return concat(v / 10000, ".", v / 100 % 100); 
 LOWBIT_STRUCT_ABI(lowbit_build_info_t, "lowbit_build_info_init", rel(300, offsetof(lowbit_build_info_t, cpu_kernels)),
                   rel(800, sizeof(lowbit_build_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_hparams_t, "lowbit_hparams_init",
-                  rel(200, 48, offsetof(lowbit_hparams_t, algorithm)), rel(700, sizeof(lowbit_hparams_t)))
+                  rel(200, 48, offsetof(lowbit_hparams_t, algorithm)), rel(700, offsetof(lowbit_hparams_t, alpha)),
+                  rel(800, sizeof(lowbit_hparams_t)))
 LOWBIT_STRUCT_ABI(lowbit_optimizer_config_t, "lowbit_optimizer_config_init",
                   rel(200, offsetof(lowbit_optimizer_config_t, first_normalization)),
                   rel(300, sizeof(lowbit_optimizer_config_t)))
@@ -58,7 +59,10 @@ LOWBIT_STRUCT_ABI(lowbit_onebit_status_t, "lowbit_onebit_status_init", rel(300, 
 LOWBIT_STRUCT_ABI(lowbit_param_info_t, "lowbit_param_info_init",
                   rel(200, offsetof(lowbit_param_info_t, first_normalization)), rel(300, sizeof(lowbit_param_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_state_plan_t, "lowbit_state_plan_init",
-                  rel(200, offsetof(lowbit_state_plan_t, normalization)), rel(300, sizeof(lowbit_state_plan_t)))
+                  rel(200, offsetof(lowbit_state_plan_t, normalization)), rel(300, offsetof(lowbit_state_plan_t, kind)),
+                  rel(800, sizeof(lowbit_state_plan_t)))
+LOWBIT_STRUCT_ABI(lowbit_algorithm_info_t, "lowbit_algorithm_info_init", rel(800, sizeof(lowbit_algorithm_info_t)))
+LOWBIT_STRUCT_ABI(lowbit_hparam_info_t, "lowbit_hparam_info_init", rel(800, sizeof(lowbit_hparam_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_param_buffers_t, "lowbit_param_buffers_init", rel(600, sizeof(lowbit_param_buffers_t)))
 LOWBIT_STRUCT_ABI(lowbit_step_args_t, "lowbit_step_args_init", rel(600, sizeof(lowbit_step_args_t)))
 // lowbit_comm.h

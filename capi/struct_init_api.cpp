@@ -73,5 +73,7 @@ LOWBIT_DEFINE_STRUCT_INIT(lowbit_onebit_status_t, lowbit_onebit_status_init, 400
 LOWBIT_DEFINE_STRUCT_INIT(lowbit_param_info_t, lowbit_param_info_init, 400, "info", lowbit_param_info_t{})
 LOWBIT_DEFINE_STRUCT_INIT(lowbit_state_plan_t, lowbit_state_plan_init, 400, "plan", lowbit_state_plan_t{})
 LOWBIT_DEFINE_STRUCT_INIT(lowbit_build_info_t, lowbit_build_info_init, 400, "info", lowbit_build_info_t{})
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_algorithm_info_t, lowbit_algorithm_info_init, 800, "info", lowbit_algorithm_info_t{})
+LOWBIT_DEFINE_STRUCT_INIT(lowbit_hparam_info_t, lowbit_hparam_info_init, 800, "info", lowbit_hparam_info_t{})
 
 }  // extern "C"

@@ -15,6 +15,10 @@
 // 0/1 Adam and 1-bit LAMB; the others still write version 2) inserts the
 // extension's section before the final checksum
 // (distributed/checkpoint_section.cpp).
+// Version 4 (since 0.8, written where a group's algorithm reads a field of
+// lowbit_hparams_t added in 0.8: RMSprop, Adagrad) is version 2 with, after
+// each group's fields above, f32 alpha, i32 centered, f32 lr_decay, f32
+// initial_accumulator_value.
 // Version 1 (lowbit 0.2) is the same without ndim / dims and normalization
 // (1-D, blocks); it still loads. Materialised checkpoints hold every moment
 // as fp32 / bf16 values (a factored v as its reconstruction v^).
@@ -32,6 +36,8 @@
 #include "defaults.hpp"
 #include "error.hpp"
 #include "float16.hpp"
+#include "hparam_specs.hpp"
+#include "hparams.hpp"
 #include "optimizer.hpp"
 #include "quant.hpp"
 #include "validation.hpp"
@@ -49,6 +55,16 @@ constexpr bool kVerifyChecksums = true;
 constexpr char kMagic[8] = {'L', 'O', 'W', 'B', 'I', 'T', 'C', 'K'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kVersionWithSection = 3;  // kVersion plus the extension's section
+constexpr uint32_t kVersionWith08Hparams = 4;  // kVersion plus the groups' 0.8 fields
+constexpr uint64_t k08GroupBytes = 16;
+
+// Whether any group reads a hyper-parameter that 0.8 added.
+bool reads_08_hparams(const std::vector<lowbit_hparams_t>& groups, lowbit_algorithm_t optimizer_algorithm) {
+  for (const lowbit_hparams_t& h : groups)
+    for (const lowbit_hparam_info_t& i : hparam_infos(group_algorithm(h, optimizer_algorithm)))
+      if (i.since >= kSince08) return true;
+  return false;
+}
 
 using Writer = CheckpointWriter;
 using Reader = CheckpointReader;
@@ -58,9 +74,9 @@ uint32_t read_magic_and_version(Reader& r) {
   LOWBIT_REQUIRE(std::memcmp(r.take(8, "magic"), kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "not a lowbit checkpoint (bad magic)");
   const uint32_t version = r.get<uint32_t>("version");
-  LOWBIT_REQUIRE(version == 1 || version == kVersion || version == kVersionWithSection, LOWBIT_ERROR_VERSION_MISMATCH,
+  LOWBIT_REQUIRE(version >= 1 && version <= kVersionWith08Hparams, LOWBIT_ERROR_VERSION_MISMATCH,
                  "checkpoint format version ", version, " is not supported (this library reads versions 1 to ",
-                 kVersionWithSection, ")");
+                 kVersionWith08Hparams, ")");
   return version;
 }
 
@@ -83,7 +99,8 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
   Writer w;
   w.append(kMagic, 8);
   const bool ext = extension_ && extension_->has_checkpoint_section();
-  w.put<uint32_t>(ext ? kVersionWithSection : kVersion);
+  const bool with_08 = reads_08_hparams(groups_, config_.algorithm);
+  w.put<uint32_t>(ext ? kVersionWithSection : with_08 ? kVersionWith08Hparams : kVersion);
   w.put<uint32_t>(uint32_t(mode));
   w.put<uint32_t>(uint32_t(config_.algorithm));
   w.put<uint32_t>(uint32_t(groups_.size()));
@@ -102,6 +119,12 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
       for (float f : h.ns_coefficients) w.put<float>(f);
       w.put<int32_t>(int32_t(h.adjust_lr));
       w.put<int32_t>(int32_t(h.ns_precision));
+    }
+    if (with_08) {
+      w.put<float>(h.alpha);
+      w.put<int32_t>(h.centered);
+      w.put<float>(h.lr_decay);
+      w.put<float>(h.initial_accumulator_value);
     }
   }
   std::vector<uint8_t> data, scales;
@@ -136,7 +159,7 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
         out_format = mode == LOWBIT_CHECKPOINT_MATERIALIZED_FP32 ? LOWBIT_STATE_FP32 : LOWBIT_STATE_BF16;
         data.assign(size_t(moment_data_bytes(out_format, p.param.numel)), 0);
         scales.clear();
-        MomentView out = lowbit::moment_view(out_format, m, data.data(), nullptr);
+        MomentView out = lowbit::moment_view(out_format, ms.kind, data.data(), nullptr);
         reencode_moment(out, p.shape, p.param.numel, values.data());  // bf16: saturating
       }
       w.put<uint32_t>(uint32_t(out_format));
@@ -176,7 +199,8 @@ uint64_t Optimizer::checkpoint_size(const uint8_t* head) const {
   auto add = [](uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; };
   auto mul = [](uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; };
   const uint64_t fixed = 56, record = 32 + 8 + 4 + 4 + 8 * kMaxDims, moment = 28;
-  const uint64_t group = config_.algorithm == LOWBIT_ALGORITHM_MUON ? 36 + 28 : 36;  // Muon's group fields
+  const uint64_t group = (config_.algorithm == LOWBIT_ALGORITHM_MUON ? 36 + 28 : 36) +  // Muon's group fields
+                         (version == kVersionWith08Hparams ? k08GroupBytes : 0);
   uint64_t largest = add(add(fixed, mul(group, num_groups)), 4);
   for (const ParamState& p : params_) {
     const uint64_t n = uint64_t(p.param.numel);
@@ -239,6 +263,12 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       for (float& f : h.ns_coefficients) f = r.get<float>("ns_coefficients");
       h.adjust_lr = lowbit_muon_lr_adjust_t(r.get<int32_t>("adjust_lr"));
       h.ns_precision = lowbit_ns_precision_t(r.get<int32_t>("ns_precision"));
+    }
+    if (version == kVersionWith08Hparams) {
+      h.alpha = r.get<float>("alpha");
+      h.centered = r.get<int32_t>("centered");
+      h.lr_decay = r.get<float>("lr_decay");
+      h.initial_accumulator_value = r.get<float>("initial_accumulator_value");
     }
     try {
       check_hparams(h, config_.algorithm);
@@ -313,7 +343,8 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
                      " elements)");
       uint8_t* src_data = const_cast<uint8_t*>(r.take(data_bytes, "moment data"));
       uint8_t* stored_scales = const_cast<uint8_t*>(r.take(scale_bytes, "moment scales"));
-      MomentView src = lowbit::moment_view(format, m, src_data, reinterpret_cast<float*>(stored_scales));
+      MomentView src =
+          lowbit::moment_view(format, p.moment[m].kind, src_data, reinterpret_cast<float*>(stored_scales));
       src.norm = norm;
       const MomentState& dst = p.moment[m];
       bool same_shape = shape.ndim == p.shape.ndim;

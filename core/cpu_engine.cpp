@@ -107,7 +107,7 @@ class CpuEngine final : public Engine {
       if (ctl.lr) h.lr = *ctl.lr;
       if (ctl.hparams) skip |= !hparams_valid(h, algo, params_[i].num_moments);
       const int64_t t = shared >= 0 ? shared : steps_[i];
-      scalars_[i] = make_step_scalars(h, algo != Algo::Lion, t);
+      scalars_[i] = make_step_scalars(h, algo, t);
       keys_[i] = rounding_key(ctl.seed, uint64_t(i), uint64_t(t + 1));
       if (ctl.layout) {
         const ParamView& v = params_[i];

@@ -253,13 +253,10 @@ void CpuShapedPass::before_step(Algo algo, const std::vector<ParamView>& params,
     const size_t thread = 0;
 #endif
     uint32_t* colmax = fac ? nullptr : colmax_.data() + thread * size_t(2 * colmax_cols_);
-    switch (algo) {
-      case Algo::AdamW: LOWBIT_ISA_PICK(stat_item, <Algo::AdamW>)(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Adam: LOWBIT_ISA_PICK(stat_item, <Algo::Adam>)(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Lion: LOWBIT_ISA_PICK(stat_item, <Algo::Lion>)(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Sgd: LOWBIT_ISA_PICK(stat_item, <Algo::Sgd>)(params[i], grads[i], scalars[i], it, part, colmax); break;
-      case Algo::Muon: LOWBIT_ISA_PICK(stat_item, <Algo::Muon>)(params[i], grads[i], scalars[i], it, part, colmax); break;
-    }
+    with_rule(algo, [&](auto rule) {
+      constexpr Algo A = decltype(rule)::value;
+      LOWBIT_ISA_PICK(stat_item, <A>)(params[i], grads[i], scalars[i], it, part, colmax);
+    });
   }
   for (size_t i : shaped_)
     if (grads[i].data && shaped_moment(params[i], 1) && params[i].moment[1].norm == Norm::Factored)

@@ -115,12 +115,8 @@ inline void step_chunk_body(Algo algo, const ParamView& pv, const GradView& grad
         update_tile_factored<Algo::Adam>(s, n, p, g, m, v);
       else
         update_tile_factored<Algo::AdamW>(s, n, p, g, m, v);
-    } else switch (algo) {
-      case Algo::AdamW: update_tile<Algo::AdamW>(s, n, p, g, m, v); break;
-      case Algo::Adam: update_tile<Algo::Adam>(s, n, p, g, m, v); break;
-      case Algo::Lion: update_tile<Algo::Lion>(s, n, p, g, m, v); break;
-      case Algo::Sgd: update_tile<Algo::Sgd>(s, n, p, g, m, v); break;
-      case Algo::Muon: update_tile<Algo::Muon>(s, n, p, g, m, v); break;
+    } else {
+      with_rule(algo, [&](auto rule) { update_tile<decltype(rule)::value>(s, n, p, g, m, v); });
     }
     if (code_m) {
       if (shaped_m)

@@ -130,17 +130,20 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
   // The plan: what this algorithm keeps, in formats and normalisations the
   // engine has, with the sizes the layout rules give.
   const lowbit_algorithm_t algorithm = hparams ? group_algorithm(hparams[p.group], config_.algorithm) : config_.algorithm;
-  LOWBIT_REQUIRE(algorithm != LOWBIT_ALGORITHM_MUON || p.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i,
+  const AlgorithmDesc desc = describe(algorithm);
+  LOWBIT_REQUIRE(!desc.matrices || p.ndim >= 2, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i,
                  "].ndim = ", p.ndim, ": Muon orthogonalises matrices, so a param of its group needs a shape of at "
                  "least 2 dims (1-D params go to a group whose hparams.algorithm is LOWBIT_ALGORITHM_ADAMW)");
-  // SGD keeps a moment only with momentum: where the host cannot read the
-  // group's momentum the device checks it (hparams_valid).
-  const bool sgd_unknown = algorithm == LOWBIT_ALGORITHM_SGD && !hparams;
-  const int moments = sgd_unknown ? plan.num_moments : moment_count(algorithm, hparams ? hparams[p.group].momentum : 0.f);
-  LOWBIT_REQUIRE(plan.num_moments == moments && (!sgd_unknown || moments <= 1), LOWBIT_ERROR_INVALID_ARGUMENT,
+  // SGD keeps a moment only with momentum (RMSprop its second with momentum
+  // or centred): where the host cannot read the group's hyper-parameters the
+  // device checks the count (hparams_valid).
+  const bool count_unknown = !hparams && desc.num_slots > 0 && desc.slot[desc.num_slots - 1].when != SlotWhen::Always;
+  lowbit_hparams_t defaults = default_hparams(algorithm);
+  const int moments = count_unknown ? plan.num_moments : moments_in_use(desc, hparams ? hparams[p.group] : defaults);
+  LOWBIT_REQUIRE(plan.num_moments == moments && (!count_unknown || moments <= desc.num_slots),
+                 LOWBIT_ERROR_INVALID_ARGUMENT,
                  "params[", i, "].plan has ", plan.num_moments, " moments but this algorithm keeps ", moments,
                  " (a plan made for another algorithm or momentum?)");
-  const bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM;
   v = ParamView{};
   v.num_moments = moments;
   v.numel = numel;
@@ -154,7 +157,7 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
                    "].plan->format[", m, "] = ", int(f), " is not a lowbit_state_format_t value");
     const bool ok = n == LOWBIT_NORMALIZATION_BLOCK ||
                     (n == LOWBIT_NORMALIZATION_RANK1 && (f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT)) ||
-                    (n == LOWBIT_NORMALIZATION_FACTORED && m == 1 && adam && f == LOWBIT_STATE_FP32);
+                    (n == LOWBIT_NORMALIZATION_FACTORED && m == 1 && desc.factored_second && f == LOWBIT_STATE_FP32);
     LOWBIT_REQUIRE(ok, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "].plan->normalization[", m, "] = ", int(n),
                    " is not one the plans give for a ", format_name(f), " moment ", m);
     const Norm norm = from_c_norm(n);
@@ -170,7 +173,12 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
     static const char* const scale_part[2] = {"scales[0]", "scales[1]"};
     check_buffer(i, data_part[m], p.moment[m], p.moment_bytes[m], data, data_alignment(f), "bytes");
     check_buffer(i, scale_part[m], p.scales[m], p.scale_count[m], scales, 4, "scales");
-    v.moment[m] = moment_view(f, m, p.moment[m], p.scales[m]);
+    const lowbit_moment_kind_t kind = kind_or_index(plan.kind[m], m);
+    LOWBIT_REQUIRE(kind == desc.slot[m].kind, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "].plan->kind[", m,
+                   "] = ", int(kind), " but ", desc.title, "'s moment ", m, " (", desc.slot[m].name, ") is ",
+                   desc.slot[m].kind == LOWBIT_MOMENT_UNSIGNED ? "unsigned" : "signed",
+                   " (a plan made for another algorithm?)");
+    v.moment[m] = moment_view(f, kind, p.moment[m], p.scales[m]);
     v.moment[m].norm = norm;
   }
   for (int m = moments; m < 2; ++m)

@@ -1,5 +1,7 @@
 #include "optimizer.hpp"
 
+#include "algorithms.hpp"
+
 #include <cmath>
 #include <cstring>
 
@@ -50,10 +52,23 @@ void Optimizer::set_hparams(int32_t group, const lowbit_hparams_t& h) {
   check_hparams(h, config_.algorithm);
   // SGD keeps a momentum buffer only when it was registered with momentum:
   // a plain SGD optimizer's groups and a Muon optimizer's SGD groups alike.
-  if (group_algorithm(h, config_.algorithm) == LOWBIT_ALGORITHM_SGD && h.momentum != 0.f)
-    for (const ParamState& p : params_)
-      LOWBIT_REQUIRE(p.group != group || p.num_moments == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ", h.momentum,
-                     ": group ", group, " was registered without momentum, so its params have no momentum buffer");
+  // RMSprop's second moment likewise, and what it holds (the momentum
+  // buffer or the centred average) stays what it was registered as.
+  const AlgorithmDesc desc = describe(group_algorithm(h, config_.algorithm));
+  const lowbit_hparams_t& old = groups_[size_t(group)];
+  for (const ParamState& p : params_) {
+    if (p.group != group) continue;
+    LOWBIT_REQUIRE(moments_in_use(desc, h) <= p.num_moments, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ",
+                   h.momentum, desc.rule == Algo::RmsProp ? concat(", centered = ", h.centered).c_str() : "",
+                   ": group ", group, " was registered without ",
+                   desc.rule == Algo::RmsProp ? "momentum or centering, so its params have no second moment"
+                                              : "momentum, so its params have no momentum buffer");
+    LOWBIT_REQUIRE(desc.rule != Algo::RmsProp || p.num_moments < 2 ||
+                       (h.centered != 0) == (group_algorithm(old, config_.algorithm) == desc.id && old.centered != 0),
+                   LOWBIT_ERROR_INVALID_ARGUMENT, "centered = ", h.centered, ": group ", group,
+                   "'s params keep their second moment as ", old.centered ? "the centred grad average" :
+                   "the momentum buffer", " (as registered)");
+  }
   if (group_algorithm(h, config_.algorithm) != group_algorithm(groups_[size_t(group)], config_.algorithm))
     for (const ParamState& p : params_)
       LOWBIT_REQUIRE(p.group != group, LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", int(h.algorithm), ": group ",
@@ -99,6 +114,7 @@ int64_t Optimizer::add_param(const lowbit_param_config_t& c) {
   for (int m = 0; m < p.num_moments; ++m) {
     p.moment[m].format = plan.format[m];
     p.moment[m].norm = plan.norm[m];
+    p.moment[m].kind = plan.kind[m];
     p.moment[m].data = StateBuffer(engine_.get(), size_t(plan.data_bytes(m, c.param.numel)));
     p.moment[m].scales = StateBuffer(engine_.get(), size_t(plan.scale_bytes(m, c.param.numel)));
   }
@@ -160,7 +176,7 @@ void Optimizer::set_grad(int64_t id, const lowbit_tensor_t* grad) {
 }
 
 MomentView Optimizer::moment_view(const ParamState& p, int m) const {
-  MomentView v = lowbit::moment_view(p.moment[m].format, m, p.moment[m].data.data(),
+  MomentView v = lowbit::moment_view(p.moment[m].format, p.moment[m].kind, p.moment[m].data.data(),
                                      static_cast<float*>(p.moment[m].scales.data()));
   v.norm = p.moment[m].norm;
   return v;
@@ -301,13 +317,13 @@ void Optimizer::write_moment(int64_t id, int moment, const float* values, int64_
   LOWBIT_REQUIRE(values != nullptr, LOWBIT_ERROR_NULL_POINTER, "values is NULL");
   LOWBIT_REQUIRE(numel == p.param.numel, LOWBIT_ERROR_INVALID_ARGUMENT, "numel = ", numel,
                  " does not match the numel ", p.param.numel, " of param ", id);
-  // The second moment of the Adam family is a variance.
-  const bool variance = moment == 1;
+  // An unsigned moment (a second moment, a sum of squares) is a variance.
+  const bool variance = p.moment[moment].kind == LOWBIT_MOMENT_UNSIGNED;
   for (int64_t i = 0; i < numel; ++i) {
     LOWBIT_REQUIRE(std::isfinite(values[i]), LOWBIT_ERROR_NONFINITE, "values[", i, "] = ", values[i],
                    " is not finite (param ", id, ", moment ", moment, ")");
     LOWBIT_REQUIRE(!variance || values[i] >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "values[", i, "] = ", values[i],
-                   " is negative, but moment 1 (the second moment) of param ", id, " is a variance");
+                   " is negative, but moment ", moment, " of param ", id, " is non-negative (a second moment)");
   }
   std::vector<uint8_t> data(ms.data.bytes()), scales(ms.scales.bytes());
   MomentView host = moment_view(p, moment);

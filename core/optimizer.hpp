@@ -49,6 +49,7 @@ class StateBuffer {
 
 struct MomentState {
   lowbit_state_format_t format = LOWBIT_STATE_FP32;
+  lowbit_moment_kind_t kind = LOWBIT_MOMENT_SIGNED;  // the algorithm's for this slot
   Norm norm = Norm::Block;
   StateBuffer data, scales;
 };

@@ -92,11 +92,16 @@ const char* dtype_name(lowbit_dtype_t dtype) {
 
 int64_t dtype_bytes(lowbit_dtype_t dtype) { return dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
 
-const QMap* moment_map(lowbit_state_format_t format, int moment) {
+const QMap* moment_map(lowbit_state_format_t format, lowbit_moment_kind_t kind) {
   format = storage_format(format);
-  if (format == LOWBIT_STATE_8BIT) return &qmap(moment == 0 ? MapId::SignedDynamic8 : MapId::UnsignedDynamic8);
-  if (format == LOWBIT_STATE_4BIT) return &qmap(moment == 0 ? MapId::SignedDynamic4 : MapId::UnsignedLinear4);
+  const bool signed_map = kind != LOWBIT_MOMENT_UNSIGNED;
+  if (format == LOWBIT_STATE_8BIT) return &qmap(signed_map ? MapId::SignedDynamic8 : MapId::UnsignedDynamic8);
+  if (format == LOWBIT_STATE_4BIT) return &qmap(signed_map ? MapId::SignedDynamic4 : MapId::UnsignedLinear4);
   return nullptr;
+}
+
+lowbit_moment_kind_t kind_or_index(lowbit_moment_kind_t kind, int moment) {
+  return kind != 0 ? kind : moment == 0 ? LOWBIT_MOMENT_SIGNED : LOWBIT_MOMENT_UNSIGNED;
 }
 
 int64_t moment_data_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel) {
@@ -119,14 +124,14 @@ const char* norm_name(Norm norm) {
   return "unknown";
 }
 
-MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales) {
+MomentView moment_view(lowbit_state_format_t format, lowbit_moment_kind_t kind, void* data, float* scales) {
   MomentView v;
   v.format = storage_format(format);
   v.stochastic = format == LOWBIT_STATE_4BIT_SR;
   v.data = data;
   v.scales = scales;
-  v.map = moment_map(format, moment);
-  v.second = moment == 1;
+  v.map = moment_map(format, kind);
+  v.second = kind == LOWBIT_MOMENT_UNSIGNED;
   return v;
 }
 

@@ -74,9 +74,19 @@ const char* format_name(lowbit_state_format_t format);
 const char* dtype_name(lowbit_dtype_t dtype);
 int64_t dtype_bytes(lowbit_dtype_t dtype);
 // The map of moment 0 (signed) or 1 (unsigned) for a quantized format.
-const QMap* moment_map(lowbit_state_format_t format, int moment);
+const QMap* moment_map(lowbit_state_format_t format, lowbit_moment_kind_t kind);
 // The view of moment 0 or 1 stored in `format` at data / scales.
-MomentView moment_view(lowbit_state_format_t format, int moment, void* data, float* scales);
+MomentView moment_view(lowbit_state_format_t format, lowbit_moment_kind_t kind, void* data, float* scales);
+// The kind a released plan left 0 (before 0.8): moment 0 signed, 1 unsigned.
+lowbit_moment_kind_t kind_or_index(lowbit_moment_kind_t kind, int moment);
+// Moment `slot` of the Adam family (0: signed, 1: unsigned), for the codec
+// tests and benchmarks.
+inline const QMap* adam_moment_map(lowbit_state_format_t format, int slot) {
+  return moment_map(format, kind_or_index(lowbit_moment_kind_t(0), slot));
+}
+inline MomentView adam_moment_view(lowbit_state_format_t format, int slot, void* data, float* scales) {
+  return moment_view(format, kind_or_index(lowbit_moment_kind_t(0), slot), data, scales);
+}
 // Sizes of a moment with a normalisation (Block: as above).
 int64_t moment_data_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);
 int64_t moment_scale_bytes(lowbit_state_format_t format, Norm norm, const Shape& shape, int64_t numel);

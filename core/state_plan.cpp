@@ -1,7 +1,7 @@
 #include "state_plan.hpp"
 
 #include "error.hpp"
-#include "update_rules.hpp"
+#include "algorithms.hpp"
 #include "validation.hpp"
 
 #include <cstdint>
@@ -51,7 +51,9 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
 
   StatePlan plan;
   const lowbit_algorithm_t algorithm = group_algorithm(hparams, config.algorithm);
-  plan.num_moments = moment_count(algorithm, hparams.momentum);
+  const AlgorithmDesc desc = describe(algorithm);
+  plan.num_moments = moments_in_use(desc, hparams);
+  for (int m = 0; m < plan.num_moments; ++m) plan.kind[m] = desc.slot[m].kind;
   const lowbit_state_format_t first =
       resolve(c.state_format, config.state_format, numel, config.min_quantized_numel);
   // The second moment follows, in order: its own override, the param's
@@ -91,11 +93,11 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   }
   check_normalization(c.first_normalization, "first_normalization", false);
   check_normalization(c.second_normalization, "second_normalization", true);
-  const bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM;
-  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(algorithm), ")");
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || desc.factored_second,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "second_normalization = factored needs AdamW or Adam (algorithm = ",
+                 desc.title, ")");
   const bool shaped = c.ndim >= 2;
-  LOWBIT_REQUIRE(algorithm != LOWBIT_ALGORITHM_MUON || shaped, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", c.ndim,
+  LOWBIT_REQUIRE(!desc.matrices || shaped, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", c.ndim,
                  ": Muon orthogonalises matrices, so a param of its group needs a shape of at least 2 dims; put "
                  "1-D params (biases, norms) in a group whose hparams.algorithm is LOWBIT_ALGORITHM_ADAMW");
   const lowbit_normalization_t own[2] = {c.first_normalization, c.second_normalization};
@@ -107,7 +109,12 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
       LOWBIT_REQUIRE(want == LOWBIT_NORMALIZATION_DEFAULT || want == LOWBIT_NORMALIZATION_BLOCK,
                      LOWBIT_ERROR_UNSUPPORTED, field[m], " = ", int(want), ": ",
                      onebit_algorithm_name(config.algorithm), " keeps fp32 state (no rank-1 or factored moments)");
-    if (want == LOWBIT_NORMALIZATION_FACTORED) {
+    if (want == LOWBIT_NORMALIZATION_FACTORED && !(m == 1 && desc.factored_second)) {
+      // The optimizer's default is factored (a Muon optimizer's hybrid group of another algorithm, say): its
+      // blocks. Asked of this param: refused.
+      LOWBIT_REQUIRE(own[m] != LOWBIT_NORMALIZATION_FACTORED, LOWBIT_ERROR_INVALID_ARGUMENT, field[m],
+                     " = factored: ", desc.title, "'s moment ", m, " (", desc.slot[m].name, ") cannot be factored");
+    } else if (want == LOWBIT_NORMALIZATION_FACTORED) {
       LOWBIT_REQUIRE(shaped || own[m] != LOWBIT_NORMALIZATION_FACTORED, LOWBIT_ERROR_INVALID_ARGUMENT, field[m],
                      " = factored needs a parameter of at least 2 dims (ndim = ", c.ndim, ")");
       if (shaped) {
@@ -144,6 +151,7 @@ lowbit_state_plan_t to_c_plan(const StatePlan& plan, int64_t numel) {
                             ? block_size(plan.format[m])
                             : 0;
     out.normalization[m] = m < plan.num_moments ? to_c_norm(plan.norm[m]) : LOWBIT_NORMALIZATION_DEFAULT;
+    out.kind[m] = m < plan.num_moments ? plan.kind[m] : lowbit_moment_kind_t(0);
     out.data_bytes[m] = plan.data_bytes(m, numel);
     out.scale_count[m] = plan.scale_bytes(m, numel) / 4;
   }

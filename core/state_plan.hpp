@@ -15,6 +15,7 @@ namespace lowbit {
 struct StatePlan {
   int num_moments = 0;
   lowbit_state_format_t format[2] = {LOWBIT_STATE_DEFAULT, LOWBIT_STATE_DEFAULT};
+  lowbit_moment_kind_t kind[2] = {lowbit_moment_kind_t(0), lowbit_moment_kind_t(0)};  // the algorithm's
   Norm norm[2] = {Norm::Block, Norm::Block};  // resolved (Rank1 / Factored only for >= 2 dims)
   Shape shape{};                              // as registered (ndim 0: none)
   WeightRounding rounding = WeightRounding::Nearest;

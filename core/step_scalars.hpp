@@ -10,38 +10,23 @@
 
 #include "hd.hpp"
 #include "lowbit.h"
+#include "algorithms.hpp"
+#include "hparam_visitors.hpp"
 #include "update_rules.hpp"
 
 namespace lowbit {
 
-inline Algo engine_algo(lowbit_algorithm_t a) {
-  switch (a) {
-    case LOWBIT_ALGORITHM_ADAM: return Algo::Adam;
-    case LOWBIT_ALGORITHM_LION: return Algo::Lion;
-    case LOWBIT_ALGORITHM_SGD: return Algo::Sgd;
-    case LOWBIT_ALGORITHM_MUON: return Algo::Muon;
-    default: return Algo::AdamW;  // AdamW, and 1-bit Adam's decoupled decay as in DeepSpeed
-  }
-}
-
-// Whether a group's hyper-parameters are valid for an element-wise algorithm
-// with this many moments: the conditions of validation.cpp check_hparams
-// (which names the field at fault), for values only the device sees (a
-// functional step's hyper-parameters in device memory: a bad one skips the
-// step). Comparisons are false for NaN, so NaN is invalid everywhere.
+// Whether a group's hyper-parameters are valid for the element-wise rule
+// `algo` with this many moments: the specs of core/hparam_specs.hpp (whose
+// host check, check_hparams, names the field at fault), for values only the
+// device sees (a functional step's hyper-parameters in device memory: a bad
+// one skips the step). Comparisons are false for NaN, so NaN is invalid
+// everywhere.
 LOWBIT_HD bool hparams_valid(const lowbit_hparams_t& h, Algo algo, int num_moments) {
-  const float kMax = 3.40282347e38f;
-  bool ok = h.lr >= 0.f && h.lr <= kMax && h.weight_decay >= 0.f && h.weight_decay <= kMax;
-  const bool adam = algo == Algo::AdamW || algo == Algo::Adam;
-  if (adam || algo == Algo::Lion) ok = ok && h.beta1 >= 0.f && h.beta1 < 1.f && h.beta2 >= 0.f && h.beta2 < 1.f;
-  if (adam || algo == Algo::Muon) ok = ok && h.eps > 0.f && h.eps <= kMax;
-  if (adam) ok = ok && (h.bias_correction == 0 || h.bias_correction == 1);
-  if (algo == Algo::Sgd || algo == Algo::Muon)
-    ok = ok && h.momentum >= 0.f && h.momentum < 1.f && (h.nesterov == 0 || h.nesterov == 1);
-  if (algo == Algo::Sgd)
-    ok = ok && h.dampening >= 0.f && h.dampening <= 1.f && (!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f)) &&
-         (h.momentum != 0.f) == (num_moments == 1);
-  return ok;
+  const lowbit_algorithm_t a = rule_algorithm(algo);
+  ValidVisitor v{h};
+  walk_hparams(a, v);
+  return v.ok && moments_in_use(describe(a), h) == num_moments;
 }
 
 // b^n for n >= 0 by repeated squaring: a fixed sequence of IEEE double
@@ -61,9 +46,10 @@ LOWBIT_HD float inv_sqrt_bias_correction(float beta2, int64_t t) {
   return float(1.0 / sqrt(1.0 - powi(double(beta2), t)));
 }
 
-// Scalars for the step that follows `step` completed steps. Lion has no bias
-// correction (allow_bias_correction = false).
-LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bias_correction, int64_t step) {
+// Scalars for the step of rule `rule` that follows `step` completed steps
+// (only a rule with Adam's bias correction applies hparams.bias_correction).
+LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, Algo rule, int64_t step) {
+  const bool allow_bias_correction = rule_bias_correction(rule);
   const int64_t t = step + 1;
   StepScalars s{};
   s.lr = h.lr;
@@ -79,6 +65,10 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bi
   s.dampening = h.dampening;
   s.nesterov = h.nesterov;
   s.first_step = step == 0;
+  s.alpha = h.alpha;
+  s.centered = h.centered;
+  s.initial_sum = h.initial_accumulator_value;
+  if (rule == Algo::Adagrad) s.step_size = float(double(h.lr) / (1.0 + double(step) * double(h.lr_decay)));
   return s;
 }
 
@@ -86,7 +76,7 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, bool allow_bi
 // step `freeze_step` (1-bit Adam's compressed stage), and with it its bias
 // correction; freeze_step 0: none frozen.
 LOWBIT_HD StepScalars make_frozen_scalars(const lowbit_hparams_t& h, int64_t step, int64_t freeze_step) {
-  StepScalars s = make_step_scalars(h, true, step);
+  StepScalars s = make_step_scalars(h, Algo::AdamW, step);
   if (h.bias_correction && freeze_step > 0) s.inv_sqrt_bc2 = inv_sqrt_bias_correction(h.beta2, freeze_step);
   return s;
 }

@@ -21,10 +21,44 @@ struct StepScalars {
   float inv_sqrt_bc2;   // Adam: 1 / sqrt(1 - beta2^t)
   float momentum, dampening;
   int nesterov;
-  int first_step;       // SGD: the momentum buffer starts as the gradient
+  int first_step;       // SGD: the momentum buffer starts as the gradient; Adagrad: the sum starts
+  float alpha;          // RMSprop: the square average's smoothing constant
+  int centered;         // RMSprop
+  float initial_sum;    // Adagrad: initial_accumulator_value
 };
 
-enum class Algo { AdamW, Adam, Lion, Sgd, Muon };
+// Every rule, each with the algorithm that names it (core/algorithms.hpp):
+// the one list the enum, the engines' dispatch and the instantiations
+// (CPU, CUDA, emulation) are generated from.
+#define LOWBIT_RULES(X)                    \
+  X(AdamW, LOWBIT_ALGORITHM_ADAMW)         \
+  X(Adam, LOWBIT_ALGORITHM_ADAM)           \
+  X(Lion, LOWBIT_ALGORITHM_LION)           \
+  X(Sgd, LOWBIT_ALGORITHM_SGD)             \
+  X(Muon, LOWBIT_ALGORITHM_MUON)           \
+  X(RmsProp, LOWBIT_ALGORITHM_RMSPROP)     \
+  X(Adagrad, LOWBIT_ALGORITHM_ADAGRAD)
+
+enum class Algo {
+#define LOWBIT_RULE_ENUM(rule, algorithm) rule,
+  LOWBIT_RULES(LOWBIT_RULE_ENUM)
+#undef LOWBIT_RULE_ENUM
+};
+
+// f(RuleTag<A>{}) for the rule `a`: the engines' one dispatch.
+template <Algo A>
+struct RuleTag {
+  static constexpr Algo value = A;
+};
+template <class F>
+inline void with_rule(Algo a, F&& f) {
+  switch (a) {
+#define LOWBIT_RULE_CASE(rule, algorithm) \
+  case Algo::rule: f(RuleTag<Algo::rule>{}); return;
+    LOWBIT_RULES(LOWBIT_RULE_CASE)
+#undef LOWBIT_RULE_CASE
+  }
+}
 
 // The largest second moment: the largest bf16, 3.3895e38 (bits 0x7F7F0000),
 // which every state format holds. A finite gradient whose square would take
@@ -115,9 +149,53 @@ LOWBIT_HD void update_element<Algo::Muon>(const StepScalars& s, float& p, float 
   p = s.nesterov ? m - (m - g) * (1.f - s.momentum) : m;
 }
 
+// RMSprop as torch.optim.RMSprop: sq is the square average; b the momentum
+// buffer (momentum != 0) or the centred grad average (centered), never both.
+// The centred variance is clamped at 0: quantized averages can leave
+// sq < gavg^2, where torch's sqrt would give NaN.
+LOWBIT_HD float rmsprop_square_avg(const StepScalars& s, float sq, float g) {
+  return saturate_moment(s.alpha * sq + (1.f - s.alpha) * g * g);
+}
+LOWBIT_HD float rmsprop_grad_avg(const StepScalars& s, float a, float g) { return a + (1.f - s.alpha) * (g - a); }
+LOWBIT_HD float rmsprop_denominator(const StepScalars& s, float sq, float gavg) {
+  const float var = s.centered ? sq - gavg * gavg : sq;
+  return sqrtf(var > 0.f ? var : 0.f) + s.eps;
+}
+template <>
+LOWBIT_HD void update_element<Algo::RmsProp>(const StepScalars& s, float& p, float g, float& sq, float& b) {
+  g = l2_decayed_grad(s, p, g);
+  sq = rmsprop_square_avg(s, sq, g);
+  if (s.centered) b = rmsprop_grad_avg(s, b, g);
+  const float denom = rmsprop_denominator(s, sq, s.centered ? b : 0.f);
+  if (s.momentum != 0.f) {
+    b = s.momentum * b + g / denom;
+    p -= s.lr * b;
+  } else {
+    p -= s.lr * (g / denom);
+  }
+}
+
+// Adagrad as torch.optim.Adagrad: the sum of squares starts at
+// initial_accumulator_value (the stored state is zero before the first
+// step); step_size is lr / (1 + (t - 1) lr_decay).
+LOWBIT_HD float adagrad_sum(const StepScalars& s, float sum, float g) {
+  return saturate_moment((s.first_step ? s.initial_sum : sum) + g * g);
+}
+template <>
+LOWBIT_HD void update_element<Algo::Adagrad>(const StepScalars& s, float& p, float g, float& sum, float&) {
+  g = l2_decayed_grad(s, p, g);
+  sum = adagrad_sum(s, sum, g);
+  p -= s.step_size * (g / (sqrtf(sum) + s.eps));
+}
+
 // Whether A's moments depend on the param (L2 decay adds it to the grad).
 template <Algo A>
-constexpr bool kMomentsReadParam = A == Algo::Adam || A == Algo::Sgd;
+constexpr bool kMomentsReadParam = A == Algo::Adam || A == Algo::Sgd || A == Algo::RmsProp || A == Algo::Adagrad;
+
+// Whether the engines' fast loops (the CUDA kernel's dispatch_fast) serve A:
+// they assume a signed first moment in slot 0 and, for two, Adam's slots.
+template <Algo A>
+constexpr bool kFastLoops = A == Algo::AdamW || A == Algo::Adam || A == Algo::Lion || A == Algo::Sgd;
 
 // The new moments alone, as update_element<A> leaves them (the param is read,
 // not updated): what a shaped param's first pass needs for its statistics.
@@ -134,6 +212,18 @@ LOWBIT_HD void update_moments(const StepScalars& s, float p, float g, float& m, 
     if (kFirst && s.momentum != 0.f) m = sgd_momentum(s, m, g);
   } else if (A == Algo::Muon) {
     if (kFirst) m = muon_momentum(s, m, g);
+  } else if (A == Algo::RmsProp) {
+    const float sq = rmsprop_square_avg(s, m, g);
+    if (kSecond) {
+      if (s.centered) {
+        v = rmsprop_grad_avg(s, v, g);
+      } else if (s.momentum != 0.f) {
+        v = s.momentum * v + g / rmsprop_denominator(s, sq, 0.f);
+      }
+    }
+    if (kFirst) m = sq;
+  } else if (A == Algo::Adagrad) {
+    if (kFirst) m = adagrad_sum(s, m, g);
   }
 }
 
@@ -149,21 +239,6 @@ LOWBIT_HD void update_element_factored(const StepScalars& s, float& p, float g, 
   m = adam_first_moment(s, m, g);
   float denom = sqrtf(vhat) * s.inv_sqrt_bc2 + s.eps;
   p -= s.step_size * m / denom;
-}
-
-// Which moments an algorithm keeps (0, 1 or 2).
-inline int moment_count(lowbit_algorithm_t algo, float momentum) {
-  switch (algo) {
-    case LOWBIT_ALGORITHM_ADAMW:
-    case LOWBIT_ALGORITHM_ADAM:
-    case LOWBIT_ALGORITHM_ONEBIT_ADAM:
-    case LOWBIT_ALGORITHM_ZEROONE_ADAM:
-    case LOWBIT_ALGORITHM_ONEBIT_LAMB: return 2;
-    case LOWBIT_ALGORITHM_LION:
-    case LOWBIT_ALGORITHM_MUON: return 1;
-    case LOWBIT_ALGORITHM_SGD: return momentum != 0.f ? 1 : 0;
-    default: return 0;
-  }
 }
 
 }  // namespace lowbit

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "algorithms.hpp"
 #include "defaults.hpp"
 #include "error.hpp"
 #include "state.hpp"
@@ -20,11 +21,6 @@ void check_struct_size(size_t got, size_t expected, const char* what) {
                  " is not a size this library knows (expected ", expected, "; use the *_init() helpers)");
 }
 
-void check_algorithm(lowbit_algorithm_t a) {
-  LOWBIT_REQUIRE(a >= LOWBIT_ALGORITHM_ADAMW && a <= LOWBIT_ALGORITHM_MUON, LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "algorithm = ", int(a), " is not a lowbit_algorithm_t value");
-}
-
 namespace {
 void check_unit_interval(float x, const char* field) {
   LOWBIT_REQUIRE(x >= 0.f && x < 1.f, LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", x, " must be in [0, 1)");
@@ -33,63 +29,6 @@ void check_unit_interval(float x, const char* field) {
 
 lowbit_algorithm_t group_algorithm(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algorithm) {
   return h.algorithm != 0 ? h.algorithm : optimizer_algorithm;
-}
-
-void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algorithm) {
-  const lowbit_algorithm_t algorithm = group_algorithm(h, optimizer_algorithm);
-  if (algorithm != optimizer_algorithm) {
-    check_algorithm(h.algorithm);
-    LOWBIT_REQUIRE(optimizer_algorithm == LOWBIT_ALGORITHM_MUON && algorithm >= LOWBIT_ALGORITHM_ADAMW &&
-                       algorithm <= LOWBIT_ALGORITHM_SGD,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", int(h.algorithm),
-                   ": only a Muon optimizer's groups may take another algorithm (AdamW, Adam, Lion or SGD; the "
-                   "optimizer's algorithm is ", int(optimizer_algorithm), ")");
-  }
-  LOWBIT_REQUIRE(std::isfinite(h.lr) && h.lr >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "lr = ", h.lr,
-                 " must be finite and >= 0");
-  LOWBIT_REQUIRE(std::isfinite(h.weight_decay) && h.weight_decay >= 0.f, LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "weight_decay = ", h.weight_decay, " must be finite and >= 0");
-  bool adam = algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM ||
-              is_onebit_algorithm(algorithm);
-  const bool muon = algorithm == LOWBIT_ALGORITHM_MUON;
-  if (adam || algorithm == LOWBIT_ALGORITHM_LION) {
-    check_unit_interval(h.beta1, "beta1");
-    check_unit_interval(h.beta2, "beta2");
-  }
-  if (adam || muon)
-    LOWBIT_REQUIRE(std::isfinite(h.eps) && h.eps > 0.f, LOWBIT_ERROR_INVALID_ARGUMENT, "eps = ", h.eps,
-                   " must be finite and > 0");
-  if (adam) {
-    check_flag(h.bias_correction, "bias_correction", false);
-    const bool no_bc = algorithm == LOWBIT_ALGORITHM_ZEROONE_ADAM || algorithm == LOWBIT_ALGORITHM_ONEBIT_LAMB;
-    LOWBIT_REQUIRE(!no_bc || h.bias_correction == 0, LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "bias_correction = 1: ", onebit_algorithm_name(algorithm),
-                   " has no bias correction (its variance is updated on a schedule, as DeepSpeed's); set it to 0");
-  }
-  if (algorithm == LOWBIT_ALGORITHM_SGD) {
-    check_unit_interval(h.momentum, "momentum");
-    LOWBIT_REQUIRE(h.dampening >= 0.f && h.dampening <= 1.f, LOWBIT_ERROR_INVALID_ARGUMENT, "dampening = ",
-                   h.dampening, " must be in [0, 1]");
-    check_flag(h.nesterov, "nesterov", false);
-    LOWBIT_REQUIRE(!h.nesterov || (h.momentum > 0.f && h.dampening == 0.f), LOWBIT_ERROR_INVALID_ARGUMENT,
-                   "nesterov = 1 requires momentum > 0 and dampening = 0 (got momentum = ", h.momentum,
-                   ", dampening = ", h.dampening, ")");
-  }
-  if (muon) {
-    check_unit_interval(h.momentum, "momentum");
-    check_flag(h.nesterov, "nesterov", false);
-    LOWBIT_REQUIRE(h.ns_steps >= 1 && h.ns_steps <= 100, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_steps = ", h.ns_steps,
-                   " must be in 1..100 (Newton-Schulz iterations)");
-    for (int k = 0; k < 3; ++k)
-      LOWBIT_REQUIRE(std::isfinite(h.ns_coefficients[k]), LOWBIT_ERROR_INVALID_ARGUMENT, "ns_coefficients[", k,
-                     "] = ", h.ns_coefficients[k], " must be finite");
-    LOWBIT_REQUIRE(h.adjust_lr >= LOWBIT_MUON_LR_ORIGINAL && h.adjust_lr <= LOWBIT_MUON_LR_NONE,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "adjust_lr = ", int(h.adjust_lr),
-                   " is not a lowbit_muon_lr_adjust_t value");
-    LOWBIT_REQUIRE(h.ns_precision >= LOWBIT_NS_PRECISION_DEFAULT && h.ns_precision <= LOWBIT_NS_PRECISION_BF16,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "ns_precision = ", int(h.ns_precision),
-                   " is not a lowbit_ns_precision_t value");
-  }
 }
 
 void check_state_format(lowbit_state_format_t f, const char* field, bool allow_default) {
@@ -125,9 +64,9 @@ void check_config(const lowbit_optimizer_config_t& c) {
                  " must be >= 0");
   check_normalization(c.first_normalization, "first_normalization", false);
   check_normalization(c.second_normalization, "second_normalization", true);
-  const bool adam = c.algorithm == LOWBIT_ALGORITHM_ADAMW || c.algorithm == LOWBIT_ALGORITHM_ADAM;
-  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || adam, LOWBIT_ERROR_INVALID_ARGUMENT,
-                 "second_normalization = factored needs AdamW or Adam (algorithm = ", int(c.algorithm), ")");
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_FACTORED || describe(c.algorithm).factored_second,
+                 LOWBIT_ERROR_INVALID_ARGUMENT, "second_normalization = factored needs AdamW or Adam (algorithm = ",
+                 describe(c.algorithm).title, ")");
   if (is_onebit_algorithm(c.algorithm))
     LOWBIT_REQUIRE(c.first_normalization <= LOWBIT_NORMALIZATION_BLOCK &&
                        c.second_normalization <= LOWBIT_NORMALIZATION_BLOCK,
@@ -176,9 +115,7 @@ void check_tensor(const lowbit_tensor_t& t, const char* what, lowbit_device_t de
 
 namespace lowbit {
 
-bool is_onebit_algorithm(lowbit_algorithm_t a) {
-  return a == LOWBIT_ALGORITHM_ONEBIT_ADAM || a == LOWBIT_ALGORITHM_ZEROONE_ADAM || a == LOWBIT_ALGORITHM_ONEBIT_LAMB;
-}
+bool is_onebit_algorithm(lowbit_algorithm_t a) { return describe(a).distributed; }
 
 const char* onebit_algorithm_name(lowbit_algorithm_t a) {
   switch (a) {

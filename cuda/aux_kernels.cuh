@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) prepare_kernel(const PrepareArgs a) 
   if (!(h.lr >= 0.f && h.lr <= 3.40282347e38f) || step < 0) *a.flag = 1;
   if (a.shared_count && a.host_count >= 0 && step != a.host_count) *a.flag = 1;
   a.scalars[i] = a.frozen_step >= 0 ? make_frozen_scalars(h, step, a.frozen_step)
-                                    : make_step_scalars(h, a.bias_correction_allowed != 0, step);
+                                    : make_step_scalars(h, Algo(a.algo), step);
   a.dyn[i].key = rounding_key(a.seed, uint64_t(i), uint64_t(step + 1));
   a.dyn[i].scalar_idx = int32_t(i);
   if (a.layout) {

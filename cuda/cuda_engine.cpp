@@ -484,13 +484,7 @@ void CudaEngine::launch_shaped(Algo algo, int phase, void* stream) {
   a.maps = reinterpret_cast<const QMap*>(maps_);  // DevMaps is the four maps back to back
   const int64_t ni = int64_t(items_host_.size()), ns = int64_t(shaped_host_.size());
   if (phase == 0) {
-    switch (algo) {
-      case Algo::AdamW: launch_stats<Algo::AdamW>(a, ni, stream); break;
-      case Algo::Adam: launch_stats<Algo::Adam>(a, ni, stream); break;
-      case Algo::Lion: launch_stats<Algo::Lion>(a, ni, stream); break;
-      case Algo::Sgd: launch_stats<Algo::Sgd>(a, ni, stream); break;
-      case Algo::Muon: launch_stats<Algo::Muon>(a, ni, stream); break;
-    }
+    with_rule(algo, [&](auto rule) { launch_stats<decltype(rule)::value>(a, ni, stream); });
     check(cudaGetLastError(), "launching pass 1 of the shaped parameters");
     launch_shaped_mid(a, ns, stream);
   } else {
@@ -554,7 +548,6 @@ void CudaEngine::prepare(Algo algo, const StepControl& ctl, int64_t frozen_step,
   p.seed = ctl.seed;
   p.num_params = int64_t(bound_params_.size());
   p.frozen_step = frozen_step;
-  p.bias_correction_allowed = algo != Algo::Lion;
   launch_prepare(p, stream);
   check(cudaGetLastError(), "launching the scalar computation");
 }
@@ -594,13 +587,7 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
   LOWBIT_REQUIRE((algo == Algo::Muon) == (ctl.flat_out != nullptr), LOWBIT_ERROR_INTERNAL,
                  "step: flat_out is Muon's (and Muon's step needs it)");
   launch_shaped(algo, 0, stream);
-  switch (algo) {
-    case Algo::AdamW: launch_step<Algo::AdamW>(a, num_chunks, stream); break;
-    case Algo::Adam: launch_step<Algo::Adam>(a, num_chunks, stream); break;
-    case Algo::Lion: launch_step<Algo::Lion>(a, num_chunks, stream); break;
-    case Algo::Sgd: launch_step<Algo::Sgd>(a, num_chunks, stream); break;
-    case Algo::Muon: launch_step<Algo::Muon>(a, num_chunks, stream); break;
-  }
+  with_rule(algo, [&](auto rule) { launch_step<decltype(rule)::value>(a, num_chunks, stream); });
   check(cudaGetLastError(), "launching the step kernel");
   launch_shaped(algo, 1, stream);
   finalize(ctl, stream);

@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     if (t_whole > t_begin && dispatch_fast_muon(P, dyn, s, key, smap, args.out + args.flat[ch.param].offset, ch.begin,
                                                 t_begin, t_whole, lane, warp))
       t_generic = t_whole;
-  } else {
+  } else if constexpr (kFastLoops<A>) {
     if (t_whole > t_begin && dispatch_fast<A>(P, dyn, s, key, smap, ch.begin, t_begin, t_whole, lane, warp))
       t_generic = t_whole;
   }

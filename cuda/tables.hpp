@@ -146,10 +146,8 @@ struct PrepareArgs {
   uint64_t seed;
   int64_t num_params;
   int64_t frozen_step;              // >= 0: 1-bit Adam's compressed stage, variance frozen at this step
-  int32_t bias_correction_allowed;  // 0 for Lion
   int32_t validate_hparams;         // hparams are the caller's (StepControl::hparams): hparams_valid or skip
-  int32_t algo;                     // Algo, for hparams_valid
-  int32_t pad_;
+  int32_t algo;                     // Algo: the scalars' rule, and hparams_valid's
 };
 
 // Host tables reach the device as the kernel parameters of an upload kernel:

@@ -43,7 +43,7 @@ struct Buffers {
       for (int j = 0; j < 16; ++j) m = std::fmax(m, std::fabs(x[size_t(i + j)]));
       for (int j = 0; j < 16; ++j) scale[size_t(i + j)] = m;
     }
-    mv = moment_view(f, moment, data.data(), scales.data());
+    mv = adam_moment_view(f, moment, data.data(), scales.data());
     encode_moment_tile(mv, 0, kTile, x.data());  // codes to decode
   }
 };

@@ -82,6 +82,16 @@ ALGORITHMS = {
 }
 if hasattr(Algorithm, "MUON"):  # since 0.7
     ALGORITHMS["muon"] = Algorithm.MUON
+# Since 0.8 every algorithm's name comes from its descriptor (lowbit_algorithm_info).
+for _algo in Algorithm:
+    if _algo.name.endswith("FORCE_INT32") or _algo.name.endswith("FORCE_INT32_MIN") or _algo in ALGORITHMS.values():
+        continue
+    try:
+        from ._algorithms import algorithm_spec
+
+        ALGORITHMS[algorithm_spec(_algo).name] = _algo
+    except Exception:  # a library without the descriptors
+        ALGORITHMS[_algo.name.lower()] = _algo
 #: The algorithms a Muon optimizer's group may take instead of Muon (the hybrid:
 #: 1-D params, embeddings, heads stepped in the same optimizer).
 MUON_GROUP_ALGORITHMS = (Algorithm.ADAMW, Algorithm.ADAM, Algorithm.LION, Algorithm.SGD)

@@ -59,6 +59,30 @@ _HPARAM_FLAGS = ("nesterov", "bias_correction")
 _HPARAM_REALS = ("lr", "beta1", "beta2", "eps", "weight_decay", "momentum", "dampening")
 
 
+def _described_hparams() -> dict:
+    """The fields the library's descriptors name beyond the ones above
+    (since 0.8: RMSprop's, Adagrad's, ...), by name: their type."""
+    try:
+        from ._algorithms import algorithm_specs
+
+        specs = algorithm_specs()
+    except Exception:  # a library before 0.8: no descriptors
+        return {}
+    out = {}
+    for spec in specs.values():
+        for h in spec.hparams:
+            if h.name not in HPARAM_NAMES and h.name in _HPARAM_FIELDS:
+                out[h.name] = h.type
+    return out
+
+
+_DESCRIBED = _described_hparams()
+HPARAM_NAMES += tuple(_DESCRIBED)
+_HPARAM_FLAGS += tuple(n for n, t in _DESCRIBED.items() if t == "flag")
+_HPARAM_REALS += tuple(n for n, t in _DESCRIBED.items() if t == "real")
+_HPARAM_INTS = tuple(n for n, t in _DESCRIBED.items() if t in ("int", "enum"))
+
+
 def new_hparams(algorithm):
     """A cffi lowbit_hparams_t, the whole struct as declared, with the
     algorithm's defaults (a group of another algorithm in a Muon optimizer:
@@ -106,6 +130,8 @@ def fill_hparams(hp, kw: dict) -> None:
             hp.adjust_lr = int(parse_adjust_lr(value))
         elif name == "ns_precision" and name in _HPARAM_FIELDS:
             hp.ns_precision = int(parse_ns_precision(value))
+        elif name in _HPARAM_INTS:
+            setattr(hp, name, c_int(value, name, "int32_t"))
         else:
             raise InvalidArgumentError(f"unknown hyper-parameter {name!r}; known: {', '.join(HPARAM_NAMES)}")
 
@@ -126,6 +152,15 @@ def hparams_to_dict(hp, optimizer_algorithm=None) -> dict:
         "nesterov": bool(hp.nesterov),
         "bias_correction": bool(hp.bias_correction),
     }
+    algo = int(getattr(hp, "algorithm", 0) or 0) or (int(optimizer_algorithm) if optimizer_algorithm else 0)
+    if _DESCRIBED and algo:
+        from ._algorithms import algorithm_spec
+
+        for h in algorithm_spec(algo).hparams:  # the 0.8 fields of the group's algorithm
+            t = _DESCRIBED.get(h.name)
+            if t is not None:
+                v = getattr(hp, h.name)
+                out[h.name] = bool(v) if t == "flag" else int(v) if t in ("int", "enum") else float(v)
     if "algorithm" in _HPARAM_FIELDS:
         algo = int(hp.algorithm) or (int(optimizer_algorithm) if optimizer_algorithm is not None else 0)
         if algo:

@@ -24,7 +24,9 @@ static void ref_tables_init(void) {
 int hparams_equal(const lowbit_hparams_t* a, const lowbit_hparams_t* b) {
   return a->struct_size == b->struct_size && a->lr == b->lr && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
          a->eps == b->eps && a->weight_decay == b->weight_decay && a->momentum == b->momentum &&
-         a->dampening == b->dampening && a->nesterov == b->nesterov && a->bias_correction == b->bias_correction;
+         a->dampening == b->dampening && a->nesterov == b->nesterov && a->bias_correction == b->bias_correction &&
+         a->alpha == b->alpha && a->centered == b->centered && a->lr_decay == b->lr_decay &&
+         a->initial_accumulator_value == b->initial_accumulator_value;
 }
 
 static void* xcalloc(size_t n, size_t sz) {
@@ -56,6 +58,19 @@ void random_hparams(lowbit_algorithm_t algo, rng_t* r, lowbit_hparams_t* h) {
       h->momentum = (float)rng_range(r, 0.5, 0.95);
       h->dampening = (float)rng_range(r, 0.0, 0.5);
       h->nesterov = 0;
+      h->weight_decay = (float)rng_range(r, 0.0, 0.05);
+      break;
+    case LOWBIT_ALGORITHM_RMSPROP:
+      h->lr = (float)rng_range(r, 1e-4, 1e-3);
+      h->alpha = (float)rng_range(r, 0.9, 0.99);
+      h->eps = rng_uniform(r) < 0.5 ? 1e-8f : 1e-6f;
+      h->weight_decay = (float)rng_range(r, 0.0, 0.05);
+      break;
+    case LOWBIT_ALGORITHM_ADAGRAD:
+      h->lr = (float)rng_range(r, 1e-3, 1e-2);
+      h->lr_decay = (float)rng_range(r, 0.0, 0.01);
+      h->initial_accumulator_value = rng_uniform(r) < 0.5 ? 0.f : (float)rng_range(r, 0.0, 0.1);
+      h->eps = 1e-10f;
       h->weight_decay = (float)rng_range(r, 0.0, 0.05);
       break;
     default: break;
@@ -212,6 +227,8 @@ static double update_factor(const ref_hp_t* h, int64_t t) {
     case LOWBIT_ALGORITHM_ADAMW:
     case LOWBIT_ALGORITHM_ADAM: return 2.0 + 1.0 / (1.0 - h->b1) + (double)t;
     case LOWBIT_ALGORITHM_SGD: return 2.0 + (h->mom != 0 ? 1.0 / (1.0 - h->mom) : 0.0);
+    case LOWBIT_ALGORITHM_RMSPROP: return 2.0 + 1.0 / (1.0 - h->alpha) + (h->mom != 0 ? 1.0 / (1.0 - h->mom) : 0.0);
+    case LOWBIT_ALGORITHM_ADAGRAD: return 2.0 + (double)t;
     default: return 1.0;
   }
 }
@@ -470,14 +487,16 @@ void harness_run(const hcfg_t* cfg, uint64_t seed, hres_t* res) {
           }
         }
         if (q->nm >= 1) {
-          ref_store_moment(q->f[0], 0, S.em, S.sqm, S.am, n);
+          ref_store_moment(q->f[0], ref_moment_second(h, 0), S.em, S.sqm, S.am, n);
           CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 0, S.rd, n, NULL));
-          bad += compare_moment(cfg->name, i, q->f[0], S.rd, S.em, S.sqm, S.sm, S.am, n, &res->m_flips, &S, 0);
+          bad += compare_moment(cfg->name, i, q->f[0], S.rd, S.em, S.sqm, S.sm, S.am, n, &res->m_flips, &S,
+                                ref_moment_second(h, 0));
         }
         if (q->nm >= 2) {
-          ref_store_moment(q->f[1], 1, S.ev, S.sqv, S.av, n);
+          ref_store_moment(q->f[1], ref_moment_second(h, 1), S.ev, S.sqv, S.av, n);
           CHECK_OK(opt, lowbit_optimizer_read_moment(opt, i, 1, S.rd, n, NULL));
-          bad += compare_moment(cfg->name, i, q->f[1], S.rd, S.ev, S.sqv, S.sv, S.av, n, &res->v_flips, &S, 1);
+          bad += compare_moment(cfg->name, i, q->f[1], S.rd, S.ev, S.sqv, S.sv, S.av, n, &res->v_flips, &S,
+                                ref_moment_second(h, 1));
         }
         if (bad) fail_msg("%s: step %d, param %d: %lld lockstep mismatches (seed %llu)", cfg->name, s, i,
                           (long long)bad, (unsigned long long)seed);
@@ -494,8 +513,8 @@ void harness_run(const hcfg_t* cfg, uint64_t seed, hres_t* res) {
         if (q->spec.pdt != LOWBIT_DTYPE_FLOAT32) q->fp[e] = dtype_round(q->spec.pdt, q->fp[e]);
         if (fabs(q->fp[e]) > q->pmax[e]) q->pmax[e] = fabs(q->fp[e]);
       }
-      if (q->nm >= 1) ref_store_moment(q->f[0], 0, q->fm, q->fm, NULL, n);
-      if (q->nm >= 2) ref_store_moment(q->f[1], 1, q->fv, q->fv, NULL, n);
+      if (q->nm >= 1) ref_store_moment(q->f[0], ref_moment_second(h, 0), q->fm, q->fm, NULL, n);
+      if (q->nm >= 2) ref_store_moment(q->f[1], ref_moment_second(h, 1), q->fv, q->fv, NULL, n);
       check_info(opt, cfg, q, i);
     }
     for (int i = 0; i < cfg->nparams; ++i) {

@@ -471,6 +471,8 @@ typedef struct {
   lowbit_algorithm_t algo;
   double lr, b1, b2, eps, wd, mom, damp;
   int nesterov, bc;
+  double alpha, lr_decay, init; /* RMSprop, Adagrad (0.8) */
+  int centered;
 } ref_hp_t;
 
 /* The float hyper-parameters the library was given, exactly, as doubles. */
@@ -486,6 +488,10 @@ static inline ref_hp_t ref_hp_from(lowbit_algorithm_t algo, const lowbit_hparams
   r.damp = h->dampening;
   r.nesterov = h->nesterov;
   r.bc = h->bias_correction;
+  r.alpha = h->alpha;
+  r.centered = h->centered;
+  r.lr_decay = h->lr_decay;
+  r.init = h->initial_accumulator_value;
   return r;
 }
 
@@ -495,7 +501,19 @@ static inline int ref_num_moments(const ref_hp_t* h) {
     case LOWBIT_ALGORITHM_ADAM: return 2;
     case LOWBIT_ALGORITHM_LION: return 1;
     case LOWBIT_ALGORITHM_SGD: return h->mom != 0.0 ? 1 : 0;
+    case LOWBIT_ALGORITHM_RMSPROP: return h->mom != 0.0 || h->centered ? 2 : 1;
+    case LOWBIT_ALGORITHM_ADAGRAD: return 1;
     default: return 0;
+  }
+}
+
+/* Whether moment k is a second moment (an unsigned map, and the floor that
+ * keeps a positive value off 0): lowbit.h's moment kinds. */
+static inline int ref_moment_second(const ref_hp_t* h, int k) {
+  switch (h->algo) {
+    case LOWBIT_ALGORITHM_RMSPROP:
+    case LOWBIT_ALGORITHM_ADAGRAD: return k == 0;
+    default: return k == 1;
   }
 }
 
@@ -517,10 +535,11 @@ static inline ref_step_t ref_step_consts(const ref_hp_t* h, int64_t t) {
   c.t = t;
   c.ss = h->lr;
   c.ib = 1.0;
-  if (h->bc) {
+  if (h->bc && (h->algo == LOWBIT_ALGORITHM_ADAMW || h->algo == LOWBIT_ALGORITHM_ADAM)) {
     c.ss = h->lr / (1.0 - pow(h->b1, (double)t));
     c.ib = 1.0 / sqrt(1.0 - pow(h->b2, (double)t));
   }
+  if (h->algo == LOWBIT_ALGORITHM_ADAGRAD) c.ss = h->lr / (1.0 + (double)(t - 1) * h->lr_decay);
   return c;
 }
 
@@ -605,6 +624,51 @@ static inline void ref_update(const ref_hp_t* h, const ref_step_t* k, double* p,
       *p = p0 - h->lr * g;
       s->v = 0;
       s->p = fabs(p0) + h->lr * us + T; /* the product lr g */
+      break;
+    }
+    case LOWBIT_ALGORITHM_RMSPROP:
+    case LOWBIT_ALGORITHM_ADAGRAD: {
+      /* m: the square average (RMSprop) or the sum of squares (Adagrad); v:
+       * RMSprop's momentum buffer or centred grad average */
+      const double T = REF_TINY;
+      double gs = fabs(g) + h->wd * fabs(p0) + T; /* the product wd p */
+      g += h->wd * p0;
+      const int rms = h->algo == LOWBIT_ALGORITHM_RMSPROP;
+      double qs, var, vars;
+      if (rms) {
+        qs = h->alpha * fabs(*m) + (1 - h->alpha) * gs * gs + 3 * T; /* g g, (1 - alpha) g^2, alpha sq */
+        *m = h->alpha * *m + (1 - h->alpha) * g * g;
+      } else {
+        const double start = t == 1 ? h->init : *m;
+        qs = fabs(start) + gs * gs + 2 * T; /* g g, the sum */
+        *m = start + g * g;
+      }
+      var = *m;
+      vars = qs;
+      if (rms && h->centered) {
+        double as = fabs(*v) + (1 - h->alpha) * (gs + fabs(*v)) + 2 * T; /* g - a, (1 - alpha) (g - a) */
+        *v = *v + (1 - h->alpha) * (g - *v);
+        s->v = as;
+        vars = qs + 2 * fabs(*v) * as + fabs(*v) * fabs(*v) + T; /* a a, sq - a^2 */
+        var = *m - *v * *v;
+      }
+      if (var < 0) var = 0;
+      double sv = sqrt(var), denom = sv + h->eps;
+      /* var's rounding (vars u) moves sqrt(var) by at most min(dv / (2 sqrt var), sqrt(dv)) */
+      double dv = REF_K * REF_U * vars, dsqrt = sv > 0 ? fmin(dv / (2 * sv), sqrt(dv)) : sqrt(dv);
+      double q = g / denom, qsc = gs / denom + fabs(q) + T + fabs(q) * dsqrt / (denom * REF_U * REF_K);
+      double step = rms ? h->lr : k->ss;
+      if (rms && h->mom != 0.0) {
+        double bs = h->mom * fabs(*v) + qsc + fabs(q) + 2 * T; /* momentum b, + q */
+        *v = h->mom * *v + q;
+        s->v = bs;
+        *p = p0 - step * *v;
+        s->p = fabs(p0) + step * bs + fabs(step * *v) + T;
+      } else {
+        *p = p0 - step * q;
+        s->p = fabs(p0) + step * qsc + fabs(step * q) + T;
+      }
+      s->m = qs;
       break;
     }
     default: break;

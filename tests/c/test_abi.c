@@ -83,6 +83,8 @@ INIT_PAIR(options, lowbit_onebit_options_init_sized(p, n), (lowbit_onebit_option
 INIT_PAIR(status, lowbit_onebit_status_init_sized(p, n), (lowbit_onebit_status_init)(p))
 INIT_PAIR(param_info, lowbit_param_info_init_sized(p, n), (lowbit_param_info_init)(p))
 INIT_PAIR(plan, lowbit_state_plan_init_sized(p, n), (lowbit_state_plan_init)(p))
+INIT_PAIR(algorithm_info, lowbit_algorithm_info_init_sized(p, n), (lowbit_algorithm_info_init)(p))
+INIT_PAIR(hparam_info, lowbit_hparam_info_init_sized(p, n), (lowbit_hparam_info_init)(p))
 INIT_PAIR(comm_config, lowbit_comm_config_init_sized(p, n), (lowbit_comm_config_init)(p))
 INIT_PAIR(comm_info, lowbit_comm_info_init_sized(p, n), (lowbit_comm_info_init)(p))
 INIT_PAIR(comm_stats, lowbit_comm_stats_init_sized(p, n), (lowbit_comm_stats_init)(p))
@@ -121,8 +123,12 @@ static const struct_case_t kCases[] = {
      status_plain},
     {"lowbit_param_info_t", sizeof(lowbit_param_info_t), OLD_PARAM_INFO, sizeof(lowbit_param_info_t),
      param_info_sized, param_info_plain},
-    {"lowbit_state_plan_t", sizeof(lowbit_state_plan_t), OLD_PLAN, sizeof(lowbit_state_plan_t), plan_sized,
+    {"lowbit_state_plan_t", sizeof(lowbit_state_plan_t), OLD_PLAN, offsetof(lowbit_state_plan_t, kind), plan_sized,
      plan_plain},
+    {"lowbit_algorithm_info_t", sizeof(lowbit_algorithm_info_t), 0, sizeof(lowbit_algorithm_info_t),
+     algorithm_info_sized, algorithm_info_plain},
+    {"lowbit_hparam_info_t", sizeof(lowbit_hparam_info_t), 0, sizeof(lowbit_hparam_info_t), hparam_info_sized,
+     hparam_info_plain},
     {"lowbit_comm_config_t", sizeof(lowbit_comm_config_t), OLD_COMM_CONFIG, OLD_COMM_CONFIG, comm_config_sized,
      comm_config_plain},
     {"lowbit_comm_info_t", sizeof(lowbit_comm_info_t), OLD_COMM_INFO, sizeof(lowbit_comm_info_t), comm_info_sized,

@@ -51,7 +51,7 @@ struct Moment {
   MomentView view;
   Moment(lowbit_state_format_t f, int moment, int64_t numel = kNumel)
       : data(size_t(moment_data_bytes(f, numel)), 0xA5), scales(size_t(num_blocks(f, numel)), -1.f) {
-    view = moment_view(f, moment, data.data(), scales.data());
+    view = adam_moment_view(f, moment, data.data(), scales.data());
   }
 };
 
@@ -348,7 +348,7 @@ void check_rank1(lowbit_state_format_t format, int moment) {
   for (int round = 0; round < 20; ++round)
     for (int base : bases)
       for (int n : lengths) {
-        MomentView v = moment_view(format, moment, got.data(), nullptr);
+        MomentView v = adam_moment_view(format, moment, got.data(), nullptr);
         fill_rank1(v.map, int(numel), x.data(), s.data());
         for (size_t i = 0; i < ref.size(); ++i) ref[i] = got[i] = uint8_t(rng());
         // encode: the prefix the NEON form takes, then what is left unchanged

@@ -59,7 +59,7 @@ struct Moment {
   MomentView view;
   Moment(lowbit_state_format_t f, int moment)
       : data(size_t(moment_data_bytes(f, kNumel)), 0xA5), scales(size_t(num_blocks(f, kNumel)), -1.f) {
-    view = moment_view(f, moment, data.data(), scales.data());
+    view = adam_moment_view(f, moment, data.data(), scales.data());
   }
 };
 
@@ -206,7 +206,7 @@ void check_every_float(lowbit_state_format_t format, int moment, uint32_t top, u
   std::vector<uint8_t> a(size_t(moment_data_bytes(format, n))), b(a.size());
   std::vector<float> sa(size_t(num_blocks(format, n))), sb(sa.size());
   std::vector<float> x(static_cast<size_t>(n));
-  const MomentView va = moment_view(format, moment, a.data(), sa.data()), vb = moment_view(format, moment, b.data(), sb.data());
+  const MomentView va = adam_moment_view(format, moment, a.data(), sa.data()), vb = adam_moment_view(format, moment, b.data(), sb.data());
   uint64_t next = 0;
   while (next <= top) {
     for (int64_t i = 0; i < n; ++i) {
@@ -266,7 +266,7 @@ void check_rank1(lowbit_state_format_t format, int moment) {
     const int64_t padded = (numel + kTile - 1) / kTile * kTile;
     std::vector<float> x(static_cast<size_t>(padded));
     for (int64_t t = 0; t < padded / kTile; ++t)
-      fill_tile(int(t), moment_map(format, moment), x.data() + t * kTile);
+      fill_tile(int(t), adam_moment_map(format, moment), x.data() + t * kTile);
     for (float& v : x)
       if (!std::isfinite(v)) v = 1.f;  // rank-1 vectors of a non-finite value: the step's concern, not the codec's
     std::vector<uint8_t> d[2];
@@ -275,7 +275,7 @@ void check_rank1(lowbit_state_format_t format, int moment) {
     for (int k = 0; k < 2; ++k) {
       d[k].assign(size_t(moment_data_bytes(format, Norm::Rank1, shape, numel)), 0x5A);
       sc[k].assign(size_t(moment_scale_bytes(format, Norm::Rank1, shape, numel) / 4), 0.f);
-      mv[k] = moment_view(format, moment, d[k].data(), sc[k].data());
+      mv[k] = adam_moment_view(format, moment, d[k].data(), sc[k].data());
       mv[k].norm = Norm::Rank1;
       out[k].assign(size_t(numel), 0.f);
     }

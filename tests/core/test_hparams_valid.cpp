@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/step_scalars.hpp"
+#include "core/algorithms.hpp"
 #include "core/update_rules.hpp"
 #include "core/validation.hpp"
 
@@ -42,23 +43,28 @@ int32_t pick_flag(std::mt19937_64& g) {
 }
 
 void test_same_verdict(void**) {
-  const lowbit_algorithm_t algos[] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM, LOWBIT_ALGORITHM_LION,
-                                      LOWBIT_ALGORITHM_SGD};
+  // Every element-wise algorithm with a rule of its own (the 1-bit ones
+  // run AdamW's).
+  const lowbit_algorithm_t algos[] = {LOWBIT_ALGORITHM_ADAMW, LOWBIT_ALGORITHM_ADAM,    LOWBIT_ALGORITHM_LION,
+                                      LOWBIT_ALGORITHM_SGD,   LOWBIT_ALGORITHM_RMSPROP, LOWBIT_ALGORITHM_ADAGRAD};
+  const int num_algos = int(sizeof algos / sizeof algos[0]);
   int valid = 0, invalid = 0;
-  for (int n = 0; n < 200000; ++n) {
-    const lowbit_algorithm_t a = algos[rng() % 4];
+  for (int n = 0; n < 300000; ++n) {
+    const lowbit_algorithm_t a = algos[rng() % num_algos];
     lowbit_hparams_t h{};
     h.struct_size = sizeof h;
     h.lr = pick(rng), h.beta1 = pick(rng), h.beta2 = pick(rng), h.eps = pick(rng);
     h.weight_decay = pick(rng), h.momentum = pick(rng), h.dampening = pick(rng);
     h.nesterov = pick_flag(rng), h.bias_correction = pick_flag(rng);
+    h.alpha = pick(rng), h.centered = pick_flag(rng), h.lr_decay = pick(rng);
+    h.initial_accumulator_value = pick(rng);
     bool host = true;
     try {
       check_hparams(h, a);
     } catch (const Error&) {
       host = false;
     }
-    const int moments = moment_count(a, h.momentum);
+    const int moments = moments_in_use(describe(a), h);
     const bool device = hparams_valid(h, engine_algo(a), moments);
     if (host != device)
       fail_msg("algorithm %d lr %g b1 %g b2 %g eps %g wd %g mom %g damp %g nesterov %d bc %d: host %d, device %d",
@@ -67,6 +73,7 @@ void test_same_verdict(void**) {
     (host ? valid : invalid) += 1;
     // a plan's moment count that the momentum does not give is invalid on the device
     if (a == LOWBIT_ALGORITHM_SGD && device) assert_false(hparams_valid(h, Algo::Sgd, 1 - moments));
+    if (a == LOWBIT_ALGORITHM_RMSPROP && device) assert_false(hparams_valid(h, Algo::RmsProp, 3 - moments));
   }
   std::printf("  %d valid, %d invalid combinations: the same verdict\n", valid, invalid);
   assert_true(valid > 1000 && invalid > 1000);

@@ -226,7 +226,7 @@ void test_block_encoding_is_brute_force(void**) {
   for (lowbit_state_format_t format : formats)
     for (int moment = 0; moment < 2; ++moment)
       for (int n : {1, 7, 128, 129, 255, 256, 257, 1000, 4097}) {
-        const QMap& map = *moment_map(format, moment);
+        const QMap& map = *adam_moment_map(format, moment);
         int block = int(block_size(format));
         for (int kind = 0; kind < 4; ++kind) {
           std::vector<float> x = random_block(n, kind);
@@ -234,7 +234,7 @@ void test_block_encoding_is_brute_force(void**) {
             for (float& v : x) v = std::fabs(v);
           std::vector<uint8_t> data(size_t(moment_data_bytes(format, n)), 0xAB);
           std::vector<float> scales(size_t(num_blocks(format, n)), -1.f);
-          MomentView mv = moment_view(format, moment, data.data(), scales.data());
+          MomentView mv = adam_moment_view(format, moment, data.data(), scales.data());
           encode_moment(mv, n, x.data());
           for (int b = 0; b * block < n; ++b) {
             float absmax = 0.f;
@@ -270,7 +270,7 @@ void test_nan_poisons_its_block(void**) {
       x[300] = NAN;
       std::vector<uint8_t> data(size_t(moment_data_bytes(format, n)));
       std::vector<float> scales(size_t(num_blocks(format, n)));
-      MomentView mv = moment_view(format, moment, data.data(), scales.data());
+      MomentView mv = adam_moment_view(format, moment, data.data(), scales.data());
       encode_moment(mv, n, x.data());
       decode_moment(mv, n, back.data());
       int block = int(block_size(format));

@@ -141,7 +141,7 @@ void test_block_encoder(void**) {
   std::vector<uint8_t> codes(base / 2 + n / 2 + 1);
   std::vector<float> scales(base / kBlock4 + 2), sum(n, 0.f), out(n);
   std::vector<double> mean(n, 0.0);
-  const MomentView mv = moment_view(LOWBIT_STATE_4BIT_SR, 0, codes.data(), scales.data());
+  const MomentView mv = adam_moment_view(LOWBIT_STATE_4BIT_SR, 0, codes.data(), scales.data());
   assert_int_equal(mv.format, LOWBIT_STATE_4BIT);
   assert_true(mv.stochastic);
   const int keys = 4000;
@@ -198,7 +198,7 @@ void check_simd_tiles(CpuIsa level) {
           for (int i = 0; i < kTile; i += 3) x[size_t(i)] = -x[size_t(i)];
           break;
         case 7: {
-          const QMap& map = *moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr).map;
+          const QMap& map = *adam_moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr).map;
           for (int b = 0; b < kTile; b += kBlock4) {
             float absmax = 0.f;
             for (int i = b; i < b + kBlock4; ++i) absmax = std::max(absmax, std::fabs(x[size_t(i)]));
@@ -218,7 +218,7 @@ void check_simd_tiles(CpuIsa level) {
       std::vector<float> sa(2), sb(2);
       const uint64_t key = rng();
       const auto view = [&](std::vector<uint8_t>& codes, std::vector<float>& scales) {
-        return moment_view(LOWBIT_STATE_4BIT_SR, moment, codes.data() - base / 2, scales.data() - base / kBlock4);
+        return adam_moment_view(LOWBIT_STATE_4BIT_SR, moment, codes.data() - base / 2, scales.data() - base / kBlock4);
       };
       set_cpu_isa(CpuIsa::Portable);
       encode_moment_tile_stochastic(view(a, sa), base, kTile, x.data(), key);
@@ -254,7 +254,7 @@ void test_layout_is_4bit(void**) {
   }
   assert_true(is_quantized(LOWBIT_STATE_4BIT_SR));
   assert_string_equal(format_name(LOWBIT_STATE_4BIT_SR), "4bit-sr");
-  assert_false(moment_view(LOWBIT_STATE_4BIT, 0, nullptr, nullptr).stochastic);
+  assert_false(adam_moment_view(LOWBIT_STATE_4BIT, 0, nullptr, nullptr).stochastic);
 }
 
 // state_bits_run (the CUDA fast loops' 8 elements a lane) gives state_bits of
@@ -277,8 +277,8 @@ void test_state_bits_run(void**) {
 
 int main(void) {
   rng.seed(lowbit_test_seed("test_stochastic_codes"));
-  maps[0] = moment_map(LOWBIT_STATE_4BIT, 0);
-  maps[1] = moment_map(LOWBIT_STATE_4BIT, 1);
+  maps[0] = adam_moment_map(LOWBIT_STATE_4BIT, 0);
+  maps[1] = adam_moment_map(LOWBIT_STATE_4BIT, 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_code_is_the_float64_reference),
       cmocka_unit_test(test_codes_are_unbiased),

@@ -187,7 +187,7 @@ void build(Side& s, Algo algo, int moments, const lowbit_state_format_t fmt[2], 
       const lowbit_state_format_t f = norm == Norm::Factored ? LOWBIT_STATE_FP32 : fmt[k];
       void* data = s.alloc_state(size_t(moment_data_bytes(f, norm, v.shape, sp.numel)));
       float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(f, norm, v.shape, sp.numel))));
-      v.moment[k] = moment_view(f, k, data, scales);  // as Optimizer builds them
+      v.moment[k] = adam_moment_view(f, k, data, scales);  // as Optimizer builds them
       v.moment[k].norm = norm;
     }
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));

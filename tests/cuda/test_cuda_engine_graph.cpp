@@ -124,7 +124,7 @@ void build(Side& s, Algo algo, const std::vector<std::vector<uint8_t>>& init) {
     for (int k = 0; k < nm; ++k) {
       void* data = s.alloc_state(size_t(moment_data_bytes(f[k], sp.numel)));
       float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(f[k], sp.numel))));
-      v.moment[k] = moment_view(f[k], k, data, scales);  // as Optimizer builds them
+      v.moment[k] = adam_moment_view(f[k], k, data, scales);  // as Optimizer builds them
     }
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
   }

@@ -132,7 +132,7 @@ void setup(Side& s, bool gpu, const DtypeCase& d, const std::vector<std::vector<
     s.grads[size_t(i)] = s.buffer(size_t(sp.numel) * dbytes(d.g));
     v.num_moments = 2;
     for (int k = 0; k < 2; ++k)
-      v.moment[k] = moment_view(LOWBIT_STATE_FP32, k, s.alloc_state(size_t(sp.numel) * 4), nullptr);
+      v.moment[k] = adam_moment_view(LOWBIT_STATE_FP32, k, s.alloc_state(size_t(sp.numel) * 4), nullptr);
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
     append_chunks(chunks, int32_t(i), sp.numel);
     groups.push_back(sp.group);
@@ -528,7 +528,7 @@ void test_nonfinite_flag(void**) {
         v.param = p;
         v.numel = n;
         v.num_moments = 1;
-        v.moment[0] = moment_view(LOWBIT_STATE_FP32, 0, m, nullptr);
+        v.moment[0] = adam_moment_view(LOWBIT_STATE_FP32, 0, m, nullptr);
         std::vector<Chunk> chunks;
         append_chunks(chunks, 0, n);
         const int32_t group = 0;

@@ -106,7 +106,7 @@ void test_fast_encoder_equals_the_cpu_engine(void**) {
   constexpr int kKinds = 10;
   long tiles = 0;
   for (int moment = 0; moment < 2; ++moment) {
-    const MomentView probe = moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr);
+    const MomentView probe = adam_moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr);
     const QMap& map = *probe.map;
     // the fast encoder has no floor_positive: the second moment's map must have no zero to move off
     assert_true(!probe.second || floor_positive_code(map, true) == -1);
@@ -120,7 +120,7 @@ void test_fast_encoder_equals_the_cpu_engine(void**) {
       const uint64_t key = rng();
       std::vector<uint8_t> a(kTile / 2), b(kTile / 2);
       std::vector<float> sa(2), sb(2);
-      const MomentView cpu = moment_view(LOWBIT_STATE_4BIT_SR, moment, a.data() - base / 2, sa.data() - base / kBlock4);
+      const MomentView cpu = adam_moment_view(LOWBIT_STATE_4BIT_SR, moment, a.data() - base / 2, sa.data() - base / kBlock4);
       encode_moment_tile_stochastic(cpu, base, kTile, x.data(), key);
       encode_on_warp(map, x, base, key, b.data(), sb.data());
       for (int i = 0; i < kTile / 2; ++i)
@@ -138,7 +138,7 @@ void test_fast_encoder_equals_the_cpu_engine(void**) {
 // maps: their sorted values are at least 2^-8 apart.
 void test_map_values_are_apart(void**) {
   for (int moment = 0; moment < 2; ++moment) {
-    const QMap& map = *moment_map(LOWBIT_STATE_4BIT_SR, moment);
+    const QMap& map = *adam_moment_map(LOWBIT_STATE_4BIT_SR, moment);
     assert_int_equal(map.n, 16);
     for (int k = 0; k + 1 < map.n; ++k)
       if (!(map.values[k + 1] - map.values[k] >= 0x1p-8f))

@@ -6,7 +6,8 @@
         loss = loss_fn(model(x), y)
         opt.zero_grad(); loss.backward(); opt.step()
 
-Classes: :class:`AdamW`, :class:`Adam`, :class:`Lion`, :class:`SGD`, :class:`Muon`
+Classes: :class:`AdamW`, :class:`Adam`, :class:`Lion`, :class:`SGD`, :class:`RMSprop`,
+:class:`Adagrad` (made from the library's algorithm descriptors), :class:`Muon`
 (torch.optim.Muon's arguments; param groups may say ``"algorithm": "adamw"``
 for the 1-D params: the usual Muon + AdamW hybrid in one optimizer; its
 ``ns_precision`` says how the Newton-Schulz products are rounded). Besides the
@@ -100,6 +101,7 @@ from __future__ import annotations
 
 from ._adam import Adam, AdamW
 from ._base import LowbitOptimizer
+from ._described import Adagrad, DescribedOptimizer, RMSprop
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
@@ -108,6 +110,6 @@ from ._offload import CPUOffload, default_host_threads, memory_report
 from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
-__all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
+__all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "RMSprop", "Adagrad", "DescribedOptimizer", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
            "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
            "StepInBackward", "CPUOffload", "memory_report", "default_host_threads"]

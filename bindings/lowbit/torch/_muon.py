@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .._algorithms import algorithm_spec
 from .._ffi import Algorithm, Normalization, StateFormat
 from .._names import parse_adjust_lr, parse_algorithm, parse_ns_precision, parse_state_format
 from ._adam import _betas
@@ -28,12 +29,12 @@ _GROUP_DEFAULTS = {
     Algorithm.LION: dict(betas=(0.9, 0.99), weight_decay=0.0),
     Algorithm.SGD: dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False),
 }
-_GROUP_MOMENTS = {
-    Algorithm.ADAMW: ("exp_avg", "exp_avg_sq"),
-    Algorithm.ADAM: ("exp_avg", "exp_avg_sq"),
-    Algorithm.LION: ("exp_avg",),
-    Algorithm.SGD: ("momentum_buffer",),
-}
+# The algorithms made from the library's descriptors (lowbit.torch.RMSprop,
+# Adagrad) take their defaults, fields and state names from them.
+_DESCRIBED = tuple(getattr(Algorithm, n) for n in ("RMSPROP", "ADAGRAD") if hasattr(Algorithm, n))
+for _algo in _DESCRIBED:
+    _GROUP_DEFAULTS[_algo] = algorithm_spec(_algo).defaults()
+_GROUP_MOMENTS = {algo: algorithm_spec(algo).moment_names for algo in _GROUP_DEFAULTS}
 # Group keys that are lowbit's own (not torch.optim.Muon's): dropped from torch_state_dict().
 _LOWBIT_MUON_KEYS = ("ns_precision",)
 
@@ -49,8 +50,9 @@ def _group_algorithm(group) -> Algorithm:
     except ValueError:
         algo = None
     if algo not in (Algorithm.MUON,) + tuple(_GROUP_DEFAULTS):
+        others = ", ".join(repr(a.name.lower()) for a in _GROUP_DEFAULTS)
         raise ValueError(f"param group algorithm={name!r}: a Muon optimizer's group is 'muon' (the default) or "
-                         f"one of 'adamw', 'adam', 'lion', 'sgd'")
+                         f"one of {others}")
     return algo
 
 
@@ -157,6 +159,13 @@ class Muon(LowbitOptimizer):
         algo = _group_algorithm(group)
         if algo == Algorithm.SGD:
             return 1 if self._f(group["momentum"]) != 0 else 0
+        if algo in _DESCRIBED:
+            from .._algorithms import moments_in_use
+            from .._options import fill_hparams, new_hparams
+
+            hp = new_hparams(algo)
+            fill_hparams(hp, {k: v for k, v in self._hparams(group).items() if k != "algorithm"})
+            return moments_in_use(algo, hp)
         return len(self._moment_names_for(group))
 
     def _moment_names_for(self, group) -> tuple:
@@ -188,6 +197,11 @@ class Muon(LowbitOptimizer):
                         adjust_lr=_adjust_name(group.get("adjust_lr_fn")),
                         ns_precision=_precision_name(group.get("ns_precision", "default")))
         name = algo.name.lower()
+        if algo in _DESCRIBED:
+            out = dict(algorithm=name)
+            for h in algorithm_spec(algo).hparams:
+                out[h.name] = bool(group[h.name]) if h.type == "flag" else f(group[h.name]) if h.type == "real" else group[h.name]
+            return out
         if algo in (Algorithm.ADAMW, Algorithm.ADAM):
             b1, b2 = _betas(group)
             return dict(algorithm=name, lr=f(group["lr"]), beta1=b1, beta2=b2, eps=f(group["eps"]),

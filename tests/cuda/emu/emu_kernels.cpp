@@ -14,11 +14,9 @@ void launch_step(const StepArgs& args, int64_t num_chunks, void* stream) {
   if (num_chunks <= 0) return;
   emu::launch(unsigned(num_chunks * kSplit), kThreads, [args] { step_kernel<A>(args); }, stream);
 }
-template void launch_step<Algo::AdamW>(const StepArgs&, int64_t, void*);
-template void launch_step<Algo::Adam>(const StepArgs&, int64_t, void*);
-template void launch_step<Algo::Lion>(const StepArgs&, int64_t, void*);
-template void launch_step<Algo::Sgd>(const StepArgs&, int64_t, void*);
-template void launch_step<Algo::Muon>(const StepArgs&, int64_t, void*);
+#define LOWBIT_EMU_STEP(rule, algorithm) template void launch_step<Algo::rule>(const StepArgs&, int64_t, void*);
+LOWBIT_RULES(LOWBIT_EMU_STEP)
+#undef LOWBIT_EMU_STEP
 
 template <class Batch>
 void launch_upload(const Batch& batch, void* stream) {
@@ -49,11 +47,9 @@ void launch_stats(const ShapedArgs& args, int64_t num_items, void* stream) {
   if (num_items <= 0) return;
   emu::launch(unsigned(num_items), kThreads, [args] { stats_kernel<A>(args, args.maps); }, stream);
 }
-template void launch_stats<Algo::AdamW>(const ShapedArgs&, int64_t, void*);
-template void launch_stats<Algo::Adam>(const ShapedArgs&, int64_t, void*);
-template void launch_stats<Algo::Lion>(const ShapedArgs&, int64_t, void*);
-template void launch_stats<Algo::Sgd>(const ShapedArgs&, int64_t, void*);
-template void launch_stats<Algo::Muon>(const ShapedArgs&, int64_t, void*);
+#define LOWBIT_EMU_STATS(rule, algorithm) template void launch_stats<Algo::rule>(const ShapedArgs&, int64_t, void*);
+LOWBIT_RULES(LOWBIT_EMU_STATS)
+#undef LOWBIT_EMU_STATS
 
 void launch_shaped_mid(const ShapedArgs& args, int64_t num_shaped, void* stream) {
   if (num_shaped <= 0) return;

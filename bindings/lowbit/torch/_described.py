@@ -1,0 +1,84 @@
+"""lowbit.torch classes made from the library's algorithm descriptors
+(lowbit_algorithm_info, lowbit_hparam_info): their keyword arguments, in
+order, are the descriptor's hyper-parameters (named as torch.optim names
+them), their defaults the descriptor's, their state names its moment names.
+Adding an algorithm to the library adds its class here by one line."""
+
+from __future__ import annotations
+
+from .._algorithms import algorithm_spec
+from .._ffi import Algorithm, ffi
+from .._options import fill_hparams, new_hparams
+from .._algorithms import moments_in_use
+from ._base import LowbitOptimizer, refuse
+
+# torch's switches the described classes have no counterpart for
+_TORCH_SWITCHES = ("maximize", "foreach", "capturable", "differentiable", "fused")
+
+
+class DescribedOptimizer(LowbitOptimizer):
+    """Base of the descriptor-made classes: ``Class(params, *hparams,
+    **hparams_and_lowbit_options)``, the hyper-parameters positionally in
+    the descriptor's order, as torch.optim's signatures have them."""
+
+    _refused = ("maximize",)
+
+    def __init__(self, params, *args, **kwargs):
+        spec = algorithm_spec(self._algorithm)
+        names = [h.name for h in spec.hparams]
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional hyper-parameters "
+                            f"({', '.join(names)}), got {len(args)}")
+        defaults = spec.defaults()
+        for name, value in zip(names, args):
+            defaults[name] = value
+        for name in list(kwargs):
+            if name in defaults:
+                if name in dict(zip(names, args)):
+                    raise TypeError(f"{type(self).__name__} got hyper-parameter {name!r} twice")
+                defaults[name] = kwargs.pop(name)
+        switches = {name: kwargs.pop(name, None) for name in _TORCH_SWITCHES}
+        refuse(maximize=switches.pop("maximize"))
+        for name, value in switches.items():  # performance switches of torch's: lowbit has one fused path
+            if value:
+                raise ValueError(f"{name}=True is not supported by lowbit.torch.{type(self).__name__} "
+                                 "(its step is always one fused pass)")
+        self._hparam_names = tuple(names)
+        super().__init__(params, defaults, **kwargs)
+
+    @property
+    def _moment_names(self):  # noqa: D401  (the class attribute of the hand-written classes)
+        return algorithm_spec(self._algorithm).moment_names
+
+    def _moment_names_for(self, group):
+        names = list(algorithm_spec(self._algorithm).moment_names)
+        if self._algorithm == getattr(Algorithm, "RMSPROP", None) and len(names) > 1 and group.get("centered"):
+            names[1] = "grad_avg"  # RMSprop's second slot holds the centred average
+        return tuple(names)
+
+    def _num_moments(self, group) -> int:
+        hp = new_hparams(self._algorithm)
+        fill_hparams(hp, self._hparams(group))
+        return moments_in_use(self._algorithm, hp)
+
+    def _hparams(self, group):
+        out = {}
+        for h in algorithm_spec(self._algorithm).hparams:
+            v = group[h.name]
+            out[h.name] = bool(v) if h.type == "flag" else (self._f(v) if h.type == "real" else v)
+        return out
+
+
+def _described(algorithm_name: str, doc: str):
+    algorithm = getattr(Algorithm, algorithm_name)
+    return type(algorithm_spec(algorithm).title, (DescribedOptimizer,), {"_algorithm": algorithm, "__doc__": doc})
+
+
+RMSprop = _described("RMSPROP", """RMSprop as torch.optim.RMSprop (lr, alpha, eps, weight_decay, momentum,
+    centered; defaults the library's: lr 1e-2, alpha 0.99, eps 1e-8), with
+    lowbit state: ``square_avg`` (an unsigned moment), then the momentum
+    buffer (momentum != 0) or the centred ``grad_avg`` (centered): not both.""")
+Adagrad = _described("ADAGRAD", """Adagrad as torch.optim.Adagrad (lr, lr_decay, weight_decay,
+    initial_accumulator_value, eps; defaults lr 1e-2, eps 1e-10), with
+    lowbit state: ``sum`` (an unsigned moment).""")
+del ffi
