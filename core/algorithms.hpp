@@ -30,6 +30,9 @@ struct MomentSlot {
   SlotWhen when = SlotWhen::Always;
 };
 
+// A flag field of lowbit_hparams_t.
+using HparamFlagField = int32_t lowbit_hparams_t::*;
+
 struct AlgorithmDesc {
   lowbit_algorithm_t id = lowbit_algorithm_t(0);  // 0: no algorithm
   const char* name = "";
@@ -42,11 +45,23 @@ struct AlgorithmDesc {
   bool distributed = false;      // a 1-bit optimizer
   bool hybrid_group = false;     // a Muon optimizer's group may take it
   bool matrices = false;         // Muon: params of >= 2 dims only
+  // A flag of the hyper-parameters that picks what a slot holds (RMSprop's
+  // centered: slot 1 the centred average, else the momentum buffer): fixed
+  // once a group has params.
+  HparamFlagField fixed_at_registration = nullptr;
+  const char* fixed_name = "";
+  // With momentum, slot 1's update reads slot 0's new value (RMSprop's
+  // buffer divides by the new square average): a shaped param's first pass
+  // can serve a rank-1 slot 1 only with a rank-1 slot 0.
+  bool momentum_reads_first = false;
 };
 
 namespace desc {
-constexpr MomentSlot kExpAvg{"exp_avg", LOWBIT_MOMENT_SIGNED, SlotWhen::Always};
-constexpr MomentSlot kExpAvgSq{"exp_avg_sq", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always};
+// (functions, not constants: device code cannot take a namespace-scope object's address)
+LOWBIT_HD constexpr MomentSlot exp_avg() { return MomentSlot{"exp_avg", LOWBIT_MOMENT_SIGNED, SlotWhen::Always}; }
+LOWBIT_HD constexpr MomentSlot exp_avg_sq() {
+  return MomentSlot{"exp_avg_sq", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always};
+}
 LOWBIT_HD constexpr AlgorithmDesc adam_like(lowbit_algorithm_t id, const char* name, const char* title, Algo rule,
                                             bool distributed, bool hybrid) {
   AlgorithmDesc d{};
@@ -55,8 +70,8 @@ LOWBIT_HD constexpr AlgorithmDesc adam_like(lowbit_algorithm_t id, const char* n
   d.title = title;
   d.rule = rule;
   d.num_slots = 2;
-  d.slot[0] = kExpAvg;
-  d.slot[1] = kExpAvgSq;
+  d.slot[0] = exp_avg();
+  d.slot[1] = exp_avg_sq();
   d.bias_correction = true;
   d.factored_second = !distributed;
   d.distributed = distributed;
@@ -103,10 +118,15 @@ LOWBIT_HD constexpr AlgorithmDesc describe(lowbit_algorithm_t a) {
     }
     // square_avg, then the momentum buffer (momentum != 0) or the centred
     // grad average (centered): not both (three moments; issue 46).
-    case LOWBIT_ALGORITHM_RMSPROP:
-      return with_slots(simple(a, "rmsprop", "RMSprop", Algo::RmsProp, true), 2,
-                        MomentSlot{"square_avg", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always},
-                        MomentSlot{"momentum_buffer", LOWBIT_MOMENT_SIGNED, SlotWhen::MomentumOrCentered});
+    case LOWBIT_ALGORITHM_RMSPROP: {
+      AlgorithmDesc d = with_slots(simple(a, "rmsprop", "RMSprop", Algo::RmsProp, true), 2,
+                                   MomentSlot{"square_avg", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always},
+                                   MomentSlot{"momentum_buffer", LOWBIT_MOMENT_SIGNED, SlotWhen::MomentumOrCentered});
+      d.fixed_at_registration = &lowbit_hparams_t::centered;
+      d.fixed_name = "centered";
+      d.momentum_reads_first = true;
+      return d;
+    }
     case LOWBIT_ALGORITHM_ADAGRAD:
       return with_slots(simple(a, "adagrad", "Adagrad", Algo::Adagrad, true), 1,
                         MomentSlot{"sum", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always});
@@ -131,11 +151,6 @@ LOWBIT_HD constexpr int moments_in_use(const AlgorithmDesc& d, const lowbit_hpar
 // The kind of a slot's moment; a slot past the algorithm's is signed.
 LOWBIT_HD constexpr lowbit_moment_kind_t moment_kind(const AlgorithmDesc& d, int slot) {
   return slot >= 0 && slot < d.num_slots ? d.slot[slot].kind : LOWBIT_MOMENT_SIGNED;
-}
-
-// RMSprop's second slot is the momentum buffer, else the centred average.
-LOWBIT_HD constexpr const char* slot_name(const AlgorithmDesc& d, int slot, const lowbit_hparams_t& h) {
-  return d.rule == Algo::RmsProp && slot == 1 && h.momentum == 0.f ? "grad_avg" : d.slot[slot].name;
 }
 
 // The engines' rule for an algorithm (AdamW for a value that is none).

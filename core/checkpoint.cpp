@@ -17,8 +17,10 @@
 // (distributed/checkpoint_section.cpp).
 // Version 4 (since 0.8, written where a group's algorithm reads a field of
 // lowbit_hparams_t added in 0.8: RMSprop, Adagrad) is version 2 with, after
-// each group's fields above, f32 alpha, i32 centered, f32 lr_decay, f32
-// initial_accumulator_value.
+// each group's fields above, u32 n and the n 4-byte words of lowbit_hparams_t
+// from `alpha` on (the fields since 0.8 in declaration order: f32 alpha, i32
+// centered, f32 lr_decay, f32 initial_accumulator_value, and any a later
+// release appends; a reader takes the words it knows and refuses more).
 // Version 1 (lowbit 0.2) is the same without ndim / dims and normalization
 // (1-D, blocks); it still loads. Materialised checkpoints hold every moment
 // as fp32 / bf16 values (a factored v as its reconstruction v^).
@@ -26,6 +28,7 @@
 // host before anything in the optimizer is replaced.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -56,7 +59,10 @@ constexpr char kMagic[8] = {'L', 'O', 'W', 'B', 'I', 'T', 'C', 'K'};
 constexpr uint32_t kVersion = 2;
 constexpr uint32_t kVersionWithSection = 3;  // kVersion plus the extension's section
 constexpr uint32_t kVersionWith08Hparams = 4;  // kVersion plus the groups' 0.8 fields
-constexpr uint64_t k08GroupBytes = 16;
+constexpr size_t k08Offset = offsetof(lowbit_hparams_t, alpha);
+constexpr uint32_t k08Words = uint32_t((sizeof(lowbit_hparams_t) - k08Offset) / 4);
+static_assert((sizeof(lowbit_hparams_t) - k08Offset) % 4 == 0, "the 0.8 fields are 4-byte words");
+constexpr uint64_t k08GroupBytes = 4 + 4 * uint64_t(k08Words);
 
 // Whether any group reads a hyper-parameter that 0.8 added.
 bool reads_08_hparams(const std::vector<lowbit_hparams_t>& groups, lowbit_algorithm_t optimizer_algorithm) {
@@ -121,10 +127,12 @@ std::vector<uint8_t> Optimizer::save(lowbit_checkpoint_mode_t mode, void* stream
       w.put<int32_t>(int32_t(h.ns_precision));
     }
     if (with_08) {
-      w.put<float>(h.alpha);
-      w.put<int32_t>(h.centered);
-      w.put<float>(h.lr_decay);
-      w.put<float>(h.initial_accumulator_value);
+      w.put<uint32_t>(k08Words);
+      for (uint32_t k = 0; k < k08Words; ++k) {
+        uint32_t word;
+        std::memcpy(&word, reinterpret_cast<const char*>(&h) + k08Offset + 4 * k, 4);
+        w.put<uint32_t>(word);
+      }
     }
   }
   std::vector<uint8_t> data, scales;
@@ -265,10 +273,14 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
       h.ns_precision = lowbit_ns_precision_t(r.get<int32_t>("ns_precision"));
     }
     if (version == kVersionWith08Hparams) {
-      h.alpha = r.get<float>("alpha");
-      h.centered = r.get<int32_t>("centered");
-      h.lr_decay = r.get<float>("lr_decay");
-      h.initial_accumulator_value = r.get<float>("initial_accumulator_value");
+      const uint32_t words = r.get<uint32_t>("hparams words");
+      LOWBIT_REQUIRE(words <= k08Words, LOWBIT_ERROR_VERSION_MISMATCH, "checkpoint groups hold ", words,
+                     " words of hyper-parameters since 0.8; this library knows ", k08Words,
+                     " (a checkpoint of a newer library)");
+      for (uint32_t k = 0; k < words; ++k) {
+        const uint32_t word = r.get<uint32_t>("hparams");
+        std::memcpy(reinterpret_cast<char*>(&h) + k08Offset + 4 * k, &word, 4);
+      }
     }
     try {
       check_hparams(h, config_.algorithm);

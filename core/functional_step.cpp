@@ -5,6 +5,7 @@
 #include "defaults.hpp"
 #include "error.hpp"
 #include "state.hpp"
+#include "state_plan.hpp"
 #include "step_scalars.hpp"
 #include "update_rules.hpp"
 #include "validation.hpp"
@@ -180,6 +181,10 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
                    " (a plan made for another algorithm?)");
     v.moment[m] = moment_view(f, kind, p.moment[m], p.scales[m]);
     v.moment[m].norm = norm;
+  }
+  if (hparams) {
+    const Norm norms[2] = {v.moment[0].norm, v.moment[1].norm};
+    check_rule_norms(algorithm, hparams[p.group], moments, norms, concat("params[", i, "].plan->normalization[1]").c_str());
   }
   for (int m = moments; m < 2; ++m)
     LOWBIT_REQUIRE(plan.format[m] == LOWBIT_STATE_DEFAULT && plan.data_bytes[m] == 0 && plan.scale_count[m] == 0,

@@ -20,11 +20,12 @@ struct RealBounds {
   float lower, upper;
   bool lower_in, upper_in;
 };
-constexpr RealBounds kNonNegative{0.f, kRealMax, true, true};
-constexpr RealBounds kPositive{0.f, kRealMax, false, true};
-constexpr RealBounds kUnitOpen{0.f, 1.f, true, false};  // [0, 1)
-constexpr RealBounds kUnitClosed{0.f, 1.f, true, true};
-constexpr RealBounds kFinite{-kRealMax, kRealMax, true, true};
+// (functions, not constants: device code cannot take a namespace-scope object's address)
+LOWBIT_HD constexpr RealBounds non_negative() { return {0.f, kRealMax, true, true}; }
+LOWBIT_HD constexpr RealBounds positive() { return {0.f, kRealMax, false, true}; }
+LOWBIT_HD constexpr RealBounds unit_open() { return {0.f, 1.f, true, false}; }  // [0, 1)
+LOWBIT_HD constexpr RealBounds unit_closed() { return {0.f, 1.f, true, true}; }
+LOWBIT_HD constexpr RealBounds finite() { return {-kRealMax, kRealMax, true, true}; }
 
 LOWBIT_HD bool in_bounds(float x, const RealBounds& b) {
   return (b.lower_in ? x >= b.lower : x > b.lower) && (b.upper_in ? x <= b.upper : x < b.upper);
@@ -53,24 +54,24 @@ namespace specs {
 
 template <class V>
 LOWBIT_HD void lr(V& v, float dflt) {
-  v.real("lr", &lowbit_hparams_t::lr, dflt, kNonNegative, "learning rate", kSince02);
+  v.real("lr", &lowbit_hparams_t::lr, dflt, non_negative(), "learning rate", kSince02);
 }
 template <class V>
 LOWBIT_HD void weight_decay(V& v, float dflt, const char* meaning) {
-  v.real("weight_decay", &lowbit_hparams_t::weight_decay, dflt, kNonNegative, meaning, kSince02);
+  v.real("weight_decay", &lowbit_hparams_t::weight_decay, dflt, non_negative(), meaning, kSince02);
 }
 template <class V>
 LOWBIT_HD void betas(V& v, float beta1, float beta2, const char* m1, const char* m2) {
-  v.real("beta1", &lowbit_hparams_t::beta1, beta1, kUnitOpen, m1, kSince02);
-  v.real("beta2", &lowbit_hparams_t::beta2, beta2, kUnitOpen, m2, kSince02);
+  v.real("beta1", &lowbit_hparams_t::beta1, beta1, unit_open(), m1, kSince02);
+  v.real("beta2", &lowbit_hparams_t::beta2, beta2, unit_open(), m2, kSince02);
 }
 template <class V>
 LOWBIT_HD void eps(V& v, float dflt, const char* meaning) {
-  v.real("eps", &lowbit_hparams_t::eps, dflt, kPositive, meaning, kSince02);
+  v.real("eps", &lowbit_hparams_t::eps, dflt, positive(), meaning, kSince02);
 }
 template <class V>
 LOWBIT_HD void momentum(V& v, float dflt) {
-  v.real("momentum", &lowbit_hparams_t::momentum, dflt, kUnitOpen, "momentum factor (0: none)", kSince02);
+  v.real("momentum", &lowbit_hparams_t::momentum, dflt, unit_open(), "momentum factor (0: none)", kSince02);
 }
 template <class V>
 LOWBIT_HD void nesterov(V& v, int dflt) {
@@ -110,7 +111,7 @@ LOWBIT_HD void walk_hparams(lowbit_algorithm_t algorithm, V& v) {
     case LOWBIT_ALGORITHM_SGD:
       specs::lr(v, 1e-2f);
       specs::momentum(v, 0.f);
-      v.real("dampening", &lowbit_hparams_t::dampening, 0.f, kUnitClosed, "dampening of the momentum", kSince02);
+      v.real("dampening", &lowbit_hparams_t::dampening, 0.f, unit_closed(), "dampening of the momentum", kSince02);
       specs::nesterov(v, 0);
       specs::weight_decay(v, 0.f, "L2 weight decay");
       v.rule(HparamRule::NesterovNeedsMomentum);
@@ -133,7 +134,7 @@ LOWBIT_HD void walk_hparams(lowbit_algorithm_t algorithm, V& v) {
       return;
     case LOWBIT_ALGORITHM_RMSPROP:  // torch.optim.RMSprop's
       specs::lr(v, 1e-2f);
-      v.real("alpha", &lowbit_hparams_t::alpha, 0.99f, kUnitOpen, "smoothing constant of the square average",
+      v.real("alpha", &lowbit_hparams_t::alpha, 0.99f, unit_open(), "smoothing constant of the square average",
              kSince08);
       specs::eps(v, 1e-8f, "added to the denominator's sqrt");
       specs::weight_decay(v, 0.f, "L2 weight decay");
@@ -143,9 +144,9 @@ LOWBIT_HD void walk_hparams(lowbit_algorithm_t algorithm, V& v) {
       return;
     case LOWBIT_ALGORITHM_ADAGRAD:  // torch.optim.Adagrad's
       specs::lr(v, 1e-2f);
-      v.real("lr_decay", &lowbit_hparams_t::lr_decay, 0.f, kNonNegative, "lr / (1 + (t - 1) lr_decay)", kSince08);
+      v.real("lr_decay", &lowbit_hparams_t::lr_decay, 0.f, non_negative(), "lr / (1 + (t - 1) lr_decay)", kSince08);
       specs::weight_decay(v, 0.f, "L2 weight decay");
-      v.real("initial_accumulator_value", &lowbit_hparams_t::initial_accumulator_value, 0.f, kNonNegative,
+      v.real("initial_accumulator_value", &lowbit_hparams_t::initial_accumulator_value, 0.f, non_negative(),
              "the sum of squares' start", kSince08);
       specs::eps(v, 1e-10f, "added to the denominator's sqrt");
       return;

@@ -47,7 +47,7 @@ struct ValidVisitor {
     ok = ok && int(h.*f) >= lo && int(h.*f) <= hi;
   }
   LOWBIT_HD void reals3(const char*, float (lowbit_hparams_t::*f)[3], float, float, float, const char*, int) {
-    for (int k = 0; k < 3; ++k) ok = ok && in_bounds((h.*f)[k], kFinite);
+    for (int k = 0; k < 3; ++k) ok = ok && in_bounds((h.*f)[k], finite());
   }
   LOWBIT_HD void rule(HparamRule r) { ok = ok && rule_holds(r, h); }
 };

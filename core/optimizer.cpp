@@ -52,22 +52,27 @@ void Optimizer::set_hparams(int32_t group, const lowbit_hparams_t& h) {
   check_hparams(h, config_.algorithm);
   // SGD keeps a momentum buffer only when it was registered with momentum:
   // a plain SGD optimizer's groups and a Muon optimizer's SGD groups alike.
-  // RMSprop's second moment likewise, and what it holds (the momentum
-  // buffer or the centred average) stays what it was registered as.
+  // RMSprop's second moment likewise, and what a slot holds (the momentum
+  // buffer or the centred average: desc.fixed_at_registration) stays what it
+  // was registered as.
   const AlgorithmDesc desc = describe(group_algorithm(h, config_.algorithm));
   const lowbit_hparams_t& old = groups_[size_t(group)];
   for (const ParamState& p : params_) {
     if (p.group != group) continue;
+    const bool optional_second = desc.num_slots == 2 && desc.slot[1].when != SlotWhen::Always;
     LOWBIT_REQUIRE(moments_in_use(desc, h) <= p.num_moments, LOWBIT_ERROR_INVALID_ARGUMENT, "momentum = ",
-                   h.momentum, desc.rule == Algo::RmsProp ? concat(", centered = ", h.centered).c_str() : "",
+                   h.momentum, desc.fixed_at_registration ? concat(", ", desc.fixed_name, " = ", h.*desc.fixed_at_registration).c_str() : "",
                    ": group ", group, " was registered without ",
-                   desc.rule == Algo::RmsProp ? "momentum or centering, so its params have no second moment"
-                                              : "momentum, so its params have no momentum buffer");
-    LOWBIT_REQUIRE(desc.rule != Algo::RmsProp || p.num_moments < 2 ||
-                       (h.centered != 0) == (group_algorithm(old, config_.algorithm) == desc.id && old.centered != 0),
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "centered = ", h.centered, ": group ", group,
-                   "'s params keep their second moment as ", old.centered ? "the centred grad average" :
-                   "the momentum buffer", " (as registered)");
+                   optional_second ? concat("them, so its params have no ", desc.slot[1].name).c_str()
+                                   : "momentum, so its params have no momentum buffer");
+    if (desc.fixed_at_registration && p.num_moments > 0) {
+      const auto f = desc.fixed_at_registration;
+      const bool same_algorithm = group_algorithm(old, config_.algorithm) == desc.id;
+      LOWBIT_REQUIRE(!same_algorithm || (h.*f != 0) == (old.*f != 0), LOWBIT_ERROR_INVALID_ARGUMENT,
+                     desc.fixed_name, " = ", h.*f, ": group ", group, "'s params were registered with ", desc.fixed_name,
+                     " = ", old.*f,
+                     ", which fixed what their moments hold");
+    }
   }
   if (group_algorithm(h, config_.algorithm) != group_algorithm(groups_[size_t(group)], config_.algorithm))
     for (const ParamState& p : params_)

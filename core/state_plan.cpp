@@ -129,6 +129,8 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
     }
   }
 
+  check_rule_norms(algorithm, hparams, plan.num_moments, plan.norm, "second_normalization");
+
   if (c.param.dtype != LOWBIT_DTYPE_FLOAT32) {
     const int32_t ecc = c.error_correction >= 0 ? c.error_correction : config.error_correction;
     const int32_t sr = c.stochastic_rounding >= 0 ? c.stochastic_rounding : config.stochastic_rounding;
@@ -139,6 +141,15 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
   }
   plan.state_bytes(numel);  // sizes every part in checked arithmetic: a state too large to size fails here
   return plan;
+}
+
+void check_rule_norms(lowbit_algorithm_t algorithm, const lowbit_hparams_t& hparams, int num_moments,
+                      const Norm norm[2], const char* what) {
+  const AlgorithmDesc desc = describe(algorithm);
+  LOWBIT_REQUIRE(!(desc.momentum_reads_first && num_moments == 2 && hparams.momentum != 0.f &&
+                   norm[1] == Norm::Rank1 && norm[0] != Norm::Rank1),
+                 LOWBIT_ERROR_UNSUPPORTED, what, " = rank1 for ", desc.title, "'s ", desc.slot[1].name, " needs a rank-1 ",
+                 desc.slot[0].name, " too (first_normalization = rank1): its update reads the new ", desc.slot[0].name);
 }
 
 lowbit_state_plan_t to_c_plan(const StatePlan& plan, int64_t numel) {

@@ -36,6 +36,13 @@ struct StatePlan {
 StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit_hparams_t& hparams,
                            const lowbit_param_config_t& param);
 
+// The normalisations a rule's first pass can serve: RMSprop's momentum
+// buffer (slot 1) reads the new square average (slot 0), which a shaped
+// param's statistics pass decodes only when it is rank-1 too. Throws
+// LOWBIT_ERROR_UNSUPPORTED naming `what` otherwise.
+void check_rule_norms(lowbit_algorithm_t algorithm, const lowbit_hparams_t& hparams, int num_moments,
+                      const Norm norm[2], const char* what);
+
 // The C view of a plan.
 lowbit_state_plan_t to_c_plan(const StatePlan& plan, int64_t numel);
 

@@ -65,10 +65,12 @@ LOWBIT_HD StepScalars make_step_scalars(const lowbit_hparams_t& h, Algo rule, in
   s.dampening = h.dampening;
   s.nesterov = h.nesterov;
   s.first_step = step == 0;
-  s.alpha = h.alpha;
-  s.centered = h.centered;
-  s.initial_sum = h.initial_accumulator_value;
-  if (rule == Algo::Adagrad) s.step_size = float(double(h.lr) / (1.0 + double(step) * double(h.lr_decay)));
+  switch (rule) {
+#define LOWBIT_RULE_SCALARS(r, algorithm) \
+  case Algo::r: rule_scalars<Algo::r>(h, t, s); break;
+    LOWBIT_RULES(LOWBIT_RULE_SCALARS)
+#undef LOWBIT_RULE_SCALARS
+  }
   return s;
 }
 

@@ -3,6 +3,7 @@
 // out as fp32; storage formats are handled around these functions.
 #pragma once
 #include <cmath>
+#include <cstdint>
 
 #include "float16.hpp"
 #include "hd.hpp"
@@ -91,6 +92,12 @@ LOWBIT_HD float l2_decayed_grad(const StepScalars& s, float p, float g) { return
 template <Algo A>
 LOWBIT_HD void update_element(const StepScalars& s, float& p, float g, float& m, float& v);
 
+// A rule's own scalars, beyond make_step_scalars' common ones
+// (core/step_scalars.hpp), for the step t = step + 1 of a param: none by
+// default. Host arithmetic rules as make_step_scalars': double, rounded once.
+template <Algo A>
+LOWBIT_HD void rule_scalars(const lowbit_hparams_t&, int64_t, StepScalars&) {}
+
 // AdamW as torch.optim.AdamW: decay p first, then the Adam step.
 template <>
 LOWBIT_HD void update_element<Algo::AdamW>(const StepScalars& s, float& p, float g, float& m, float& v) {
@@ -162,6 +169,11 @@ LOWBIT_HD float rmsprop_denominator(const StepScalars& s, float sq, float gavg) 
   return sqrtf(var > 0.f ? var : 0.f) + s.eps;
 }
 template <>
+LOWBIT_HD void rule_scalars<Algo::RmsProp>(const lowbit_hparams_t& h, int64_t, StepScalars& s) {
+  s.alpha = h.alpha;
+  s.centered = h.centered;
+}
+template <>
 LOWBIT_HD void update_element<Algo::RmsProp>(const StepScalars& s, float& p, float g, float& sq, float& b) {
   g = l2_decayed_grad(s, p, g);
   sq = rmsprop_square_avg(s, sq, g);
@@ -180,6 +192,11 @@ LOWBIT_HD void update_element<Algo::RmsProp>(const StepScalars& s, float& p, flo
 // step); step_size is lr / (1 + (t - 1) lr_decay).
 LOWBIT_HD float adagrad_sum(const StepScalars& s, float sum, float g) {
   return saturate_moment((s.first_step ? s.initial_sum : sum) + g * g);
+}
+template <>
+LOWBIT_HD void rule_scalars<Algo::Adagrad>(const lowbit_hparams_t& h, int64_t t, StepScalars& s) {
+  s.step_size = float(double(h.lr) / (1.0 + double(t - 1) * double(h.lr_decay)));
+  s.initial_sum = h.initial_accumulator_value;
 }
 template <>
 LOWBIT_HD void update_element<Algo::Adagrad>(const StepScalars& s, float& p, float g, float& sum, float&) {

@@ -98,7 +98,8 @@ struct DevChunk {
   int32_t pad_;
 };
 static_assert(sizeof(DevChunk) == 24, "DevChunk layout");
-static_assert(sizeof(StepScalars) == 48, "StepScalars layout (compared bytewise)");
+// Compared bytewise: every field is 4 bytes wide, so the struct has no padding.
+static_assert(alignof(StepScalars) == 4 && sizeof(StepScalars) % 4 == 0, "StepScalars layout (compared bytewise)");
 
 // The four maps of core/qmaps.cpp (values, midpoints and bucket tables).
 struct DevMaps {

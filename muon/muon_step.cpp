@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/hparams.hpp"
 #include "core/step_scalars.hpp"
 #include "muon/muon_rules.hpp"
 
@@ -115,12 +116,14 @@ void MuonSteps::step(Engine& e, const GradView* grads, const lowbit_hparams_t* g
   const int64_t n = int64_t(params_.size());
   // The fused calls of this step: (algorithm, batch or -1); the last one writes the shared count.
   std::vector<std::pair<lowbit_algorithm_t, int64_t>> calls;
-  for (int a = LOWBIT_ALGORITHM_ADAMW; a <= LOWBIT_ALGORITHM_SGD; ++a)
+  for (lowbit_algorithm_t a : all_algorithms()) {
+    if (!describe(a).hybrid_group) continue;  // the algorithms a Muon group may take instead
     for (int64_t i = 0; i < n; ++i)
-      if (params_[size_t(i)].algorithm == lowbit_algorithm_t(a) && grads[i].data) {
-        calls.emplace_back(lowbit_algorithm_t(a), -1);
+      if (params_[size_t(i)].algorithm == a && grads[i].data) {
+        calls.emplace_back(a, -1);
         break;
       }
+  }
   for (size_t b = 0; b < batches_.size(); ++b)
     for (int64_t i : batches_[b].params)
       if (grads[i].data) {

@@ -41,6 +41,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/algorithms.hpp"
 #include "core/engine.hpp"
 #include "core/error.hpp"  // before cmocka.h, whose fail() macro would clash
 #include "core/state.hpp"
@@ -92,6 +93,8 @@ struct AlgoCase {
   Algo algo;
   float lr, wd, momentum, dampening;
   int nesterov;
+  float alpha = 0.f, lr_decay = 0.f, initial_sum = 0.f;  // RMSprop, Adagrad
+  int centered = 0;
 };
 
 struct DtypeCase {
@@ -187,12 +190,12 @@ void build(Side& s, Algo algo, int moments, const lowbit_state_format_t fmt[2], 
       const lowbit_state_format_t f = norm == Norm::Factored ? LOWBIT_STATE_FP32 : fmt[k];
       void* data = s.alloc_state(size_t(moment_data_bytes(f, norm, v.shape, sp.numel)));
       float* scales = static_cast<float*>(s.alloc_state(size_t(moment_scale_bytes(f, norm, v.shape, sp.numel))));
-      v.moment[k] = adam_moment_view(f, k, data, scales);  // as Optimizer builds them
+      // as Optimizer builds them: the map and floor of the algorithm's kind for the slot
+      v.moment[k] = moment_view(f, moment_kind(describe(rule_algorithm(algo)), k), data, scales);
       v.moment[k].norm = norm;
     }
     if (v.rounding == WeightRounding::ErrorCorrection) v.ecc = static_cast<uint8_t*>(s.alloc_state(size_t(sp.numel)));
   }
-  (void)algo;
 }
 
 void expect_same(const std::string& label, const char* what, size_t i, const void* a, const void* b, size_t bytes) {
@@ -232,10 +235,6 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
                     ? (std::string(norm_name(g_norm[0])) + "/" + norm_name(g_norm[1])).c_str()
                     : "");
   const std::string label = buf;
-  const bool muon = a.algo == Algo::Muon;
-  const int moments = a.algo == Algo::AdamW || a.algo == Algo::Adam
-                          ? 2
-                          : (a.algo == Algo::Lion || muon || a.momentum != 0.f ? 1 : 0);  // as moment_count()
   std::vector<lowbit_hparams_t> hp(static_cast<size_t>(num_groups));
   std::memset(hp.data(), 0, hp.size() * sizeof(lowbit_hparams_t));
   hp[0].struct_size = sizeof(lowbit_hparams_t);
@@ -248,6 +247,11 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
   hp[0].dampening = a.dampening;
   hp[0].nesterov = a.nesterov;
   hp[0].bias_correction = 1;
+  hp[0].alpha = a.alpha;
+  hp[0].centered = a.centered;
+  hp[0].lr_decay = a.lr_decay;
+  hp[0].initial_accumulator_value = a.initial_sum;
+  const int moments = moments_in_use(describe(rule_algorithm(a.algo)), hp[0]);
   for (int k = 1; k < num_groups; ++k) {
     hp[size_t(k)] = hp[0];
     hp[size_t(k)].lr = a.lr / float(k + 1);
@@ -371,6 +375,10 @@ const AlgoCase kAlgos[] = {
     {"sgd momentum", Algo::Sgd, 1e-2f, 1e-3f, 0.9f, 0.1f, 0},
     {"sgd nesterov", Algo::Sgd, 1e-2f, 1e-3f, 0.9f, 0.f, 1},
     {"sgd plain", Algo::Sgd, 1e-2f, 1e-3f, 0.f, 0.f, 0},
+    {"rmsprop", Algo::RmsProp, 1e-3f, 1e-3f, 0.f, 0.f, 0, 0.99f},
+    {"rmsprop momentum", Algo::RmsProp, 1e-3f, 1e-3f, 0.9f, 0.f, 0, 0.95f},
+    {"rmsprop centered", Algo::RmsProp, 1e-3f, 0.f, 0.f, 0.f, 0, 0.9f, 0.f, 0.f, 1},
+    {"adagrad", Algo::Adagrad, 1e-2f, 1e-3f, 0.f, 0.f, 0, 0.f, 1e-3f, 0.1f},
 };
 
 const std::vector<ParamSpec> kSmall = {{5003, 1, 0}, {129, 0, 1}, {1, 0, 1}, {4100, 0, 0}};
@@ -378,7 +386,10 @@ const std::vector<ParamSpec> kLarge = {{140001, 0, 0}, {129, 1, 1}, {70000, 1, 1
 
 void run_algo(const AlgoCase& a) {
   int64_t cases = 0;
-  const bool two = a.algo == Algo::AdamW || a.algo == Algo::Adam;
+  lowbit_hparams_t h{};
+  h.momentum = a.momentum;
+  h.centered = a.centered;
+  const bool two = moments_in_use(describe(rule_algorithm(a.algo)), h) == 2;
   const int nformats = a.momentum == 0.f && a.algo == Algo::Sgd ? 1 : int(sizeof kFormats / sizeof kFormats[0]);
   for (int f = 0; f < nformats; ++f) {
     if (!two && kFormats[f][0] != kFormats[f][1]) continue;
@@ -412,6 +423,8 @@ void test_shaped(void**) {
       {1, Norm::Rank1, Norm::Factored, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
       {2, Norm::Rank1, Norm::Block, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},     // Lion
       {3, Norm::Rank1, Norm::Block, LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT},     // SGD momentum
+      {7, Norm::Rank1, Norm::Rank1, LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},     // RMSprop momentum: an unsigned slot 0
+      {9, Norm::Rank1, Norm::Block, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},     // Adagrad
   };
   for (const ShapedCase& c : shaped_cases) {
     g_norm[0] = c.m;
@@ -448,6 +461,10 @@ void test_lion(void**) { run_algo(kAlgos[2]); }
 void test_sgd_momentum(void**) { run_algo(kAlgos[3]); }
 void test_sgd_nesterov(void**) { run_algo(kAlgos[4]); }
 void test_sgd_plain(void**) { run_algo(kAlgos[5]); }
+void test_rmsprop(void**) { run_algo(kAlgos[6]); }
+void test_rmsprop_momentum(void**) { run_algo(kAlgos[7]); }
+void test_rmsprop_centered(void**) { run_algo(kAlgos[8]); }
+void test_adagrad(void**) { run_algo(kAlgos[9]); }
 
 // Multi-chunk tensors (three chunks, both halves of each chunk's blocks).
 void test_large(void**) {
@@ -740,6 +757,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
+      cmocka_unit_test(test_rmsprop),      cmocka_unit_test(test_rmsprop_momentum),
+      cmocka_unit_test(test_rmsprop_centered), cmocka_unit_test(test_adagrad),
       cmocka_unit_test(test_large),        cmocka_unit_test(test_many_params),  cmocka_unit_test(test_shared_count),
       cmocka_unit_test(test_onebit_passes), cmocka_unit_test(test_shaped),      cmocka_unit_test(test_muon_momentum),
   };

@@ -414,7 +414,7 @@ def test_one_dim_param_in_a_muon_group_is_refused():
         opt.add_param_group({"params": [net.fc1.bias]})
     opt.add_param_group({"params": [net.fc1.bias], "algorithm": "adamw"})
     with pytest.raises(ValueError, match="algorithm"):
-        lt.Muon([{"params": [net.fc2.weight], "algorithm": "rmsprop"}])
+        lt.Muon([{"params": [net.fc2.weight], "algorithm": "no_such_algorithm"}])
     with pytest.raises(ValueError, match="ns_steps"):
         lt.Muon([net.fc2.weight], ns_steps=100)
     with pytest.raises(ValueError, match="not supported"):

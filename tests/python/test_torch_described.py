@@ -149,3 +149,22 @@ def test_state_dict_round_trip(tmp_path, seed):
         opt2.step()
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
+
+
+def test_muon_hybrid_group_takes_a_described_algorithm(seed):
+    """A Muon optimizer's 1-D params in an RMSprop group step as
+    lowbit.torch.RMSprop does on its own: the group's defaults and fields
+    come from the descriptor."""
+    init = _params(seed, shapes=((32, 48), (4100,)))
+    grads = _grads(seed, init, steps=5)
+    a = [torch.nn.Parameter(p.clone()) for p in init]
+    b = torch.nn.Parameter(init[1].clone())
+    opt = lt.Muon([{"params": [a[0]]}, {"params": [a[1]], "algorithm": "rmsprop", "lr": 1e-3, "momentum": 0.9}],
+                  state="8bit")
+    ref = lt.RMSprop([b], lr=1e-3, momentum=0.9, state="8bit")
+    assert opt.param_groups[1]["alpha"] == algorithm_spec(lt.RMSprop._algorithm).hparam("alpha").default
+    for step in grads:
+        a[0].grad, a[1].grad, b.grad = step[0].clone(), step[1].clone(), step[1].clone()
+        opt.step()
+        ref.step()
+    assert torch.equal(a[1].detach(), b.detach())

@@ -101,7 +101,7 @@ from __future__ import annotations
 
 from ._adam import Adam, AdamW
 from ._base import LowbitOptimizer
-from ._described import Adagrad, DescribedOptimizer, RMSprop
+from ._described import DESCRIBED_CLASSES, DescribedOptimizer
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
 from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
@@ -110,6 +110,11 @@ from ._offload import CPUOffload, default_host_threads, memory_report
 from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
-__all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "RMSprop", "Adagrad", "DescribedOptimizer", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "LowbitOptimizer",
+__all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "DescribedOptimizer", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
+           "LowbitOptimizer",
            "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
            "StepInBackward", "CPUOffload", "memory_report", "default_host_threads"]
+
+# The classes made from the library's descriptors (RMSprop, Adagrad, ...): _described.py.
+globals().update(DESCRIBED_CLASSES)
+__all__ += list(DESCRIBED_CLASSES)

@@ -2,14 +2,15 @@
 (lowbit_algorithm_info, lowbit_hparam_info): their keyword arguments, in
 order, are the descriptor's hyper-parameters (named as torch.optim names
 them), their defaults the descriptor's, their state names its moment names.
-Adding an algorithm to the library adds its class here by one line."""
+Adding an algorithm to the library adds its class here without a line of
+Python (DESCRIBED_CLASSES: every described algorithm without a hand-written
+class)."""
 
 from __future__ import annotations
 
-from .._algorithms import algorithm_spec
-from .._ffi import Algorithm, ffi
+from .._algorithms import algorithm_spec, algorithm_specs, moments_in_use
+from .._ffi import Algorithm
 from .._options import fill_hparams, new_hparams
-from .._algorithms import moments_in_use
 from ._base import LowbitOptimizer, refuse
 
 # torch's switches the described classes have no counterpart for
@@ -69,16 +70,38 @@ class DescribedOptimizer(LowbitOptimizer):
         return out
 
 
-def _described(algorithm_name: str, doc: str):
-    algorithm = getattr(Algorithm, algorithm_name)
-    return type(algorithm_spec(algorithm).title, (DescribedOptimizer,), {"_algorithm": algorithm, "__doc__": doc})
+# The algorithms whose lowbit.torch class is written by hand (their torch
+# signatures differ from the descriptor's fields: betas, Muon's options, the
+# 1-bit optimizers' communicators).
+_HAND_WRITTEN = ("adamw", "adam", "lion", "sgd", "muon", "onebit_adam", "zeroone_adam", "onebit_lamb")
 
 
-RMSprop = _described("RMSPROP", """RMSprop as torch.optim.RMSprop (lr, alpha, eps, weight_decay, momentum,
-    centered; defaults the library's: lr 1e-2, alpha 0.99, eps 1e-8), with
-    lowbit state: ``square_avg`` (an unsigned moment), then the momentum
-    buffer (momentum != 0) or the centred ``grad_avg`` (centered): not both.""")
-Adagrad = _described("ADAGRAD", """Adagrad as torch.optim.Adagrad (lr, lr_decay, weight_decay,
-    initial_accumulator_value, eps; defaults lr 1e-2, eps 1e-10), with
-    lowbit state: ``sum`` (an unsigned moment).""")
-del ffi
+def _class_name(title: str) -> str:
+    return "".join(ch for ch in title if ch.isalnum())
+
+
+def _doc(spec) -> str:
+    args = ", ".join(f"{h.name}={h.default!r}" for h in spec.hparams)
+    lines = [f"{spec.title} with lowbit state, made from the library's descriptor: {spec.title}(params, {args}, "
+             "**lowbit_options).", ""]
+    lines += [f"* ``{h.name}``: {h.meaning} ({h.type}, {h.bounds_text() if h.type == 'real' else 'flag'})"
+              for h in spec.hparams]
+    moments = ", ".join(f"``{n}`` ({k})" for n, k in zip(spec.moment_names, spec.moment_kinds))
+    lines += ["", f"State: {moments or 'none'}."]
+    return "\n".join(lines)
+
+
+def _make_classes() -> dict:
+    out = {}
+    for spec in algorithm_specs().values():
+        if spec.name in _HAND_WRITTEN or spec.distributed or spec.matrices:
+            continue
+        name = _class_name(spec.title)
+        out[name] = type(name, (DescribedOptimizer,), {"_algorithm": spec.algorithm, "__doc__": _doc(spec),
+                                                       "__module__": "lowbit.torch"})
+    return out
+
+
+#: Every algorithm the library describes that has no hand-written class:
+#: class name -> class (RMSprop, Adagrad, ...), exported by lowbit.torch.
+DESCRIBED_CLASSES = _make_classes()

@@ -31,7 +31,9 @@ _GROUP_DEFAULTS = {
 }
 # The algorithms made from the library's descriptors (lowbit.torch.RMSprop,
 # Adagrad) take their defaults, fields and state names from them.
-_DESCRIBED = tuple(getattr(Algorithm, n) for n in ("RMSPROP", "ADAGRAD") if hasattr(Algorithm, n))
+from ._described import DESCRIBED_CLASSES  # noqa: E402
+
+_DESCRIBED = tuple(c._algorithm for c in DESCRIBED_CLASSES.values() if algorithm_spec(c._algorithm).hybrid_group)
 for _algo in _DESCRIBED:
     _GROUP_DEFAULTS[_algo] = algorithm_spec(_algo).defaults()
 _GROUP_MOMENTS = {algo: algorithm_spec(algo).moment_names for algo in _GROUP_DEFAULTS}
