@@ -179,6 +179,25 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
   });
 }
 
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_reduce_scatter(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                                 const lowbit_tensor_t* out, void* stream) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    if (!c.compressed_reduce_scatter(tensor, out, stream, lowbit::distributed::direct_caller()))
+      lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_reduce_scatter_chunk(lowbit_comm_t comm, int64_t numel, int64_t* out_offset,
+                                                            int64_t* out_numel) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE(out_offset || out_numel, LOWBIT_ERROR_NULL_POINTER, "out_offset and out_numel are both NULL");
+    int64_t offset = 0, count = 0;
+    c.reduce_scatter_chunk(numel, &offset, &count);
+    if (out_offset) *out_offset = offset;
+    if (out_numel) *out_numel = count;
+  });
+}
+
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {

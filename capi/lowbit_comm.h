@@ -20,8 +20,8 @@
  *   A communicator spans a group of ranks (an MPI communicator, an NCCL
  *   communicator, or the caller's transport functions).
  *   lowbit_comm_create_mpi*, lowbit_comm_create_nccl, lowbit_comm_destroy
- *   (MPI), lowbit_comm_compressed_allreduce and lowbit_comm_allreduce_mean
- *   are collective: every rank calls them, in the same order, with the same
+ *   (MPI), lowbit_comm_compressed_allreduce, lowbit_comm_compressed_reduce_scatter
+ *   and lowbit_comm_allreduce_mean are collective: every rank calls them, in the same order, with the same
  *   numel. Over MPI (and a callback transport with allreduce_max_i64), each
  *   call first agrees on its arguments over the ranks (the call, numel,
  *   dtype, the caller and its stage, the world size), so a rank whose
@@ -189,6 +189,32 @@ LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream);
 
+/* (Since 0.9.) The reduce-scatter half of the compressed allreduce
+ * (docs/COMMUNICATOR.md, section 2b), collective like it (the same argument
+ * agreement): every rank compresses `tensor` (fp32, contiguous, host, numel
+ * elements, the same numel on every rank; read, not written) with its worker
+ * error feedback (the allreduce's worker rule and padding) and sends each
+ * rank the 1-bit codes of its chunk and its scale; `out` (fp32, host) gets the
+ * average over ranks of the decoded codes of this rank's chunk: elements
+ * [offset, offset + count) of lowbit_comm_reduce_scatter_chunk (count may be
+ * 0: out.data may then be NULL; out may overlap tensor). The worker error is
+ * updated and shared with the compressed allreduce (the same binding to
+ * numel and device); the server error is neither read nor changed. Each rank
+ * sends (W-1) (4 + C/8) bytes. A non-finite input on any rank, or scales
+ * whose sum overflows, change nothing on any rank (LOWBIT_ERROR_NONFINITE on
+ * every rank, lowbit_comm_last_nonfinite() 1). CUDA tensors (and so NCCL):
+ * LOWBIT_ERROR_UNSUPPORTED. */
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_reduce_scatter(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                                 const lowbit_tensor_t* out, void* stream);
+
+/* (Since 0.9.) Local, allocates nothing: this rank's chunk of a compressed
+ * reduce-scatter of `numel` (1 .. 2^55) elements: *out_offset = rank * C,
+ * *out_numel = the real elements of the chunk (0 .. C). Either pointer may be
+ * NULL, not both. With numel a multiple of 8 * world_size the chunks are
+ * numel / world_size each, torch's reduce_scatter_tensor layout. */
+LOWBIT_API lowbit_status_t lowbit_comm_reduce_scatter_chunk(lowbit_comm_t comm, int64_t numel, int64_t* out_offset,
+                                                            int64_t* out_numel);
+
 /* In place, on every rank: tensor (fp32) <- (sum over ranks) / world_size,
  * uncompressed (for warm-up): the transport's sum, then an fp32 division
  * (docs/COMMUNICATOR.md, section 3). Non-finite values propagate. CUDA
@@ -243,7 +269,8 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* st
 
 typedef struct lowbit_comm_stats {
   size_t struct_size; /* set by the caller */
-  int64_t compressed_calls;      /* calls that exchanged data (all of them but those
+  int64_t compressed_calls;      /* compressed allreduces and reduce-scatters that
+                                    exchanged data (all of them but those
                                     stopped before the exchange: bad arguments, and
                                     non-finite host input over MPI) */
   int64_t compressed_elements;   /* sum of their numel */

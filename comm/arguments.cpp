@@ -108,6 +108,7 @@ const char* op_name(int64_t op) {
     case kOpAllreduceMean: return "lowbit_comm_allreduce_mean";
     case kOpSetTimeout: return "the timeout agreement of lowbit_comm_create_mpi*";
     case kOpAgreeOnly: return "a step's argument agreement (no exchange)";
+    case kOpCompressedReduceScatter: return "lowbit_comm_compressed_reduce_scatter";
     default: break;
   }
   return "an unknown collective";

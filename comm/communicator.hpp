@@ -66,6 +66,20 @@ class Communicator {
   bool compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream,
                             const CollectiveCaller& who = CollectiveCaller());
 
+  // Collective: the reduce-scatter half of compressed_allreduce
+  // (docs/COMMUNICATOR.md, section 2b). Every rank runs the worker rule on
+  // `tensor` (n fp32, read only) with its worker error and sends message r
+  // to rank r; `out` (reduce_scatter_chunk(n) elements of this rank's chunk,
+  // fp32, may overlap tensor) gets the average of the W decoded messages.
+  // The server error is neither read nor changed. Host tensors only. Returns
+  // false when some rank's input (tensor + worker error) was not finite or
+  // the received scales' sum overflowed: then nothing changed on any rank.
+  bool compressed_reduce_scatter(const lowbit_tensor_t* tensor, const lowbit_tensor_t* out, void* stream,
+                                 const CollectiveCaller& who = CollectiveCaller());
+  // Local: this rank's chunk of a compressed reduce-scatter of n elements,
+  // [offset, offset + count) (count 0 where the chunk is all padding).
+  void reduce_scatter_chunk(int64_t n, int64_t* offset, int64_t* count) const;
+
   // Collective (MPI): every later exchange waits at most `ms` milliseconds
   // for the other ranks (0: forever); see docs/COMMUNICATOR.md, section 4. Agreed
   // like a call's arguments: a bad or differing value fails on every rank,

@@ -4,6 +4,7 @@
 //   arguments.cpp             argument checks and their agreement over ranks
 //   binding.cpp               binding of the error buffers and workspaces
 //   compressed_allreduce.cpp  the host and device pipelines of the 1-bit allreduce
+//   compressed_reduce_scatter.cpp  its reduce-scatter half (host tensors)
 //   allreduce_mean.cpp        the uncompressed mean
 //   error_blob.cpp            error save / load / reset / read
 //   stages.cpp                the phases of one compressed allreduce, and the codec
@@ -35,7 +36,8 @@ enum CommOp : int32_t {
   kOpCompressedAllreduce = 1,
   kOpAllreduceMean = 2,
   kOpSetTimeout = 3,
-  kOpAgreeOnly = 4  // a step with no exchange agrees with the others (agree_only)
+  kOpAgreeOnly = 4,  // a step with no exchange agrees with the others (agree_only)
+  kOpCompressedReduceScatter = 5
 };
 
 struct Communicator::Impl {

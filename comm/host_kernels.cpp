@@ -357,6 +357,18 @@ double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout
   return finite ? sum : NAN;
 }
 
+void host_server_average(const uint8_t* recv, const Layout& l, float* out) {
+  bool finite = true;
+  const auto src = server_source(recv, ErrZero{}, l, &finite);
+  with_isa([&](auto isa) { return sumsq_pass<decltype(isa), true>(src, l.server_numel(), out); });
+}
+
+float host_received_scale_sum(const uint8_t* recv, const Layout& l) {
+  float sum = 0.0f;
+  for (int32_t j = 0; j < l.world; ++j) sum += get_scale(recv + int64_t(j) * l.msg);
+  return sum;
+}
+
 void host_errors_from(const float* x, float scale, int64_t n, float* out) {
   const ErrLazy e{x, scale};
   for (int64_t i = 0; i < n; ++i) out[i] = e.at(i);

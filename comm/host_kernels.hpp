@@ -83,6 +83,17 @@ struct ErrorsIn {
 double host_worker_sum_pack(const float* t, const ErrorsIn& e, const Layout& l, float* x_out, uint8_t* send);
 double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout& l, float* y_out, uint8_t* gsend);
 
+// The compressed reduce-scatter's server: the average over the W received
+// messages (recv, W * msg bytes) for this rank's chunk, a =
+// mean_j(scale_j * sign_j) (the server's y without its error, the same
+// operations in the same order), into out (server_numel floats).
+void host_server_average(const uint8_t* recv, const Layout& l, float* out);
+
+// The fp32 sum, in rank order from +0, of the W received scales: when it is
+// finite no element of the average overflows (|a partial signed sum| never
+// exceeds the sum of the magnitudes, rounding being monotone).
+float host_received_scale_sum(const uint8_t* recv, const Layout& l);
+
 // The errors a lazy buffer stands for: out = x - (x >= 0 ? scale : -scale),
 // n elements (out may be x).
 void host_errors_from(const float* x, float scale, int64_t n, float* out);

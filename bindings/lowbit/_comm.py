@@ -399,6 +399,31 @@ class Communicator(Handle):
         ref = self._tensor(array, s)
         self._call("lowbit_comm_allreduce_mean", ref.desc, void_p(s))
 
+    @locked
+    def reduce_scatter_chunk(self, numel: int) -> tuple:
+        """(offset, count): this rank's chunk of a compressed reduce-scatter
+        of `numel` elements, elements [offset, offset + count) (count may be
+        0). Local; with numel a multiple of 8 * world_size the chunks are
+        numel / world_size each, torch's reduce_scatter_tensor layout."""
+        self._call("lowbit_comm_reduce_scatter_chunk", c_int(numel, "numel"), self._i64, self._i64 + 1)
+        return int(self._i64[0]), int(self._i64[1])
+
+    @locked
+    def compressed_reduce_scatter(self, array, out, *, stream=None) -> None:
+        """out (float32, reduce_scatter_chunk(array.size)[1] elements) <- the
+        average over ranks of the 1-bit compressed arrays over this rank's
+        chunk, with worker error feedback (the first half of
+        compressed_allreduce; docs/COMMUNICATOR.md, section 2b). array
+        (float32, the same size on every rank) is read, not written; out
+        may be a view of it. Collective; host arrays only. A NaN/Inf on
+        any rank changes nothing and raises NonFiniteError on every rank."""
+        s = stream_pointer(stream)
+        ref = self._tensor(array, s)
+        dst = as_array_ref(out, role="out", writable=True, stream=s)
+        if dst.dtype != Dtype.FLOAT32:
+            raise ArrayError(f"out: the communicator reduces float32 tensors, got {dst.dtype.name.lower()}")
+        self._call("lowbit_comm_compressed_reduce_scatter", ref.desc, dst.desc, void_p(s))
+
     # -- codec stages (the caller moves the messages; lowbit_comm.h, "any transport")
 
     @locked

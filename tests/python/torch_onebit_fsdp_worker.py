@@ -14,6 +14,9 @@ case:
 - ``replicated``: Replicate DTensor params step bit for bit as plain params
   given the same (per-rank different) grads, across the freeze, and the
   params end the same on every rank.
+- ``reduce_scatter``: lowbit.Communicator.compressed_reduce_scatter over the
+  ProcessGroup transport, against a float64 model of its rule, its bytes
+  and its error feedback.
 - ``world1`` (1 rank): an FSDP2 model on a mesh of one rank (its params are
   DTensors whose local tensor is the whole param) steps bit for bit as the
   same model unsharded.
@@ -151,11 +154,60 @@ def case_world1(seed):
     return out
 
 
+def case_reduce_scatter(seed):
+    """lowbit.Communicator.compressed_reduce_scatter over the ProcessGroup
+    transport (the path a custom FSDP2 reduce-scatter would take): each
+    rank's chunk is the mean over ranks of sign(x_j) s_j (a float64 model,
+    within fp32 rounding; the C suite checks the bits), only the all-to-all
+    moves bytes ((W-1) (4 + C/8) per call), and with a fixed input per rank
+    the error feedback makes the running mean of the outputs approach the
+    true mean of the inputs like 1/T (exactly: true mean - mean_j(e_j)/T)."""
+    import numpy as np
+
+    from lowbit.torch import process_group_communicator
+
+    rank, W = dist.get_rank(), dist.get_world_size()
+    comm = process_group_communicator()
+    n = 8 * W * 125  # a multiple of 8W: torch's reduce_scatter_tensor layout
+    off, c = comm.reduce_scatter_chunk(n)
+    g = torch.Generator().manual_seed(seed * 31 + rank)
+    fixed = (torch.randn(n, generator=g) * (1 + rank)).numpy()
+    everyone = [None] * W
+    dist.all_gather_object(everyone, fixed)
+    true_mean = np.mean(np.stack(everyone).astype(np.float64), axis=0)[off:off + c]
+    e = [np.zeros(n, np.float32) for _ in range(W)]
+    T, total, worst_model = 50, np.zeros(c), 0.0
+    comm.transport.reset_counters()
+    for t in range(T):
+        out = np.full(c, np.nan, np.float32)
+        comm.compressed_reduce_scatter(fixed.copy(), out)
+        model = np.zeros(c)
+        for j in range(W):  # the rule, in float64 (scales rounded to fp32)
+            x = everyone[j] + e[j]
+            s = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2) / n))
+            q = np.where(x >= 0, s, -s).astype(np.float32)
+            e[j] = (x - q).astype(np.float32)
+            model += q[off:off + c]
+        model /= W
+        worst_model = max(worst_model, float(np.max(np.abs(out - model)) / np.max(np.abs(model))))
+        total += out
+    running = total / T
+    bound = np.max(np.abs(np.mean(np.stack(e), axis=0)[off:off + c])) / T
+    msg = 4 + (n // W) // 8
+    return {"offset_ok": off == rank * (n // W) and c == n // W, "worst_vs_model": worst_model,
+            "running_error": float(np.max(np.abs(running - true_mean))), "feedback_bound": float(bound),
+            "first_error": float(np.max(np.abs(model - true_mean))),
+            "alltoall_bytes": comm.transport.bytes_sent["alltoall"], "expected_bytes": T * (W - 1) * msg,
+            "allgather_bytes": comm.transport.bytes_sent["allgather"],
+            "lib_bytes": comm.stats()["compressed_bytes_sent"]}
+
+
 def main():
     cases, seed = sys.argv[1].split(","), int(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
-    run = {"sharded": case_sharded, "replicated": case_replicated, "world1": case_world1}
+    run = {"sharded": case_sharded, "replicated": case_replicated, "world1": case_world1,
+           "reduce_scatter": case_reduce_scatter}
     out = {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()
     if dist.get_rank() == 0:
