@@ -20,8 +20,9 @@
  *   A communicator spans a group of ranks (an MPI communicator, an NCCL
  *   communicator, or the caller's transport functions).
  *   lowbit_comm_create_mpi*, lowbit_comm_create_nccl, lowbit_comm_destroy
- *   (MPI), lowbit_comm_compressed_allreduce, lowbit_comm_compressed_reduce_scatter
- *   and lowbit_comm_allreduce_mean are collective: every rank calls them, in the same order, with the same
+ *   (MPI), lowbit_comm_compressed_allreduce,
+ *   lowbit_comm_compressed_reduce_scatter and lowbit_comm_allreduce_mean are
+ *   collective: every rank calls them, in the same order, with the same
  *   numel. Over MPI (and a callback transport with allreduce_max_i64), each
  *   call first agrees on its arguments over the ranks (the call, numel,
  *   dtype, the caller and its stage, the world size), so a rank whose
