@@ -190,7 +190,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream);
 
-/* (Since 0.9.) The reduce-scatter half of the compressed allreduce
+/* (Since 0.8.) The reduce-scatter half of the compressed allreduce
  * (docs/COMMUNICATOR.md, section 2b), collective like it (the same argument
  * agreement): every rank compresses `tensor` (fp32, contiguous, host, numel
  * elements, the same numel on every rank; read, not written) with its worker
@@ -208,7 +208,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_reduce_scatter(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                                  const lowbit_tensor_t* out, void* stream);
 
-/* (Since 0.9.) Local, allocates nothing: this rank's chunk of a compressed
+/* (Since 0.8.) Local, allocates nothing: this rank's chunk of a compressed
  * reduce-scatter of `numel` (1 .. 2^55) elements: *out_offset = rank * C,
  * *out_numel = the real elements of the chunk (0 .. C). Either pointer may be
  * NULL, not both. With numel a multiple of 8 * world_size the chunks are
