@@ -106,7 +106,22 @@ typedef struct lowbit_comm_config {
                          0 (default): forever. The environment variable LOWBIT_COMM_TIMEOUT_MS, where
                          set and not empty, overrides it. NCCL and callback transports: must be 0
                          (LOWBIT_ERROR_UNSUPPORTED otherwise). See "Failures" above. */
+  /* Since 0.8 (struct_size of 0.2 and 0.4 callers still accepted: FP32). */
+  int32_t error_format; /* a lowbit_comm_error_format_t: how this rank keeps its worker and server
+                           errors (docs/COMMUNICATOR.md, section 5b); default FP32. Every rank must
+                           use the same (each collective checks it, MPI and callback transports with
+                           an agreement). BF16 and INT8 take host tensors only (CUDA tensors, NCCL
+                           communicators and the codec stages: LOWBIT_ERROR_UNSUPPORTED). */
 } lowbit_comm_config_t;
+
+/* How a communicator keeps its error feedback (config.error_format). */
+typedef enum lowbit_comm_error_format {
+  LOWBIT_COMM_ERROR_FP32 = 0, /* fp32, 4 B/element (the default; the bits of earlier releases) */
+  LOWBIT_COMM_ERROR_BF16 = 1, /* bf16, round to nearest even: 2 B/element */
+  LOWBIT_COMM_ERROR_INT8 = 2, /* blocks of 256 elements, one fp32 absmax each, codes on the linear
+                                 map k/127 (k = -127..127), round to nearest even: 1 + 1/64 B/element */
+  LOWBIT_COMM_ERROR_FORCE_INT32 = 0x7FFFFFFF
+} lowbit_comm_error_format_t;
 
 /* Fills the defaults (AUTO, no timeout); writes struct_size bytes (a
  * released size). lowbit_comm_config_init is the 0.2 entry point (it fills
@@ -244,7 +259,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* wo
 
 /* Serialises this rank's errors (part of a checkpoint; one blob per rank:
  * 64 header bytes, then numel + server_numel fp32; the format, version 2 with
- * a whole-blob checksum, is in docs/COMMUNICATOR.md, section 5). An unbound
+ * a whole-blob checksum, is in docs/COMMUNICATOR.md, section 5; a
+ * communicator whose config.error_format is BF16 or INT8 writes version 3,
+ * the errors in that format, section 5b). An unbound
  * communicator saves numel 0. With buffer == NULL only
  * *out_size is set; otherwise capacity must be >= the size
  * (LOWBIT_ERROR_BUFFER_TOO_SMALL). Waits for `stream`. */
@@ -257,7 +274,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
  * compressed allreduce, which must then have that numel. Errors:
  * CORRUPT_DATA (truncated, bad magic, checksum, non-zero reserved bytes,
  * inconsistent header, non-finite values), VERSION_MISMATCH,
- * STATE_MISMATCH (other world size or rank). On any error nothing changes.
+ * STATE_MISMATCH (other world size or rank, or errors of another
+ * config.error_format: a blob is loaded only by a communicator of its format).
+ * On any error nothing changes.
  * numel 0 is the same as lowbit_comm_reset_errors. Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
                                                    void* stream);

@@ -95,6 +95,14 @@ bool Communicator::compressed_reduce_scatter(const lowbit_tensor_t* tensor, cons
         "any rank";
     return false;
   }
+  if (I.compact()) {
+    // The worker error in place from the tensor, before out (which may
+    // overlap it) is written.
+    onebit::host_worker_commit_compact(a.data, I.error_format, B.err.as<uint8_t>(), B.call_scale, L);
+    if (dst) onebit::host_server_average(B.recv.as<uint8_t>(), L, dst);
+    I.last_nonfinite = false;
+    return true;
+  }
   if (dst) onebit::host_server_average(B.recv.as<uint8_t>(), L, dst);
   // Commit the worker error; the server error is left as it is. ws_err holds
   // this call's x: kept as the lazy error when the buffers are lazy (the
