@@ -66,6 +66,14 @@ class _OneBitBase(_AdamBase):
     transport of Python functions with ``allreduce_max``; over MPI the others'
     message names the rank; over NCCL, which has no agreement, they wait).
 
+    ``error_format``: how the communicator keeps the worker and server
+    errors of the compressed exchange, ``"fp32"`` (default: 4 + 4/W bytes per
+    param per rank), ``"bf16"`` (2 + 2/W) or ``"int8"`` (blocks of 256 with
+    one fp32 absmax: (1 + 1/64)(1 + 1/W)); CPU params only for the last two.
+    ``state_dict()`` carries the errors in that format; loading them needs an
+    optimizer of the same format (otherwise an error, nothing changed). With
+    ``communicator=`` the format is the communicator's.
+
     Params must be replicated (every rank holds all of each): plain tensors,
     replicated DTensors, or DTensors on a mesh of one rank. A sharded DTensor
     (FSDP2's ``fully_shard``) is refused by ``add_param_group`` (so also when
@@ -73,9 +81,14 @@ class _OneBitBase(_AdamBase):
     (docs/ONEBIT_SHARDED.md)."""
 
     def __init__(self, params, lr, betas, eps, weight_decay, *, freeze_step, process_group=None,
-                 communicator=None, onebit_options=None, freeze_name="freeze_step", **kwargs):
+                 communicator=None, onebit_options=None, freeze_name="freeze_step", error_format=None, **kwargs):
         if communicator is not None and process_group is not None:
             raise ValueError("give process_group or communicator, not both")
+        if error_format is not None and error_format not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"error_format={error_format!r} is not 'fp32', 'bf16' or 'int8'")
+        if communicator is not None and error_format is not None and error_format != communicator.error_format:
+            raise ValueError(f"error_format={error_format!r}, but the communicator given keeps its errors in "
+                             f"{communicator.error_format!r} (set it when making the communicator)")
         # Options left None take the library's defaults (lowbit_onebit_options_init).
         self._option_names = tuple(onebit_options or ())
         options = check_onebit_options({k: v for k, v in (onebit_options or {}).items() if v is not None})
@@ -86,7 +99,14 @@ class _OneBitBase(_AdamBase):
         self.freeze_step = freeze_step
         self._config["freeze_step"] = self.freeze_step
         self._onebit_options = options
-        self._comm = communicator if communicator is not None else process_group_communicator(process_group)
+        if error_format not in (None, "fp32"):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.device.type != "cpu":
+                        raise ValueError(f"error_format={error_format!r} takes CPU params only (a param is on "
+                                         f"{p.device}); CUDA keeps the errors in fp32")
+        self._comm = (communicator if communicator is not None
+                      else process_group_communicator(process_group, error_format=error_format))
         self._process_group = process_group
         self._warmup_averaged_by_caller = False  # onebit_ddp_comm_hook: DDP averages the gradients
         self._generation = 0  # steps and loads so far: the cached status below is of one generation
