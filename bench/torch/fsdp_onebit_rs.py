@@ -60,8 +60,9 @@ class LowbitReduceScatter(ReduceScatter):
     Phase.compressed is False, else lowbit's compressed reduce-scatter on a
     communicator of this group's own (its worker error is this group's)."""
 
-    def __init__(self, phase: Phase):
+    def __init__(self, phase: Phase, error_format=None):
         self.phase = phase
+        self.error_format = error_format
         self.comm = None
         self.fp32_bytes = 0
 
@@ -76,7 +77,7 @@ class LowbitReduceScatter(ReduceScatter):
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         assert op == dist.ReduceOp.AVG and input_tensor.dtype == torch.float32, (op, input_tensor.dtype)
         if self.comm is None:
-            self.comm = process_group_communicator(group)
+            self.comm = process_group_communicator(group, error_format=self.error_format)
         off, c = self.comm.reduce_scatter_chunk(n)
         assert c == output_tensor.numel() and off == group.rank() * c, "shard numel not a multiple of 8"
         if not self.phase.feedback:
@@ -159,7 +160,7 @@ def sample(probs, n, g):
     return out
 
 
-def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True) -> dict:
+def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True, error_format=None) -> dict:
     rank, W = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (W,))
     torch.manual_seed(args.seed)
@@ -172,7 +173,7 @@ def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True) -> dict:
     fully_shard(model, mesh=mesh)
     gathers = []
     for module in list(model.layers) + [model]:
-        comm = LowbitReduceScatter(phase)
+        comm = LowbitReduceScatter(phase, error_format)
         module.set_custom_reduce_scatter(comm)
         comms.append(comm)
         gathers.append(CountingAllGather())
@@ -219,16 +220,23 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--error-formats", default="",
+                    help="comma-separated: also design (b) with the worker error kept in these formats "
+                         "(bf16, int8; issue 48, item 3)")
+    ap.add_argument("--only-design-b", action="store_true",
+                    help="only the reference and design (b) rows (with --error-formats: those too)")
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
-    rows = {
-        "fp32 RS + AdamW": run(args, False, False),
-        "fp32 RS + frozen-v Adam": run(args, False, True),
-        "1-bit RS + AdamW": run(args, True, False),
-        "1-bit RS + frozen-v Adam": run(args, True, True),
-        "1-bit RS, no feedback": run(args, True, True, feedback=False),
-    }
+    rows = {"fp32 RS + AdamW": run(args, False, False)}
+    if not args.only_design_b:
+        rows["fp32 RS + frozen-v Adam"] = run(args, False, True)
+        rows["1-bit RS + AdamW"] = run(args, True, False)
+    rows["1-bit RS + frozen-v Adam"] = run(args, True, True)
+    for fmt in filter(None, args.error_formats.split(",")):
+        rows[f"1-bit RS + frozen-v, {fmt} err"] = run(args, True, True, error_format=fmt)
+    if not args.only_design_b:
+        rows["1-bit RS, no feedback"] = run(args, True, True, feedback=False)
     if dist.get_rank() == 0:
         ref = rows["fp32 RS + AdamW"]
         print(f"world {dist.get_world_size()}, {args.steps} steps, warm-up {args.warmup}, seed {args.seed}, "
