@@ -449,7 +449,18 @@ void encode_block(int32_t format, const float* e, int64_t len, int64_t b, int64_
   for (int64_t k = 0; k < len; ++k) m = std::fabs(e[k]) > m ? std::fabs(e[k]) : m;
   std::memcpy(errors + 4 * b, &m, 4);
   int8_t* codes = reinterpret_cast<int8_t*>(errors + 4 * error_blocks(count)) + i0;
-  for (int64_t k = 0; k < len; ++k) codes[k] = m > 0.0f ? int8_t(std::nearbyint((e[k] / m) * 127.0f)) : int8_t(0);
+  if (!(m > 0.0f)) {
+    std::memset(codes, 0, size_t(len));
+    return;
+  }
+  // Round to nearest even of |r| <= 127 by adding and subtracting 1.5 * 2^23
+  // (exact in the default rounding mode; the library never changes it):
+  // nearbyint's bits without its library call.
+  constexpr float kRne = 12582912.0f;
+  for (int64_t k = 0; k < len; ++k) {
+    const float r = (e[k] / m) * 127.0f;
+    codes[k] = int8_t(int((r + kRne) - kRne));
+  }
 }
 
 // f(E) with the error source of `format` over `count` errors at `errors`.
@@ -482,7 +493,13 @@ void commit_pass(const Src& src, int32_t format, uint8_t* errors, float scale, i
     for (int64_t b = k * kTask; b < min64(blocks, (k + 1) * kTask); ++b) {
       float e[kErrorBlock];
       const int64_t i0 = b * kErrorBlock, len = min64(count, i0 + kErrorBlock) - i0;
-      for (int64_t j = 0; j < len; ++j) {
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8) {  // i0 + j a multiple of 8: the sources' 8-wide loads
+        float v[8];
+        src.load8(i0 + j, v);
+        for (int k = 0; k < 8; ++k) e[j + k] = v[k] - signed_scale(sign_bit(v[k]), scale);
+      }
+      for (; j < len; ++j) {
         const float v = src.at(i0 + j);
         e[j] = v - signed_scale(sign_bit(v), scale);
       }
