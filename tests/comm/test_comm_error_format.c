@@ -15,7 +15,9 @@
  * Checkpoints: the blob carries the errors in their format (64 + the
  * format's bytes) and a fresh communicator of the same format continues
  * the sequence with the same bits; a blob of another format is refused
- * (STATE_MISMATCH) with nothing changed. Refusals on every rank: an unknown
+ * (STATE_MISMATCH), and corrupt ones (checksum, NaN values or absmaxes, the
+ * code -128, truncation: CORRUPT_DATA), with nothing changed. Every other
+ * reduce-scatter runs in place (out = tensor + offset). Refusals on every rank: an unknown
  * format (creation), different formats across ranks (MPI creation, and a
  * callback transport's first collective), the codec stages (UNSUPPORTED). */
 #include <float.h>
@@ -266,10 +268,34 @@ static lowbit_comm_t run(lowbit_comm_t comm, int fmt, int64_t n, const char* ops
         free(fblob);
         check_errors(comm, &s, what); /* unchanged */
       }
-      /* a corrupted byte of the payload is refused */
+      /* a corrupted byte of the payload is refused; so are, with a valid
+       * checksum, a NaN (bf16) / a NaN absmax or the code -128 (int8), and a
+       * truncated blob; nothing changes */
       blob[size - 1] ^= 0x40;
       CHECK_STATUS(comm, lowbit_comm_load_errors(comm, blob, size, NULL), LOWBIT_ERROR_CORRUPT_DATA, "checksum");
       blob[size - 1] ^= 0x40;
+      {
+        unsigned char* bad = (unsigned char*)xmalloc((size_t)size);
+        const int kinds = fmt == LOWBIT_COMM_ERROR_BF16 ? 1 : 2;
+        for (int kind = 0; kind < kinds; ++kind) {
+          memcpy(bad, blob, (size_t)size);
+          if (fmt == LOWBIT_COMM_ERROR_BF16) {
+            bad[64] = 0xC0, bad[65] = 0x7F; /* element 0: bf16 NaN */
+          } else if (kind == 0) {
+            const uint32_t nan_bits = 0x7FC00000u;
+            memcpy(bad + 64, &nan_bits, 4); /* block 0's absmax */
+          } else {
+            bad[64 + 4 * ((n + 255) / 256)] = 0x80; /* element 0's code: -128 */
+          }
+          error_blob_fix_checksum(bad, size);
+          CHECK_STATUS(comm, lowbit_comm_load_errors(comm, bad, size, NULL), LOWBIT_ERROR_CORRUPT_DATA,
+                       "not finite or not a valid code");
+        }
+        CHECK_STATUS(comm, lowbit_comm_load_errors(comm, blob, size - 1, NULL), LOWBIT_ERROR_CORRUPT_DATA,
+                     "truncated");
+        free(bad);
+        check_errors(comm, &s, what);
+      }
       CHECK_OK(other, lowbit_comm_destroy(other));
       CHECK_OK(comm, lowbit_comm_destroy(comm));
       comm = make_comm(fmt);
@@ -292,11 +318,15 @@ static lowbit_comm_t run(lowbit_comm_t comm, int fmt, int64_t n, const char* ops
       int64_t off = 0, cnt = 0;
       CHECK_OK(comm, lowbit_comm_reduce_scatter_chunk(comm, n, &off, &cnt));
       float* o = (float*)xmalloc(sizeof(float) * (size_t)(cnt + 1));
-      lowbit_tensor_t ot = host_tensor(cnt ? o : NULL, cnt);
+      /* every other reduce-scatter in place (out = tensor + offset: the worker
+       * error is committed from the tensor before out is written) */
+      const int in_place = (k & 1) && cnt > 0;
+      float* dst = in_place ? t + off : o;
+      lowbit_tensor_t ot = host_tensor(cnt ? dst : NULL, cnt);
       CHECK_OK(comm, lowbit_comm_compressed_reduce_scatter(comm, &tt, &ot, NULL));
       for (int64_t i = 0; i < cnt; ++i)
-        CHECK(memcmp(&o[i], &want[i], 4) == 0, "%s: out %lld is %.9g, the simulation %.9g", what, (long long)i,
-              (double)o[i], (double)want[i]);
+        CHECK(memcmp(&dst[i], &want[i], 4) == 0, "%s: out %lld is %.9g, the simulation %.9g%s", what, (long long)i,
+              (double)dst[i], (double)want[i], in_place ? " (in place)" : "");
       free(o);
     }
     check_errors(comm, &s, what);
