@@ -309,6 +309,7 @@ void Communicator::set_error_format(int32_t format) {
   Impl& I = *impl_;
   LOWBIT_REQUIRE(format == I.error_format || (!I.bound && !I.has_pending), LOWBIT_ERROR_INVALID_STATE,
                  "the error format cannot change once the communicator holds errors");
+  if (format != I.error_format) I.buf = onebit::Buffers();  // workspaces of the old format's sizes
   I.error_format = format;
 }
 
