@@ -436,7 +436,8 @@ struct ErrQ8 {
 };
 
 // Encodes e[0 .. len) (len <= kErrorBlock) as block b of `count` errors.
-void encode_block(int32_t format, const float* e, int64_t len, int64_t b, int64_t count, uint8_t* errors) {
+LOWBIT_INLINE void encode_block(int32_t format, const float* e, int64_t len, int64_t b, int64_t count,
+                                uint8_t* errors) {
   const int64_t i0 = b * kErrorBlock;
   if (format == kErrorBf16) {
     for (int64_t k = 0; k < len; ++k) {
@@ -474,7 +475,14 @@ auto with_errors(int32_t format, const uint8_t* errors, int64_t count, F&& f) {
 // sink up to `padded` (bit 0 for the padding); nothing stored.
 template <class Src>
 double sum_bits_pass(const Src& src, int64_t count, int64_t padded, const MsgSink& sink) {
+  // The portable loops, compiled for AVX2 where the CPU has it (the same
+  // operations: AVX2 brings no FMA into them).
+#if LOWBIT_COMM_X86
+  const double sum = host_isa() != HostIsa::Portable ? sumsq_pass<Avx2, false, Src, MsgSink>(src, count, nullptr, sink)
+                                                     : sumsq_pass<Portable, false, Src, MsgSink>(src, count, nullptr, sink);
+#else
   const double sum = sumsq_pass<Portable, false, Src, MsgSink>(src, count, nullptr, sink);
+#endif
   for (int64_t i = count / kSegment * kSegment; i < padded; i += 8) {
     unsigned byte = 0;
     for (int k = 0; k < 8 && i + k < count; ++k) byte |= unsigned(sign_bit(src.at(i + k))) << k;
@@ -483,14 +491,12 @@ double sum_bits_pass(const Src& src, int64_t count, int64_t padded, const MsgSin
   return sum;
 }
 
-// errors <- encode(v - (v >= 0 ? scale : -scale)) with v = src.at(i) over
-// [0, count), block by block (each block read before it is written).
+// The new errors of block b: e[j] = v - (v >= 0 ? scale : -scale), v =
+// src's element 256 b + j, encoded in place (the block read before it is
+// written).
 template <class Src>
-void commit_pass(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count) {
-  constexpr int64_t kTask = 64;  // blocks per task
-  const int64_t blocks = error_blocks(count), tasks = (blocks + kTask - 1) / kTask;
-  for_each_block(tasks, threads_for(count), [&](int64_t k) {
-    for (int64_t b = k * kTask; b < min64(blocks, (k + 1) * kTask); ++b) {
+LOWBIT_INLINE void commit_block(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count,
+                                int64_t b) {
       float e[kErrorBlock];
       const int64_t i0 = b * kErrorBlock, len = min64(count, i0 + kErrorBlock) - i0;
       int64_t j = 0;
@@ -504,6 +510,34 @@ void commit_pass(const Src& src, int32_t format, uint8_t* errors, float scale, i
         e[j] = v - signed_scale(sign_bit(v), scale);
       }
       encode_block(format, e, len, b, count, errors);
+}
+
+#if LOWBIT_COMM_X86
+template <class Src>
+LOWBIT_AVX2_FN void commit_block_avx2(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count,
+                                      int64_t b) {
+  commit_block(src, format, errors, scale, count, b);
+}
+#endif
+
+// errors <- encode(v - (v >= 0 ? scale : -scale)) with v = src's element i
+// over [0, count), block by block.
+template <class Src>
+void commit_pass(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count) {
+  constexpr int64_t kTask = 64;  // blocks per task
+  const int64_t blocks = error_blocks(count), tasks = (blocks + kTask - 1) / kTask;
+#if LOWBIT_COMM_X86
+  const bool avx2 = host_isa() != HostIsa::Portable;
+#endif
+  for_each_block(tasks, threads_for(count), [&](int64_t k) {
+    for (int64_t b = k * kTask; b < min64(blocks, (k + 1) * kTask); ++b) {
+#if LOWBIT_COMM_X86
+      if (avx2) {
+        commit_block_avx2(src, format, errors, scale, count, b);
+        continue;
+      }
+#endif
+      commit_block(src, format, errors, scale, count, b);
     }
   });
 }
