@@ -52,6 +52,12 @@ lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config, lowbit_c
   LOWBIT_REQUIRE(c.cuda_aware_mpi >= -1 && c.cuda_aware_mpi <= 1, LOWBIT_ERROR_INVALID_ARGUMENT,
                  "config.cuda_aware_mpi is ", c.cuda_aware_mpi, " (expected -1 auto, 0 never, 1 always)");
   if (backend != LOWBIT_COMM_BACKEND_MPI) check_no_timeout(c.timeout_ms, backend);
+  // MPI: checked in the agreement of the creation (a bad value on one rank
+  // fails every rank); the others here.
+  if (backend != LOWBIT_COMM_BACKEND_MPI) Communicator::check_error_format(c.error_format);
+  LOWBIT_REQUIRE(backend != LOWBIT_COMM_BACKEND_NCCL || c.error_format == LOWBIT_COMM_ERROR_FP32,
+                 LOWBIT_ERROR_UNSUPPORTED, "config.error_format is ", c.error_format,
+                 ": NCCL communicators (CUDA tensors) keep their errors in fp32 only (LOWBIT_COMM_ERROR_FP32)");
   return c;
 }
 
@@ -59,13 +65,17 @@ lowbit_comm_config_t resolve_config(const lowbit_comm_config_t* config, lowbit_c
 // timeout (collective, like the creation itself; LOWBIT_COMM_TIMEOUT_MS
 // overrides the config's).
 lowbit_status_t create(lowbit_comm_t* out, const std::function<std::unique_ptr<Transport>()>& make,
-                       const int64_t* mpi_timeout_ms = nullptr) {
+                       const int64_t* mpi_timeout_ms = nullptr, const int32_t* error_format = nullptr) {
   if (out) *out = nullptr;
   return guarded(nullptr, [&] {
     LOWBIT_REQUIRE_PTR(out, "out");
     auto h = std::make_unique<lowbit_comm>();
     h->impl = std::make_unique<Communicator>(make());
     if (mpi_timeout_ms) h->impl->set_timeout_from(*mpi_timeout_ms);
+    if (error_format && mpi_timeout_ms)
+      h->impl->agree_error_format(*error_format);
+    else if (error_format)
+      h->impl->set_error_format(*error_format);
     *out = h.release();
   });
 }
@@ -92,21 +102,25 @@ LOWBIT_DEFINE_STRUCT_INIT(lowbit_comm_transport_t, lowbit_comm_transport_init, 4
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi(lowbit_comm_t* out, const void* mpi_comm,
                                                   const lowbit_comm_config_t* config) {
   int64_t timeout_ms = 0;
+  int32_t error_format = 0;
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_MPI);
     timeout_ms = c.timeout_ms;
+    error_format = c.error_format;
     return lowbit::make_mpi_transport(mpi_comm, c.cuda_aware_mpi);
-  }, &timeout_ms);
+  }, &timeout_ms, &error_format);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_mpi_fortran(lowbit_comm_t* out, int64_t mpi_fortran_comm,
                                                           const lowbit_comm_config_t* config) {
   int64_t timeout_ms = 0;
+  int32_t error_format = 0;
   return lowbit::create(out, [&] {
     const lowbit_comm_config_t c = lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_MPI);
     timeout_ms = c.timeout_ms;
+    error_format = c.error_format;
     return lowbit::make_mpi_transport_fortran(mpi_fortran_comm, c.cuda_aware_mpi);
-  }, &timeout_ms);
+  }, &timeout_ms, &error_format);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_nccl_unique_id(void* out_id, int64_t capacity) {
@@ -179,6 +193,25 @@ LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, 
   });
 }
 
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_reduce_scatter(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                                 const lowbit_tensor_t* out, void* stream) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    if (!c.compressed_reduce_scatter(tensor, out, stream, lowbit::distributed::direct_caller()))
+      lowbit::fail(LOWBIT_ERROR_NONFINITE, c.nonfinite_message());
+  });
+}
+
+LOWBIT_API lowbit_status_t lowbit_comm_reduce_scatter_chunk(lowbit_comm_t comm, int64_t numel, int64_t* out_offset,
+                                                            int64_t* out_numel) {
+  return lowbit::on_comm(comm, [&](Communicator& c) {
+    LOWBIT_REQUIRE(out_offset || out_numel, LOWBIT_ERROR_NULL_POINTER, "out_offset and out_numel are both NULL");
+    int64_t offset = 0, count = 0;
+    c.reduce_scatter_chunk(numel, &offset, &count);
+    if (out_offset) *out_offset = offset;
+    if (out_numel) *out_numel = count;
+  });
+}
+
 LOWBIT_API lowbit_status_t lowbit_comm_allreduce_mean(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                       void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
@@ -214,8 +247,7 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
                                                    int64_t* out_size, void* stream) {
   return lowbit::on_comm(comm, [&](Communicator& c) {
     LOWBIT_REQUIRE_PTR(out_size, "out_size");
-    const int64_t n = c.worker_error_numel(), s = c.server_error_numel();
-    const int64_t size = 64 + 4 * (n + s);
+    const int64_t size = c.error_blob_bytes();
     if (!buffer) {
       *out_size = size;
       return;
@@ -255,12 +287,13 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_stats(lowbit_comm_t comm) {
 
 LOWBIT_API lowbit_status_t lowbit_comm_create_transport(lowbit_comm_t* out, const lowbit_comm_transport_t* transport,
                                                         const lowbit_comm_config_t* config) {
+  int32_t error_format = 0;
   return lowbit::create(out, [&] {
-    lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_CALLBACKS);
+    error_format = lowbit::resolve_config(config, LOWBIT_COMM_BACKEND_CALLBACKS).error_format;
     LOWBIT_REQUIRE_PTR(transport, "transport");
     const lowbit_comm_transport_t t = lowbit::abi::read_struct(transport, lowbit::default_transport(), "transport");
     return lowbit::make_callback_transport(&t);
-  });
+  }, nullptr, &error_format);
 }
 
 LOWBIT_API lowbit_status_t lowbit_comm_stage_message_bytes(lowbit_comm_t comm, int64_t numel,

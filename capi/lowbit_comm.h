@@ -20,8 +20,9 @@
  *   A communicator spans a group of ranks (an MPI communicator, an NCCL
  *   communicator, or the caller's transport functions).
  *   lowbit_comm_create_mpi*, lowbit_comm_create_nccl, lowbit_comm_destroy
- *   (MPI), lowbit_comm_compressed_allreduce and lowbit_comm_allreduce_mean
- *   are collective: every rank calls them, in the same order, with the same
+ *   (MPI), lowbit_comm_compressed_allreduce,
+ *   lowbit_comm_compressed_reduce_scatter and lowbit_comm_allreduce_mean are
+ *   collective: every rank calls them, in the same order, with the same
  *   numel. Over MPI (and a callback transport with allreduce_max_i64), each
  *   call first agrees on its arguments over the ranks (the call, numel,
  *   dtype, the caller and its stage, the world size), so a rank whose
@@ -105,7 +106,22 @@ typedef struct lowbit_comm_config {
                          0 (default): forever. The environment variable LOWBIT_COMM_TIMEOUT_MS, where
                          set and not empty, overrides it. NCCL and callback transports: must be 0
                          (LOWBIT_ERROR_UNSUPPORTED otherwise). See "Failures" above. */
+  /* Since 0.8 (struct_size of 0.2 and 0.4 callers still accepted: FP32). */
+  int32_t error_format; /* a lowbit_comm_error_format_t: how this rank keeps its worker and server
+                           errors (docs/COMMUNICATOR.md, section 5b); default FP32. Every rank must
+                           use the same (each collective checks it, MPI and callback transports with
+                           an agreement). BF16 and INT8 take host tensors only (CUDA tensors, NCCL
+                           communicators and the codec stages: LOWBIT_ERROR_UNSUPPORTED). */
 } lowbit_comm_config_t;
+
+/* How a communicator keeps its error feedback (config.error_format). */
+typedef enum lowbit_comm_error_format {
+  LOWBIT_COMM_ERROR_FP32 = 0, /* fp32, 4 B/element (the default; the bits of earlier releases) */
+  LOWBIT_COMM_ERROR_BF16 = 1, /* bf16, round to nearest even: 2 B/element */
+  LOWBIT_COMM_ERROR_INT8 = 2, /* blocks of 256 elements, one fp32 absmax each, codes on the linear
+                                 map k/127 (k = -127..127), round to nearest even: 1 + 1/64 B/element */
+  LOWBIT_COMM_ERROR_FORCE_INT32 = 0x7FFFFFFF
+} lowbit_comm_error_format_t;
 
 /* Fills the defaults (AUTO, no timeout); writes struct_size bytes (a
  * released size). lowbit_comm_config_init is the 0.2 entry point (it fills
@@ -189,6 +205,32 @@ LOWBIT_API lowbit_status_t lowbit_comm_get_info(lowbit_comm_t comm, lowbit_comm_
 LOWBIT_API lowbit_status_t lowbit_comm_compressed_allreduce(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
                                                             void* stream);
 
+/* (Since 0.8.) The reduce-scatter half of the compressed allreduce
+ * (docs/COMMUNICATOR.md, section 2b), collective like it (the same argument
+ * agreement): every rank compresses `tensor` (fp32, contiguous, host, numel
+ * elements, the same numel on every rank; read, not written) with its worker
+ * error feedback (the allreduce's worker rule and padding) and sends each
+ * rank the 1-bit codes of its chunk and its scale; `out` (fp32, host) gets the
+ * average over ranks of the decoded codes of this rank's chunk: elements
+ * [offset, offset + count) of lowbit_comm_reduce_scatter_chunk (count may be
+ * 0: out.data may then be NULL; out may overlap tensor). The worker error is
+ * updated and shared with the compressed allreduce (the same binding to
+ * numel and device); the server error is neither read nor changed. Each rank
+ * sends (W-1) (4 + C/8) bytes. A non-finite input on any rank, or scales
+ * whose sum overflows, change nothing on any rank (LOWBIT_ERROR_NONFINITE on
+ * every rank, lowbit_comm_last_nonfinite() 1). CUDA tensors (and so NCCL):
+ * LOWBIT_ERROR_UNSUPPORTED. */
+LOWBIT_API lowbit_status_t lowbit_comm_compressed_reduce_scatter(lowbit_comm_t comm, const lowbit_tensor_t* tensor,
+                                                                 const lowbit_tensor_t* out, void* stream);
+
+/* (Since 0.8.) Local, allocates nothing: this rank's chunk of a compressed
+ * reduce-scatter of `numel` (1 .. 2^55) elements: *out_offset = rank * C,
+ * *out_numel = the real elements of the chunk (0 .. C). Either pointer may be
+ * NULL, not both. With numel a multiple of 8 * world_size the chunks are
+ * numel / world_size each, torch's reduce_scatter_tensor layout. */
+LOWBIT_API lowbit_status_t lowbit_comm_reduce_scatter_chunk(lowbit_comm_t comm, int64_t numel, int64_t* out_offset,
+                                                            int64_t* out_numel);
+
 /* In place, on every rank: tensor (fp32) <- (sum over ranks) / world_size,
  * uncompressed (for warm-up): the transport's sum, then an fp32 division
  * (docs/COMMUNICATOR.md, section 3). Non-finite values propagate. CUDA
@@ -217,7 +259,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_read_errors(lowbit_comm_t comm, float* wo
 
 /* Serialises this rank's errors (part of a checkpoint; one blob per rank:
  * 64 header bytes, then numel + server_numel fp32; the format, version 2 with
- * a whole-blob checksum, is in docs/COMMUNICATOR.md, section 5). An unbound
+ * a whole-blob checksum, is in docs/COMMUNICATOR.md, section 5; a
+ * communicator whose config.error_format is BF16 or INT8 writes version 3,
+ * the errors in that format, section 5b). An unbound
  * communicator saves numel 0. With buffer == NULL only
  * *out_size is set; otherwise capacity must be >= the size
  * (LOWBIT_ERROR_BUFFER_TOO_SMALL). Waits for `stream`. */
@@ -230,7 +274,9 @@ LOWBIT_API lowbit_status_t lowbit_comm_save_errors(lowbit_comm_t comm, void* buf
  * compressed allreduce, which must then have that numel. Errors:
  * CORRUPT_DATA (truncated, bad magic, checksum, non-zero reserved bytes,
  * inconsistent header, non-finite values), VERSION_MISMATCH,
- * STATE_MISMATCH (other world size or rank). On any error nothing changes.
+ * STATE_MISMATCH (other world size or rank, or errors of another
+ * config.error_format: a blob is loaded only by a communicator of its format).
+ * On any error nothing changes.
  * numel 0 is the same as lowbit_comm_reset_errors. Waits for `stream`. */
 LOWBIT_API lowbit_status_t lowbit_comm_load_errors(lowbit_comm_t comm, const void* buffer, int64_t size,
                                                    void* stream);
@@ -243,7 +289,8 @@ LOWBIT_API lowbit_status_t lowbit_comm_reset_errors(lowbit_comm_t comm, void* st
 
 typedef struct lowbit_comm_stats {
   size_t struct_size; /* set by the caller */
-  int64_t compressed_calls;      /* calls that exchanged data (all of them but those
+  int64_t compressed_calls;      /* compressed allreduces and reduce-scatters that
+                                    exchanged data (all of them but those
                                     stopped before the exchange: bad arguments, and
                                     non-finite host input over MPI) */
   int64_t compressed_elements;   /* sum of their numel */

@@ -67,7 +67,8 @@ LOWBIT_STRUCT_ABI(lowbit_param_buffers_t, "lowbit_param_buffers_init", rel(600, 
 LOWBIT_STRUCT_ABI(lowbit_step_args_t, "lowbit_step_args_init", rel(600, sizeof(lowbit_step_args_t)))
 // lowbit_comm.h
 LOWBIT_STRUCT_ABI(lowbit_comm_config_t, "lowbit_comm_config_init",
-                  rel(200, offsetof(lowbit_comm_config_t, timeout_ms)), rel(400, sizeof(lowbit_comm_config_t)))
+                  rel(200, offsetof(lowbit_comm_config_t, timeout_ms)),
+                  rel(400, offsetof(lowbit_comm_config_t, error_format)), rel(800, sizeof(lowbit_comm_config_t)))
 LOWBIT_STRUCT_ABI(lowbit_comm_info_t, "lowbit_comm_info_init", rel(200, offsetof(lowbit_comm_info_t, timeout_ms)),
                   rel(400, sizeof(lowbit_comm_info_t)))
 LOWBIT_STRUCT_ABI(lowbit_comm_stats_t, "lowbit_comm_stats_init", rel(200, sizeof(lowbit_comm_stats_t)))

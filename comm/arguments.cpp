@@ -102,12 +102,24 @@ const char* status_name(lowbit_status_t s) {
   return "error";
 }
 
+const char* error_format_name(int32_t f) {
+  switch (f) {
+    case LOWBIT_COMM_ERROR_FP32: return "LOWBIT_COMM_ERROR_FP32";
+    case LOWBIT_COMM_ERROR_BF16: return "LOWBIT_COMM_ERROR_BF16";
+    case LOWBIT_COMM_ERROR_INT8: return "LOWBIT_COMM_ERROR_INT8";
+    default: break;
+  }
+  return "an unknown error format";
+}
+
 const char* op_name(int64_t op) {
   switch (op) {
     case kOpCompressedAllreduce: return "lowbit_comm_compressed_allreduce";
     case kOpAllreduceMean: return "lowbit_comm_allreduce_mean";
     case kOpSetTimeout: return "the timeout agreement of lowbit_comm_create_mpi*";
     case kOpAgreeOnly: return "a step's argument agreement (no exchange)";
+    case kOpCompressedReduceScatter: return "lowbit_comm_compressed_reduce_scatter";
+    case kOpSetErrorFormat: return "the error-format agreement of lowbit_comm_create_mpi*";
     default: break;
   }
   return "an unknown collective";
@@ -151,7 +163,10 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
                               lowbit_dtype_t dtype, const CollectiveCaller& who, bool nonfinite) {
   const int32_t W = world(), R = rank();
   const bool failed = status != LOWBIT_SUCCESS;
-  const int64_t fields[kFields] = {who.kind, who.boundary, who.stage, who.parts, op, n, int64_t(dtype), who.step, W};
+  // The dtype field carries the error format above its low 8 bits (0 for
+  // fp32: the words of earlier releases).
+  const int64_t dtype_field = int64_t(dtype) + (int64_t(error_format) << 8);
+  const int64_t fields[kFields] = {who.kind, who.boundary, who.stage, who.parts, op, n, dtype_field, who.step, W};
   int64_t v[kAgreeWords];
   v[0] = failed ? W - R : 0;
   v[1] = (!failed && nonfinite) ? W - R : 0;
@@ -227,12 +242,21 @@ int Communicator::Impl::agree(lowbit_status_t status, const std::string& message
          "), but the ranks asked for ", lo(5), " to ", hi(5),
          " ms; every rank must use the same (config.timeout_ms, or the environment variable "
          "LOWBIT_COMM_TIMEOUT_MS, which overrides it; they must all wait the same way)");
+  if (differs(5) && op == kOpSetErrorFormat)
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "config.error_format is ", error_format_name(int32_t(n)), " on this rank (",
+         R, "), but the ranks asked for ", error_format_name(int32_t(lo(5))), " to ",
+         error_format_name(int32_t(hi(5))), "; every rank must keep its errors in the same format", nothing);
+  if (differs(6) && (lo(6) >> 8) != (hi(6) >> 8))
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "this rank (", R, ") keeps its errors in ", error_format_name(error_format),
+         ", but some rank keeps them in ",
+         error_format_name(int32_t(other_end(dtype_field, lo(6), hi(6)) >> 8)),
+         " (lowbit_comm_config_t.error_format); every rank must use the same format", nothing);
   if (differs(5))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.numel is ", n, " here, but the ranks passed numel from ", lo(5),
          " to ", hi(5), "; every rank must pass the same numel", nothing);
   if (differs(6))
     fail(LOWBIT_ERROR_INVALID_ARGUMENT, "tensor.dtype is ", dtype_name(dtype), " here, but the ranks passed dtype ",
-         dtype_name(lowbit_dtype_t(other_end(int64_t(dtype), lo(6), hi(6)))), "; every rank must pass the same dtype",
+         dtype_name(lowbit_dtype_t(other_end(dtype_field, lo(6), hi(6)) & 0xFF)), "; every rank must pass the same dtype",
          nothing);
   return v[1] != 0 ? int(W - v[1]) : -1;
 }
@@ -273,6 +297,36 @@ void Communicator::set_timeout_from(int64_t config_ms) {
 }
 
 int64_t Communicator::timeout_ms() const { return impl_->t->timeout_ms(); }
+
+void Communicator::check_error_format(int32_t format) {
+  LOWBIT_REQUIRE(format >= LOWBIT_COMM_ERROR_FP32 && format <= LOWBIT_COMM_ERROR_INT8, LOWBIT_ERROR_INVALID_ARGUMENT,
+                 "config.error_format is ", format,
+                 " (expected 0 LOWBIT_COMM_ERROR_FP32, 1 LOWBIT_COMM_ERROR_BF16 or 2 LOWBIT_COMM_ERROR_INT8)");
+}
+
+void Communicator::set_error_format(int32_t format) {
+  check_error_format(format);
+  Impl& I = *impl_;
+  LOWBIT_REQUIRE(format == I.error_format || (!I.bound && !I.has_pending), LOWBIT_ERROR_INVALID_STATE,
+                 "the error format cannot change once the communicator holds errors");
+  if (format != I.error_format) I.buf = onebit::Buffers();  // workspaces of the old format's sizes
+  I.error_format = format;
+}
+
+void Communicator::agree_error_format(int32_t format) {
+  Impl& I = *impl_;
+  std::string why;
+  try {
+    check_error_format(format);
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  I.agree(why.empty() ? LOWBIT_SUCCESS : LOWBIT_ERROR_INVALID_ARGUMENT, why, kOpSetErrorFormat,
+          why.empty() ? format : 0, LOWBIT_DTYPE_FLOAT32, CollectiveCaller(), false);
+  set_error_format(format);
+}
+
+int32_t Communicator::error_format() const { return impl_->error_format; }
 
 void Communicator::agree_only(const CollectiveCaller& who) {
   impl_->agree(LOWBIT_SUCCESS, std::string(), kOpAgreeOnly, 0, LOWBIT_DTYPE_FLOAT32, who, false);

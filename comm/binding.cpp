@@ -6,6 +6,7 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
+#include "error_format.hpp"
 #include "host_kernels.hpp"
 #ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
@@ -51,10 +52,15 @@ void Communicator::Impl::prepare(const CommArg& a, void* stream) {
   const size_t all = size_t(L.world) * size_t(L.msg);
   // Release the previous set first (no two full sets alive at once).
   buf = Buffers();
-  b.err = Mem(k, size_t(a.n) * 4);
-  b.ws_err = Mem(k, size_t(a.n) * 4);
-  b.serr = Mem(k, c * 4);
-  b.ws_serr = Mem(k, c * 4);
+  if (compact()) {  // host only: the errors in their format, updated in place (no workspaces)
+    b.err = Mem(k, size_t(onebit::error_bytes(error_format, a.n)));
+    b.serr = Mem(k, size_t(onebit::error_bytes(error_format, int64_t(c))));
+  } else {
+    b.err = Mem(k, size_t(a.n) * 4);
+    b.ws_err = Mem(k, size_t(a.n) * 4);
+    b.serr = Mem(k, c * 4);
+    b.ws_serr = Mem(k, c * 4);
+  }
   b.send = Mem(k, all);
   b.recv = Mem(k, all);
   b.gsend = Mem(k, size_t(L.msg));
@@ -85,7 +91,17 @@ void Communicator::Impl::activate(const CommArg& a, void* stream) {
   const bool cuda = a.device == LOWBIT_DEVICE_CUDA;
   const size_t wbytes = size_t(a.n) * 4;
   const size_t sbytes = size_t(buf.layout.server_numel()) * 4;
-  if (!cuda) {
+  if (!cuda && compact()) {
+    buf.lazy = false;
+    const size_t wb = size_t(onebit::error_bytes(error_format, a.n));
+    if (has_pending) {
+      std::memcpy(buf.err.as(), pending_raw.data(), wb);
+      if (pending_raw.size() > wb) std::memcpy(buf.serr.as(), pending_raw.data() + wb, pending_raw.size() - wb);
+    } else {
+      std::memset(buf.err.as(), 0, buf.err.bytes());
+      std::memset(buf.serr.as(), 0, buf.serr.bytes());
+    }
+  } else if (!cuda) {
     buf.lazy = false;
     if (has_pending) {
       std::memcpy(buf.err.as(), pending_worker.data(), wbytes);
@@ -112,9 +128,14 @@ void Communicator::Impl::activate(const CommArg& a, void* stream) {
   pending_n = 0;
   std::vector<float>().swap(pending_worker);
   std::vector<float>().swap(pending_server);
+  std::vector<uint8_t>().swap(pending_raw);
 }
 
 double Communicator::Impl::host_worker_pass(const CommArg& a, uint8_t* send) {
+  if (compact()) {
+    const uint8_t* e = bound ? buf.err.as<uint8_t>() : (has_pending ? pending_raw.data() : nullptr);
+    return onebit::host_worker_sum_pack_compact(a.data, error_format, e, buf.layout, send);
+  }
   onebit::ErrorsIn e;
   if (bound)
     e = {buf.err.as<float>(), buf.err_scale, buf.lazy};
@@ -125,6 +146,16 @@ double Communicator::Impl::host_worker_pass(const CommArg& a, uint8_t* send) {
 
 void Communicator::Impl::copy_errors_out(float* worker, float* server, void* stream) const {
   (void)stream;
+  if (compact()) {
+    const int64_t n = error_numel();
+    if (!n) return;
+    const int64_t c = Layout::make(n, world(), rank()).server_numel();
+    const uint8_t* w = bound ? buf.err.as<uint8_t>() : pending_raw.data();
+    const uint8_t* z = bound ? buf.serr.as<uint8_t>() : pending_raw.data() + onebit::error_bytes(error_format, n);
+    if (worker) onebit::host_errors_decode(error_format, w, n, worker);
+    if (server && c) onebit::host_errors_decode(error_format, z, c, server);
+    return;
+  }
   if (bound) {
     const size_t wbytes = size_t(buf.n) * 4, sbytes = size_t(buf.layout.server_numel()) * 4;
     if (buf.device == LOWBIT_DEVICE_CPU && buf.lazy) {

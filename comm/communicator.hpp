@@ -66,6 +66,20 @@ class Communicator {
   bool compressed_allreduce(float* data, int64_t n, lowbit_device_t device, int32_t device_index, void* stream,
                             const CollectiveCaller& who = CollectiveCaller());
 
+  // Collective: the reduce-scatter half of compressed_allreduce
+  // (docs/COMMUNICATOR.md, section 2b). Every rank runs the worker rule on
+  // `tensor` (n fp32, read only) with its worker error and sends message r
+  // to rank r; `out` (reduce_scatter_chunk(n) elements of this rank's chunk,
+  // fp32, may overlap tensor) gets the average of the W decoded messages.
+  // The server error is neither read nor changed. Host tensors only. Returns
+  // false when some rank's input (tensor + worker error) was not finite or
+  // the received scales' sum overflowed: then nothing changed on any rank.
+  bool compressed_reduce_scatter(const lowbit_tensor_t* tensor, const lowbit_tensor_t* out, void* stream,
+                                 const CollectiveCaller& who = CollectiveCaller());
+  // Local: this rank's chunk of a compressed reduce-scatter of n elements,
+  // [offset, offset + count) (count 0 where the chunk is all padding).
+  void reduce_scatter_chunk(int64_t n, int64_t* offset, int64_t* count) const;
+
   // Collective (MPI): every later exchange waits at most `ms` milliseconds
   // for the other ranks (0: forever); see docs/COMMUNICATOR.md, section 4. Agreed
   // like a call's arguments: a bad or differing value fails on every rank,
@@ -76,6 +90,18 @@ class Communicator {
   // overrides the config), else config_ms (lowbit_comm_config_t.timeout_ms).
   void set_timeout_from(int64_t config_ms);
   int64_t timeout_ms() const;
+
+  // How the worker and server errors are kept (lowbit_comm_error_format_t;
+  // docs/COMMUNICATOR.md, section 5b). check_error_format throws
+  // LOWBIT_ERROR_INVALID_ARGUMENT for an unknown value. set_error_format is
+  // local (before the first compressed call); agree_error_format is
+  // collective (MPI creation): a bad value on one rank, or different values,
+  // fail every rank, nothing changed. Every compressed collective agrees on
+  // it again (with the dtype).
+  static void check_error_format(int32_t format);
+  void set_error_format(int32_t format);
+  void agree_error_format(int32_t format);
+  int32_t error_format() const;
   // True while one of a callback transport's functions runs: a call on this
   // communicator is in progress further up the stack, so it must not be
   // destroyed (lowbit_comm_destroy refuses).
@@ -107,7 +133,11 @@ class Communicator {
   int64_t worker_error_numel() const;
   int64_t server_error_numel() const;
   std::vector<uint8_t> save_errors(void* stream) const;
+  int64_t error_blob_bytes() const;  // the size of save_errors' blob
   void load_errors(const uint8_t* data, int64_t size, void* stream);
+  // load_errors of a version-3 blob (compact errors), after its header's
+  // first checks.
+  void load_compact(const uint8_t* data, int64_t size, void* stream);
   void reset_errors(void* stream);
 
   // --- used by the C boundary
@@ -132,8 +162,9 @@ class Communicator {
   lowbit_comm_stats_t stats() const;
   void reset_stats();
 
- private:
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

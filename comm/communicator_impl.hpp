@@ -4,6 +4,7 @@
 //   arguments.cpp             argument checks and their agreement over ranks
 //   binding.cpp               binding of the error buffers and workspaces
 //   compressed_allreduce.cpp  the host and device pipelines of the 1-bit allreduce
+//   compressed_reduce_scatter.cpp  its reduce-scatter half (host tensors)
 //   allreduce_mean.cpp        the uncompressed mean
 //   error_blob.cpp            error save / load / reset / read
 //   stages.cpp                the phases of one compressed allreduce, and the codec
@@ -35,13 +36,20 @@ enum CommOp : int32_t {
   kOpCompressedAllreduce = 1,
   kOpAllreduceMean = 2,
   kOpSetTimeout = 3,
-  kOpAgreeOnly = 4  // a step with no exchange agrees with the others (agree_only)
+  kOpAgreeOnly = 4,  // a step with no exchange agrees with the others (agree_only)
+  kOpCompressedReduceScatter = 5,
+  kOpSetErrorFormat = 6  // the error-format agreement of lowbit_comm_create_mpi* (n: the format)
 };
 
 struct Communicator::Impl {
   std::unique_ptr<Transport> t;
   onebit::Buffers buf;
   bool bound = false;  // buf holds the live errors
+  int32_t error_format = LOWBIT_COMM_ERROR_FP32;  // lowbit_comm_error_format_t
+  // BF16 / INT8: buf.err and buf.serr hold the errors in that format (not
+  // lazy, no workspaces), pending_raw a loaded worker then server error.
+  bool compact() const { return error_format != LOWBIT_COMM_ERROR_FP32; }
+  std::vector<uint8_t> pending_raw;
   bool has_pending = false;
   int64_t pending_n = 0;
   std::vector<float> pending_worker, pending_server;

@@ -67,6 +67,10 @@ bool Communicator::compressed_allreduce(const lowbit_tensor_t* tensor, void* str
   Failure f;
   try {
     a = I.check_tensor(tensor);
+    LOWBIT_REQUIRE(a.device == LOWBIT_DEVICE_CPU || !I.compact(), LOWBIT_ERROR_UNSUPPORTED,
+                   "tensor.device is LOWBIT_DEVICE_CUDA, but this communicator keeps its errors in ",
+                   I.error_format == LOWBIT_COMM_ERROR_BF16 ? "bf16" : "8-bit blocks",
+                   " (lowbit_comm_config_t.error_format): CUDA tensors take LOWBIT_COMM_ERROR_FP32 only");
     I.prepare(a, stream);
     if (a.device == LOWBIT_DEVICE_CPU) {
       // x = tensor + the errors this call will use (bound, pending or

@@ -8,6 +8,8 @@
 
 #include "communicator_impl.hpp"
 #include "core/error.hpp"
+#include "error_format.hpp"
+#include "host_kernels.hpp"
 #ifdef LOWBIT_HAVE_CUDA
 #include "cuda/runtime.hpp"
 #include "device.hpp"
@@ -33,6 +35,19 @@ constexpr char kMagic[8] = {'L', 'B', 'C', 'O', 'M', 'M', 'E', 'R'};
 // Version 2 checksums the whole blob (header included); version 1, still
 // read, checksummed the payload only.
 constexpr uint32_t kBlobVersion = 2;
+// Version 3: compact errors (BF16 / INT8): bytes 56..59 hold the format,
+// 60..63 zero, the payload the errors in that format (error_format.hpp).
+constexpr uint32_t kCompactVersion = 3;
+
+const char* format_name(int32_t f) {
+  switch (f) {
+    case LOWBIT_COMM_ERROR_FP32: return "LOWBIT_COMM_ERROR_FP32";
+    case LOWBIT_COMM_ERROR_BF16: return "LOWBIT_COMM_ERROR_BF16";
+    case LOWBIT_COMM_ERROR_INT8: return "LOWBIT_COMM_ERROR_INT8";
+    default: break;
+  }
+  return "an unknown format";
+}
 constexpr int64_t kHeaderBytes = 64;
 constexpr int64_t kChecksumAt = 48, kReservedAt = 56;
 
@@ -74,8 +89,48 @@ void Communicator::read_errors(float* worker, int64_t worker_numel, float* serve
   impl_->copy_errors_out(worker, server, stream);
 }
 
+namespace {
+
+// The blob of compact errors (version 3).
+std::vector<uint8_t> save_compact(const Communicator::Impl& I, int32_t world, int32_t rank) {
+  const int32_t f = I.error_format;
+  const int64_t n = I.error_numel();
+  const Layout L = Layout::make(n, world, rank);
+  const int64_t c = n ? L.server_numel() : 0;
+  const int64_t wb = n ? onebit::error_bytes(f, n) : 0, sb = n ? onebit::error_bytes(f, c) : 0;
+  std::vector<uint8_t> out(size_t(kHeaderBytes + wb + sb), 0);
+  uint8_t* h = out.data();
+  std::memcpy(h, kMagic, 8);
+  put<uint32_t>(h + 8, kCompactVersion);
+  put<uint32_t>(h + 12, uint32_t(kHeaderBytes));
+  put<int32_t>(h + 16, world);
+  put<int32_t>(h + 20, rank);
+  put<int64_t>(h + 24, n);
+  put<int64_t>(h + 32, n ? L.chunk : 0);
+  put<int64_t>(h + 40, c);
+  put<uint32_t>(h + kReservedAt, uint32_t(f));
+  put<uint32_t>(h + kReservedAt + 4, 0);
+  if (n && I.bound) {
+    std::memcpy(h + kHeaderBytes, I.buf.err.as(), size_t(wb));
+    if (sb) std::memcpy(h + kHeaderBytes + wb, I.buf.serr.as(), size_t(sb));
+  } else if (n) {
+    std::memcpy(h + kHeaderBytes, I.pending_raw.data(), size_t(wb + sb));
+  }
+  put<uint64_t>(h + kChecksumAt, blob_checksum(out.data(), out.size()));
+  return out;
+}
+
+}  // namespace
+
+int64_t Communicator::error_blob_bytes() const {
+  const int32_t f = impl_->error_format;
+  const int64_t n = worker_error_numel(), c = server_error_numel();
+  return kHeaderBytes + (n ? onebit::error_bytes(f, n) + onebit::error_bytes(f, c) : 0);
+}
+
 std::vector<uint8_t> Communicator::save_errors(void* stream) const {
   const Impl& I = *impl_;
+  if (I.compact()) return save_compact(I, world(), rank());
   const int64_t n = I.error_numel();
   const Layout L = Layout::make(n, world(), rank());
   const int64_t c = n ? L.server_numel() : 0;
@@ -111,10 +166,26 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   LOWBIT_REQUIRE(std::memcmp(data, kMagic, 8) == 0, LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer does not start with \"LBCOMMER\" (not a communicator error blob)");
   const uint32_t version = get<uint32_t>(data + 8);
-  LOWBIT_REQUIRE(version == 1 || version == kBlobVersion, LOWBIT_ERROR_VERSION_MISMATCH, "buffer has format version ",
-                 version, " (this library reads versions 1 and ", kBlobVersion, ")");
+  LOWBIT_REQUIRE(version == 1 || version == kBlobVersion || version == kCompactVersion,
+                 LOWBIT_ERROR_VERSION_MISMATCH, "buffer has format version ", version,
+                 " (this library reads versions 1, ", kBlobVersion, " and ", kCompactVersion, ")");
   LOWBIT_REQUIRE(get<uint32_t>(data + 12) == uint32_t(kHeaderBytes), LOWBIT_ERROR_CORRUPT_DATA,
                  "buffer header size is ", get<uint32_t>(data + 12), " (expected ", kHeaderBytes, ")");
+  if (version == kCompactVersion) {
+    const uint32_t f = get<uint32_t>(data + kReservedAt), zero = get<uint32_t>(data + kReservedAt + 4);
+    LOWBIT_REQUIRE((f == LOWBIT_COMM_ERROR_BF16 || f == LOWBIT_COMM_ERROR_INT8) && zero == 0,
+                   LOWBIT_ERROR_CORRUPT_DATA, "buffer header bytes ", kReservedAt, "..", kReservedAt + 7,
+                   " (error format, 0) hold ", f, ", ", zero, " (expected 1 bf16 or 2 int8, then 0)");
+    LOWBIT_REQUIRE(int32_t(f) == I.error_format, LOWBIT_ERROR_STATE_MISMATCH, "buffer holds errors in ",
+                   format_name(int32_t(f)), ", but this communicator keeps them in ", format_name(I.error_format),
+                   " (lowbit_comm_config_t.error_format: restore into a communicator of the same format)");
+    load_compact(data, size, stream);
+    return;
+  }
+  LOWBIT_REQUIRE(!I.compact(), LOWBIT_ERROR_STATE_MISMATCH,
+                 "buffer holds errors in LOWBIT_COMM_ERROR_FP32 (version ", version,
+                 "), but this communicator keeps them in ", format_name(I.error_format),
+                 " (lowbit_comm_config_t.error_format: restore into a communicator of the same format)");
   const uint64_t reserved = get<uint64_t>(data + kReservedAt);
   LOWBIT_REQUIRE(reserved == 0, LOWBIT_ERROR_CORRUPT_DATA, "buffer header bytes ", kReservedAt, "..",
                  kReservedAt + 7, " (reserved) hold 0x", std::hex, reserved, std::dec,
@@ -175,6 +246,51 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   I.pending_server.swap(sv);
 }
 
+void Communicator::load_compact(const uint8_t* data, int64_t size, void* stream) {
+  Impl& I = *impl_;
+  const int32_t f = I.error_format;
+  const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
+  LOWBIT_REQUIRE(w == world(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
+                 ", this communicator has ", world());
+  LOWBIT_REQUIRE(r == rank(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank(),
+                 " (each rank restores its own errors)");
+  const int64_t n = get<int64_t>(data + 24), chunk = get<int64_t>(data + 32), c = get<int64_t>(data + 40);
+  LOWBIT_REQUIRE(n >= 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
+  const Layout L = Layout::make(n, world(), rank());
+  LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");
+  const int64_t wb = n ? onebit::error_bytes(f, n) : 0, sb = n ? onebit::error_bytes(f, c) : 0;
+  const int64_t expected = kHeaderBytes + wb + sb;
+  LOWBIT_REQUIRE(size >= expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, but the blob needs ",
+                 expected, " (truncated)");
+  LOWBIT_REQUIRE(size == expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, ", size - expected,
+                 " more than the blob's ", expected);
+  LOWBIT_REQUIRE(blob_checksum(data, size_t(size)) == get<uint64_t>(data + kChecksumAt), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer checksum mismatch (corrupted)");
+  const uint8_t* payload = data + kHeaderBytes;
+  int64_t bad = 0;
+  const char* what = f == LOWBIT_COMM_ERROR_INT8 ? "element or block" : "element";
+  LOWBIT_REQUIRE(!n || onebit::host_errors_valid(f, payload, n, &bad), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer: worker error ", what, " ", bad, " is not finite or not a valid code");
+  LOWBIT_REQUIRE(!c || onebit::host_errors_valid(f, payload + wb, c, &bad), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer: server error ", what, " ", bad, " is not finite or not a valid code");
+  I.stage = Impl::Stage::Idle;
+  if (n == 0) {
+    reset_errors(stream);
+    return;
+  }
+  if (I.bound && I.buf.n == n) {
+    std::memcpy(I.buf.err.as(), payload, size_t(wb));
+    if (sb) std::memcpy(I.buf.serr.as(), payload + wb, size_t(sb));
+    return;
+  }
+  std::vector<uint8_t> raw(payload, payload + wb + sb);
+  I.bound = false;
+  I.has_pending = true;
+  I.pending_n = n;
+  I.pending_raw.swap(raw);
+}
+
 void Communicator::reset_errors(void* stream) {
   (void)stream;
   Impl& I = *impl_;
@@ -184,6 +300,7 @@ void Communicator::reset_errors(void* stream) {
   I.pending_n = 0;
   std::vector<float>().swap(I.pending_worker);
   std::vector<float>().swap(I.pending_server);
+  std::vector<uint8_t>().swap(I.pending_raw);
 }
 
 }  // namespace lowbit

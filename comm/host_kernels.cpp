@@ -26,6 +26,7 @@
 #include <omp.h>
 #endif
 
+#include "error_format.hpp"
 #include "host_simd.hpp"
 
 namespace lowbit {
@@ -357,6 +358,18 @@ double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout
   return finite ? sum : NAN;
 }
 
+void host_server_average(const uint8_t* recv, const Layout& l, float* out) {
+  bool finite = true;
+  const auto src = server_source(recv, ErrZero{}, l, &finite);
+  with_isa([&](auto isa) { return sumsq_pass<decltype(isa), true>(src, l.server_numel(), out); });
+}
+
+float host_received_scale_sum(const uint8_t* recv, const Layout& l) {
+  float sum = 0.0f;
+  for (int32_t j = 0; j < l.world; ++j) sum += get_scale(recv + int64_t(j) * l.msg);
+  return sum;
+}
+
 void host_errors_from(const float* x, float scale, int64_t n, float* out) {
   const ErrLazy e{x, scale};
   for (int64_t i = 0; i < n; ++i) out[i] = e.at(i);
@@ -370,6 +383,222 @@ bool host_gathered_finite(const uint8_t* grecv, const Layout& l) {
 
 void host_decode(const uint8_t* grecv, const Layout& l, float* out) {
   with_isa([&](auto isa) { decode_pass<decltype(isa)>(grecv, l, out); });
+}
+
+// ---- compact errors (error_format.hpp)
+
+namespace {
+
+LOWBIT_INLINE float bf16_value(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// fp32 -> bf16, round to nearest even; a finite value that rounds past the
+// largest bf16 keeps the largest (+-0x7F7F) instead of becoming an Inf.
+LOWBIT_INLINE uint16_t bf16_encode(float f) {
+  const uint32_t u = float_bits(f);
+  uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  if ((r & 0x7F80u) == 0x7F80u) r = (u >> 16 & 0x8000u) | 0x7F7Fu;
+  return uint16_t(r);
+}
+
+// The stored errors as a pass reads them (at, load8: Portable kernels only).
+struct ErrBf16 {
+  const uint8_t* e;  // count uint16
+  float at(int64_t i) const {
+    uint16_t h;
+    std::memcpy(&h, e + 2 * i, 2);
+    return bf16_value(h);
+  }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = at(i + k);
+  }
+};
+
+struct ErrQ8 {
+  const uint8_t* scales;  // blocks fp32 absmax
+  const int8_t* codes;    // count int8
+  static ErrQ8 over(const uint8_t* p, int64_t count) {
+    return ErrQ8{p, reinterpret_cast<const int8_t*>(p + 4 * error_blocks(count))};
+  }
+  LOWBIT_INLINE float scale(int64_t b) const {
+    float m;
+    std::memcpy(&m, scales + 4 * b, 4);
+    return m;
+  }
+  float at(int64_t i) const { return (float(codes[i]) * scale(i / kErrorBlock)) / 127.0f; }
+  LOWBIT_INLINE void load8(int64_t i, float* v) const {
+    for (int k = 0; k < 8; ++k) v[k] = at(i + k);
+  }
+};
+
+// Encodes e[0 .. len) (len <= kErrorBlock) as block b of `count` errors.
+LOWBIT_INLINE void encode_block(int32_t format, const float* e, int64_t len, int64_t b, int64_t count,
+                                uint8_t* errors) {
+  const int64_t i0 = b * kErrorBlock;
+  if (format == kErrorBf16) {
+    for (int64_t k = 0; k < len; ++k) {
+      const uint16_t h = bf16_encode(e[k]);
+      std::memcpy(errors + 2 * (i0 + k), &h, 2);
+    }
+    return;
+  }
+  float m = 0.0f;
+  for (int64_t k = 0; k < len; ++k) m = std::fabs(e[k]) > m ? std::fabs(e[k]) : m;
+  std::memcpy(errors + 4 * b, &m, 4);
+  int8_t* codes = reinterpret_cast<int8_t*>(errors + 4 * error_blocks(count)) + i0;
+  if (!(m > 0.0f)) {
+    std::memset(codes, 0, size_t(len));
+    return;
+  }
+  // Round to nearest even of |r| <= 127 by adding and subtracting 1.5 * 2^23
+  // (exact in the default rounding mode; the library never changes it):
+  // nearbyint's bits without its library call.
+  constexpr float kRne = 12582912.0f;
+  for (int64_t k = 0; k < len; ++k) {
+    const float r = (e[k] / m) * 127.0f;
+    codes[k] = int8_t(int((r + kRne) - kRne));
+  }
+}
+
+// f(E) with the error source of `format` over `count` errors at `errors`.
+template <class F>
+auto with_errors(int32_t format, const uint8_t* errors, int64_t count, F&& f) {
+  if (format == kErrorBf16) return f(ErrBf16{errors});
+  return f(ErrQ8::over(errors, count));
+}
+
+// Sum of squares of src over [0, count) (sumsq.hpp), its sign bits into the
+// sink up to `padded` (bit 0 for the padding); nothing stored.
+template <class Src>
+double sum_bits_pass(const Src& src, int64_t count, int64_t padded, const MsgSink& sink) {
+  // The portable loops, compiled for AVX2 where the CPU has it (the same
+  // operations: AVX2 brings no FMA into them).
+#if LOWBIT_COMM_X86
+  const double sum = host_isa() != HostIsa::Portable ? sumsq_pass<Avx2, false, Src, MsgSink>(src, count, nullptr, sink)
+                                                     : sumsq_pass<Portable, false, Src, MsgSink>(src, count, nullptr, sink);
+#else
+  const double sum = sumsq_pass<Portable, false, Src, MsgSink>(src, count, nullptr, sink);
+#endif
+  for (int64_t i = count / kSegment * kSegment; i < padded; i += 8) {
+    unsigned byte = 0;
+    for (int k = 0; k < 8 && i + k < count; ++k) byte |= unsigned(sign_bit(src.at(i + k))) << k;
+    sink.put8(i, byte);
+  }
+  return sum;
+}
+
+// The new errors of block b: e[j] = v - (v >= 0 ? scale : -scale), v =
+// src's element 256 b + j, encoded in place (the block read before it is
+// written).
+template <class Src>
+LOWBIT_INLINE void commit_block(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count,
+                                int64_t b) {
+      float e[kErrorBlock];
+      const int64_t i0 = b * kErrorBlock, len = min64(count, i0 + kErrorBlock) - i0;
+      int64_t j = 0;
+      for (; j + 8 <= len; j += 8) {  // i0 + j a multiple of 8: the sources' 8-wide loads
+        float v[8];
+        src.load8(i0 + j, v);
+        for (int k = 0; k < 8; ++k) e[j + k] = v[k] - signed_scale(sign_bit(v[k]), scale);
+      }
+      for (; j < len; ++j) {
+        const float v = src.at(i0 + j);
+        e[j] = v - signed_scale(sign_bit(v), scale);
+      }
+      encode_block(format, e, len, b, count, errors);
+}
+
+#if LOWBIT_COMM_X86
+template <class Src>
+LOWBIT_AVX2_FN void commit_block_avx2(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count,
+                                      int64_t b) {
+  commit_block(src, format, errors, scale, count, b);
+}
+#endif
+
+// errors <- encode(v - (v >= 0 ? scale : -scale)) with v = src's element i
+// over [0, count), block by block.
+template <class Src>
+void commit_pass(const Src& src, int32_t format, uint8_t* errors, float scale, int64_t count) {
+  constexpr int64_t kTask = 64;  // blocks per task
+  const int64_t blocks = error_blocks(count), tasks = (blocks + kTask - 1) / kTask;
+#if LOWBIT_COMM_X86
+  const bool avx2 = host_isa() != HostIsa::Portable;
+#endif
+  for_each_block(tasks, threads_for(count), [&](int64_t k) {
+    for (int64_t b = k * kTask; b < min64(blocks, (k + 1) * kTask); ++b) {
+#if LOWBIT_COMM_X86
+      if (avx2) {
+        commit_block_avx2(src, format, errors, scale, count, b);
+        continue;
+      }
+#endif
+      commit_block(src, format, errors, scale, count, b);
+    }
+  });
+}
+
+}  // namespace
+
+double host_worker_sum_pack_compact(const float* t, int32_t format, const uint8_t* errors, const Layout& l,
+                                    uint8_t* send) {
+  const MsgSink sink(send, l.msg, l.chunk);
+  if (!errors) return sum_bits_pass(SrcT0{t}, l.n, l.padded, sink);
+  return with_errors(format, errors, l.n, [&](auto e) {
+    return sum_bits_pass(SrcTE<decltype(e)>{t, e}, l.n, l.padded, sink);
+  });
+}
+
+void host_worker_commit_compact(const float* t, int32_t format, uint8_t* errors, float scale, const Layout& l) {
+  with_errors(format, errors, l.n, [&](auto e) {
+    commit_pass(SrcTE<decltype(e)>{t, e}, format, errors, scale, l.n);
+    return 0;
+  });
+}
+
+double host_server_sum_pack_compact(const uint8_t* recv, int32_t format, const uint8_t* errors, const Layout& l,
+                                    uint8_t* gsend) {
+  const MsgSink sink(gsend, l.msg, l.chunk);
+  bool finite = true;
+  const double sum = with_errors(format, errors, l.server_numel(), [&](auto e) {
+    return sum_bits_pass(server_source(recv, e, l, &finite), l.server_numel(), l.chunk, sink);
+  });
+  return finite ? sum : NAN;
+}
+
+void host_server_commit_compact(const uint8_t* recv, int32_t format, uint8_t* errors, float scale, const Layout& l) {
+  bool finite = true;
+  with_errors(format, errors, l.server_numel(), [&](auto e) {
+    commit_pass(server_source(recv, e, l, &finite), format, errors, scale, l.server_numel());
+    return 0;
+  });
+}
+
+void host_errors_decode(int32_t format, const uint8_t* errors, int64_t count, float* out) {
+  with_errors(format, errors, count, [&](auto e) {
+    for (int64_t i = 0; i < count; ++i) out[i] = e.at(i);
+    return 0;
+  });
+}
+
+bool host_errors_valid(int32_t format, const uint8_t* errors, int64_t count, int64_t* bad) {
+  if (format == kErrorBf16) {
+    for (int64_t i = 0; i < count; ++i)
+      if (!std::isfinite(ErrBf16{errors}.at(i))) return *bad = i, false;
+    return true;
+  }
+  const ErrQ8 q = ErrQ8::over(errors, count);
+  for (int64_t b = 0; b < error_blocks(count); ++b) {
+    const float m = q.scale(b);
+    if (!std::isfinite(m) || !(m >= 0.0f)) return *bad = b, false;
+  }
+  for (int64_t i = 0; i < count; ++i)
+    if (q.codes[i] == -128) return *bad = i, false;
+  return true;
 }
 
 }  // namespace onebit

@@ -83,6 +83,17 @@ struct ErrorsIn {
 double host_worker_sum_pack(const float* t, const ErrorsIn& e, const Layout& l, float* x_out, uint8_t* send);
 double host_server_sum_pack(const uint8_t* recv, const ErrorsIn& z, const Layout& l, float* y_out, uint8_t* gsend);
 
+// The compressed reduce-scatter's server: the average over the W received
+// messages (recv, W * msg bytes) for this rank's chunk, a =
+// mean_j(scale_j * sign_j) (the server's y without its error, the same
+// operations in the same order), into out (server_numel floats).
+void host_server_average(const uint8_t* recv, const Layout& l, float* out);
+
+// The fp32 sum, in rank order from +0, of the W received scales: when it is
+// finite no element of the average overflows (|a partial signed sum| never
+// exceeds the sum of the magnitudes, rounding being monotone).
+float host_received_scale_sum(const uint8_t* recv, const Layout& l);
+
 // The errors a lazy buffer stands for: out = x - (x >= 0 ? scale : -scale),
 // n elements (out may be x).
 void host_errors_from(const float* x, float scale, int64_t n, float* out);
@@ -95,6 +106,34 @@ bool host_gathered_finite(const uint8_t* grecv, const Layout& l);
 
 // Decodes the gathered chunks into out (n floats).
 void host_decode(const uint8_t* grecv, const Layout& l, float* out);
+
+// ---- compact errors (BF16 / INT8, error_format.hpp): the same rules with
+// the stored errors decoded as they are read (exactly: a bf16 value widened,
+// an int8 code times its block's absmax / 127 in fp32) and the new errors
+// encoded as they are written. Portable C++ on every instruction set (the
+// same bits as the fp32 path's kernels would give on the decoded values).
+// `errors` nullptr: zero errors.
+//
+// Worker: the signs of x = t + e into the W messages (scales not written),
+// returns sum of x^2 (as host_worker_sum); nothing else written.
+double host_worker_sum_pack_compact(const float* t, int32_t format, const uint8_t* errors, const Layout& l,
+                                    uint8_t* send);
+// Worker commit, once the call succeeded (t still unchanged): errors <-
+// encode(x - (x >= 0 ? scale : -scale)), x = t + decode(errors), in place.
+void host_worker_commit_compact(const float* t, int32_t format, uint8_t* errors, float scale, const Layout& l);
+// Server: y = mean_j(scale_j * sign_j) + z over this rank's chunk, its signs
+// into gsend (scale not written); returns sum of y^2, NaN if a received
+// scale is not finite.
+double host_server_sum_pack_compact(const uint8_t* recv, int32_t format, const uint8_t* errors, const Layout& l,
+                                    uint8_t* gsend);
+// Server commit (recv still the call's): errors <- encode(y - (y >= 0 ? scale : -scale)).
+void host_server_commit_compact(const uint8_t* recv, int32_t format, uint8_t* errors, float scale, const Layout& l);
+// The fp32 values of `count` compact errors into out.
+void host_errors_decode(int32_t format, const uint8_t* errors, int64_t count, float* out);
+// True if `count` compact errors are well formed (finite values, finite
+// non-negative scales, codes in [-127, 127]); else the first bad element or
+// block in *bad.
+bool host_errors_valid(int32_t format, const uint8_t* errors, int64_t count, int64_t* bad);
 
 // The instruction set of the kernels above: the library's CPU level
 // (core/cpu_features.hpp: AVX-512 F/BW/DQ/VL at avx512, AVX2 at avx2, else

@@ -46,6 +46,10 @@ int64_t Communicator::stage_message_bytes(int64_t n) const {
 void Communicator::stage_compress(const lowbit_tensor_t* tensor, void* send, int64_t send_bytes, void* stream) {
   Impl& I = *impl_;
   I.stage = Impl::Stage::Idle;
+  LOWBIT_REQUIRE(!I.compact(), LOWBIT_ERROR_UNSUPPORTED,
+                 "the codec stages keep fp32 errors only, and this communicator keeps them in ",
+                 I.error_format == LOWBIT_COMM_ERROR_BF16 ? "bf16" : "8-bit blocks",
+                 " (lowbit_comm_config_t.error_format); use lowbit_comm_compressed_allreduce");
   const CommArg a = I.check_tensor(tensor);
   const Layout L = Layout::make(a.n, world(), rank());
   check_buffer(send, send_bytes, int64_t(L.world) * L.msg, "send", a);
@@ -115,6 +119,13 @@ void Communicator::Impl::worker_phase(const CommArg& a, double sumsq, uint8_t* s
 
 void Communicator::Impl::server_phase(const CommArg& a, const uint8_t* recv, uint8_t* gsend, void* stream) {
   Buffers& B = buf;
+  if (a.device == LOWBIT_DEVICE_CPU && compact()) {
+    const double sumsq =
+        onebit::host_server_sum_pack_compact(recv, error_format, B.serr.as<uint8_t>(), B.layout, gsend);
+    B.call_sscale = onebit::scale_from_sumsq(sumsq, B.layout.server_numel());
+    onebit::put_scale(gsend, B.call_sscale);
+    return;
+  }
   if (a.device == LOWBIT_DEVICE_CPU) {
     const onebit::ErrorsIn z{B.serr.as<float>(), B.serr_scale, B.lazy};
     const double sumsq = onebit::host_server_sum_pack(recv, z, B.layout, B.ws_serr.as<float>(), gsend);
@@ -145,6 +156,17 @@ bool Communicator::Impl::finish_phase(const CommArg& a, const uint8_t* grecv, fl
       last_nonfinite = true;
       nonfinite_message = nonfinite;
       return false;
+    }
+    if (compact()) {
+      // The call succeeded: both errors in place from what the call read
+      // (the tensor, before the decode may overwrite it, and its recv
+      // messages: compressed_allreduce only, the stages refuse compact
+      // errors), then the result.
+      onebit::host_worker_commit_compact(a.data, error_format, B.err.as<uint8_t>(), B.call_scale, L);
+      onebit::host_server_commit_compact(B.recv.as<uint8_t>(), error_format, B.serr.as<uint8_t>(), B.call_sscale, L);
+      onebit::host_decode(grecv, L, out);
+      last_nonfinite = false;
+      return true;
     }
     onebit::host_decode(grecv, L, out);
   } else {

@@ -36,12 +36,26 @@ def _destroy(handle_value, user_finalizers):
             pass
 
 
-def _config(cuda_aware):
+# How a communicator keeps its worker and server errors (lowbit_comm_config_t.error_format).
+ERROR_FORMATS = {"fp32": 0, "bf16": 1, "int8": 2}
+
+
+def _error_format(error_format) -> int:
+    if error_format is None:
+        return 0
+    if not isinstance(error_format, str) or error_format not in ERROR_FORMATS:
+        raise InvalidArgumentError(f"error_format={error_format!r} is not one of {sorted(ERROR_FORMATS)}")
+    return ERROR_FORMATS[error_format]
+
+
+def _config(cuda_aware, error_format=None):
+    fmt = _error_format(error_format)
     cfg = ffi.new("lowbit_comm_config_t *")
-    call("lowbit_comm_config_init", cfg)
+    call("lowbit_comm_config_init_sized", cfg, ffi.sizeof("lowbit_comm_config_t"))
     if cuda_aware not in _CUDA_AWARE:
         raise InvalidArgumentError(f"cuda_aware={cuda_aware!r} is not 'auto', 'never' or 'always'")
     cfg.cuda_aware_mpi = int(_CUDA_AWARE[cuda_aware])
+    cfg.error_format = fmt
     return cfg
 
 
@@ -131,18 +145,28 @@ class Communicator(Handle):
         self._open(handle, _destroy, int(ffi.cast("uintptr_t", handle)), self._user_finalizers)
         self._i32 = ffi.new("int32_t *")
         self._i64 = ffi.new("int64_t[2]")
+        self._error_format = "fp32"
+
+    @property
+    def error_format(self) -> str:
+        """How this rank keeps its worker and server errors: ``"fp32"``
+        (default), ``"bf16"`` or ``"int8"`` (blocks of 256, one fp32 absmax,
+        linear codes k/127): the ``error_format`` given at creation."""
+        return self._error_format
 
     # -- creation
 
     @classmethod
-    def from_mpi(cls, comm=None, *, cuda_aware="auto") -> "Communicator":
+    def from_mpi(cls, comm=None, *, cuda_aware="auto", error_format=None) -> "Communicator":
         """Over an MPI communicator: an mpi4py ``MPI.Comm`` (default
-        ``MPI.COMM_WORLD``) or a Fortran handle (int). Collective."""
+        ``MPI.COMM_WORLD``) or a Fortran handle (int). Collective.
+        ``error_format``: ``"fp32"`` (default), ``"bf16"`` or ``"int8"``, the
+        same on every rank (host tensors only for the last two)."""
         if comm is None:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
-        cfg = _config(cuda_aware)
+        cfg = _config(cuda_aware, error_format)
         h = ffi.new("lowbit_comm_t *")
         if isinstance(comm, int):
             fhandle = comm
@@ -151,7 +175,9 @@ class Communicator(Handle):
         else:
             raise InvalidArgumentError(f"comm={comm!r} is not an mpi4py communicator or a Fortran handle")
         call("lowbit_comm_create_mpi_fortran", h, c_int(fhandle, "comm", "int64_t"), cfg)
-        return cls(h[0], comm)
+        out = cls(h[0], comm)
+        out._error_format = error_format or "fp32"
+        return out
 
     @staticmethod
     def nccl_unique_id() -> bytes:
@@ -183,7 +209,8 @@ class Communicator(Handle):
     @classmethod
     def from_transport(cls, *, rank: int, world_size: int, alltoall, allgather, allreduce_sum,
                        allreduce_max=None, host_buffers: bool = True, device_buffers: bool = False,
-                       stream_ordered: bool = False, device_index: int = -1) -> "Communicator":
+                       stream_ordered: bool = False, device_index: int = -1,
+                       error_format=None) -> "Communicator":
         """Over a transport of Python functions (lowbit_comm_create_transport):
         every collective of this communicator, and 1-bit Adam's, runs through
         them, with the bits of the MPI transport. Not collective.
@@ -207,7 +234,13 @@ class Communicator(Handle):
 
         ``host_buffers``: they take host memory; ``device_buffers``: CUDA
         device memory (``stream_ordered``: enqueued on ``stream``, else done
-        when they return)."""
+        when they return).
+
+        ``error_format``: how the worker and server errors are kept,
+        ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` (host tensors only),
+        the same on every rank (with ``allreduce_max`` every collective checks
+        it)."""
+        cfg = _config("auto", error_format)
         rank, world_size = c_int(rank, "rank", "int32_t"), c_int(world_size, "world_size", "int32_t")
         agreement = _Agreement(rank, world_size, allreduce_max)
 
@@ -250,8 +283,10 @@ class Communicator(Handle):
             callbacks.append(cb)
             setattr(t, field, cb)
         h = ffi.new("lowbit_comm_t *")
-        call("lowbit_comm_create_transport", h, t, NULL)
-        return cls(h[0], keepalive=(callbacks, fns), agreement=agreement)
+        call("lowbit_comm_create_transport", h, t, cfg)
+        out = cls(h[0], keepalive=(callbacks, fns), agreement=agreement)
+        out._error_format = error_format or "fp32"
+        return out
 
     # -- lifetime
 
@@ -398,6 +433,31 @@ class Communicator(Handle):
         s = stream_pointer(stream)
         ref = self._tensor(array, s)
         self._call("lowbit_comm_allreduce_mean", ref.desc, void_p(s))
+
+    @locked
+    def reduce_scatter_chunk(self, numel: int) -> tuple:
+        """(offset, count): this rank's chunk of a compressed reduce-scatter
+        of `numel` elements, elements [offset, offset + count) (count may be
+        0). Local; with numel a multiple of 8 * world_size the chunks are
+        numel / world_size each, torch's reduce_scatter_tensor layout."""
+        self._call("lowbit_comm_reduce_scatter_chunk", c_int(numel, "numel"), self._i64, self._i64 + 1)
+        return int(self._i64[0]), int(self._i64[1])
+
+    @locked
+    def compressed_reduce_scatter(self, array, out, *, stream=None) -> None:
+        """out (float32, reduce_scatter_chunk(array.size)[1] elements) <- the
+        average over ranks of the 1-bit compressed arrays over this rank's
+        chunk, with worker error feedback (the first half of
+        compressed_allreduce; docs/COMMUNICATOR.md, section 2b). array
+        (float32, the same size on every rank) is read, not written; out
+        may be a view of it. Collective; host arrays only. A NaN/Inf on
+        any rank changes nothing and raises NonFiniteError on every rank."""
+        s = stream_pointer(stream)
+        ref = self._tensor(array, s)
+        dst = as_array_ref(out, role="out", writable=True, stream=s)
+        if dst.dtype != Dtype.FLOAT32:
+            raise ArrayError(f"out: the communicator reduces float32 tensors, got {dst.dtype.name.lower()}")
+        self._call("lowbit_comm_compressed_reduce_scatter", ref.desc, dst.desc, void_p(s))
 
     # -- codec stages (the caller moves the messages; lowbit_comm.h, "any transport")
 

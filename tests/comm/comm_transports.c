@@ -95,7 +95,19 @@ lowbit_comm_t make_callback_comm(MPI_Comm mpi, int agreement) {
   return make_callback_comm_declaring(mpi, agreement, world);
 }
 
+static lowbit_comm_t make_cb(MPI_Comm mpi, int agreement, int32_t world_size, const lowbit_comm_config_t* config);
+
 lowbit_comm_t make_callback_comm_declaring(MPI_Comm mpi, int agreement, int32_t world_size) {
+  return make_cb(mpi, agreement, world_size, NULL);
+}
+
+lowbit_comm_t make_callback_comm_config(MPI_Comm mpi, int agreement, const lowbit_comm_config_t* config) {
+  int world = 0;
+  MPI_Comm_size(mpi, &world);
+  return make_cb(mpi, agreement, world, config);
+}
+
+static lowbit_comm_t make_cb(MPI_Comm mpi, int agreement, int32_t world_size, const lowbit_comm_config_t* config) {
   int slot = 0;
   while (slot < MAX_CALLBACK_COMMS && g_cb[slot]) ++slot;
   CHECK(slot < MAX_CALLBACK_COMMS, "too many callback communicators");
@@ -117,7 +129,7 @@ lowbit_comm_t make_callback_comm_declaring(MPI_Comm mpi, int agreement, int32_t 
   t.allreduce_sum_f32 = cb_sum;
   t.allreduce_max_i64 = agreement ? cb_max : NULL;
   lowbit_comm_t c = NULL;
-  CHECK_OK(c, lowbit_comm_create_transport(&c, &t, NULL));
+  CHECK_OK(c, lowbit_comm_create_transport(&c, &t, config));
   s->comm = c;
   g_cb[slot] = s;
   return c;

@@ -31,6 +31,8 @@ lowbit_status_t via_allreduce(via_t via, lowbit_comm_t comm, MPI_Comm mpi, const
 lowbit_comm_t make_callback_comm(MPI_Comm mpi, int agreement);
 /* The same with the transport declaring `world_size` (not the MPI group's). */
 lowbit_comm_t make_callback_comm_declaring(MPI_Comm mpi, int agreement, int32_t world_size);
+/* The same with a config (error_format, ...); world_size the MPI communicator's. */
+lowbit_comm_t make_callback_comm_config(MPI_Comm mpi, int agreement, const lowbit_comm_config_t* config);
 void destroy_callback_comm(lowbit_comm_t comm);
 
 /* Makes the k-th next function call of this callback communicator's

@@ -312,6 +312,39 @@ int main(int argc, char** argv) {
     CHECK_OK(host, lowbit_comm_destroy(host));
   }
 
+  /* Errors in bf16 / 8-bit blocks (config.error_format) are host-only: a
+   * CUDA tensor is refused on every rank (UNSUPPORTED), nothing bound, and
+   * the host tensors of the same communicator still work; NCCL refuses the
+   * formats at creation. */
+  for (int f = LOWBIT_COMM_ERROR_BF16; f <= LOWBIT_COMM_ERROR_INT8; ++f) {
+    lowbit_comm_config_t cc;
+    CHECK_OK(NULL, lowbit_comm_config_init(&cc));
+    cc.error_format = f;
+    MPI_Comm w = MPI_COMM_WORLD;
+    lowbit_comm_t comm = NULL;
+    CHECK_OK(comm, lowbit_comm_create_mpi(&comm, &w, &cc));
+    float* d = NULL;
+    CUDA_OK(cudaMalloc((void**)&d, sizeof(float) * 64));
+    CUDA_OK(cudaMemset(d, 0, sizeof(float) * 64));
+    lowbit_tensor_t t = dev_tensor(d, 64);
+    CHECK_STATUS(comm, lowbit_comm_compressed_allreduce(comm, &t, g_stream), LOWBIT_ERROR_UNSUPPORTED,
+                 "CUDA tensors take LOWBIT_COMM_ERROR_FP32 only");
+    int64_t wn = -1, sn = -1;
+    CHECK_OK(comm, lowbit_comm_error_numel(comm, &wn, &sn));
+    CHECK(wn == 0, "a refused CUDA call bound the errors");
+    float x[64];
+    for (int i = 0; i < 64; ++i) x[i] = (float)(i - 31);
+    lowbit_tensor_t h = host_tensor(x, 64);
+    CHECK_OK(comm, lowbit_comm_compressed_allreduce(comm, &h, NULL));
+    CUDA_OK(cudaFree(d));
+    CHECK_OK(comm, lowbit_comm_destroy(comm));
+    lowbit_comm_t nc = (lowbit_comm_t)1;
+    unsigned char fake[LOWBIT_NCCL_UNIQUE_ID_BYTES] = {0};
+    CHECK_STATUS(NULL, lowbit_comm_create_nccl(&nc, fake, g_rank, g_world, g_device, &cc), LOWBIT_ERROR_UNSUPPORTED,
+                 "fp32 only");
+    CHECK(nc == NULL, "a refused NCCL creation left a handle");
+  }
+
   /* NCCL: one GPU per rank. */
   unsigned char id[LOWBIT_NCCL_UNIQUE_ID_BYTES];
   int have = 0;

@@ -184,3 +184,72 @@ def test_close_inside_its_own_transport_function_is_refused():
     comm.compressed_allreduce(x)
     comm.close()
     assert comm.closed
+
+
+def _one_rank(error_format=None):
+    ffi = lowbit._ffi.ffi
+
+    def copy(send, recv, m, stream):
+        ffi.memmove(ffi.cast("char*", recv), ffi.cast("char*", send), m)
+
+    def noop_sum(data, n, stream):
+        pass
+
+    return lowbit.Communicator.from_transport(rank=0, world_size=1, alltoall=copy, allgather=copy,
+                                              allreduce_sum=noop_sum, error_format=error_format)
+
+
+def _bf16(v):
+    u = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def _int8(v):
+    out = np.empty_like(v)
+    for b in range(0, v.size, 256):
+        e = v[b:b + 256]
+        m = np.float32(np.abs(e).max())
+        k = np.rint((e / m) * np.float32(127)) if m > 0 else np.zeros_like(e)
+        out[b:b + 256] = (k.astype(np.float32) * m) / np.float32(127)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_error_format_on_one_rank(fmt):
+    """Issue 48, item 3: a communicator with error_format= keeps the errors of
+    the fp32 rule encoded (the first call, from zero errors, gives the fp32
+    communicator's output, and its errors are the fp32 errors encoded);
+    save/load round trip; an fp32 blob is refused, nothing changed."""
+    x = np.random.default_rng(4).standard_normal(1000).astype(np.float32)
+    x[7] = 50.0
+    ref, comm = _one_rank(), _one_rank(fmt)
+    assert comm.error_format == fmt and ref.error_format == "fp32"
+    a, b = x.copy(), x.copy()
+    ref.compressed_allreduce(a)
+    comm.compressed_allreduce(b)
+    assert np.array_equal(a, b)
+    enc = _bf16 if fmt == "bf16" else _int8
+    for mine, theirs in zip(comm.read_errors(), ref.read_errors()):
+        assert np.array_equal(mine, enc(theirs))
+    blob = comm.save_errors()
+    # worker and server error, 1000 elements each (one rank)
+    assert len(blob) == 64 + (2 * 2 * 1000 if fmt == "bf16" else 2 * (1000 + 4 * 4))
+    before = comm.read_errors()
+    with pytest.raises(lowbit.StateMismatchError, match="LOWBIT_COMM_ERROR_FP32"):
+        comm.load_errors(ref.save_errors())
+    with pytest.raises(lowbit.StateMismatchError, match="keeps them in LOWBIT_COMM_ERROR_FP32"):
+        ref.load_errors(blob)
+    assert all(np.array_equal(p, q) for p, q in zip(before, comm.read_errors()))
+    other = _one_rank(fmt)
+    other.load_errors(blob)
+    assert all(np.array_equal(p, q) for p, q in zip(before, other.read_errors()))
+    for c in (ref, comm, other):
+        c.close()
+
+
+def test_error_format_refused():
+    with pytest.raises(lowbit.InvalidArgumentError, match="error_format"):
+        _one_rank("fp16")
+    with pytest.raises(lowbit.InvalidArgumentError, match="error_format"):
+        _one_rank(2)

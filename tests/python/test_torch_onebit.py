@@ -32,7 +32,7 @@ def launch(nproc, case, seed):
 
 # The short cases share one launch per world size (each launch costs about 6 s
 # of torchrun and torch imports); the training comparison has its own.
-SHARED_CASES = {2: "resume,nonfinite,bad_sizes,local_error", 3: "bad_sizes,local_error"}
+SHARED_CASES = {2: "resume,nonfinite,bad_sizes,local_error,error_formats", 3: "bad_sizes,local_error"}
 _shared = {}
 
 
@@ -74,6 +74,23 @@ def test_ddp_onebit_adam_trains_like_adam(nproc, seed):
 def test_onebit_adam_resume_is_bit_identical(nproc, seed):
     out = result(nproc, "resume", seed)
     assert all(v for k, v in out.items() if k.startswith("resume_equal")), out
+
+
+@pytest.mark.parametrize("nproc", [2])
+def test_error_formats_train_resume_and_refuse(nproc, seed):
+    """error_format="bf16" / "int8" (issue 48, item 3) on OneBitAdam,
+    ZeroOneAdam and OneBitLamb: the same params on every rank, the blob in
+    the format's bytes, resume bit for bit, another format's state dict and
+    bad formats refused with nothing changed."""
+    out = result(nproc, "error_formats", seed)
+    for key, row in out.items():
+        if key == "refusals":
+            assert all(row.values()), row
+            continue
+        assert row["same"] and row["loss_finite"] and row["blob_bytes_ok"], (key, row)
+        assert row["format"] == key.split("/")[0], (key, row)
+        assert row["resume_equal"], (key, row)
+        assert row["other_format_refused"] and row["other_unchanged"], (key, row)
 
 
 @pytest.mark.parametrize("nproc", RANKS)

@@ -6,7 +6,7 @@ of results; every rank checks what it can (params identical on all ranks)
 and exits non-zero on failure.
 
     torchrun --nproc-per-node N torch_onebit_worker.py <case>[,<case>...] <seed>
-case: train | resume | bad_sizes | nonfinite | local_error
+case: train | resume | bad_sizes | nonfinite | local_error | error_formats
 Several cases, comma-separated, run one after the other in one launch (a
 launch costs seconds of torchrun and torch imports); the JSON line then holds
 each case's results under its name.
@@ -145,6 +145,88 @@ def case_resume(seed):
     return out
 
 
+def error_bytes(fmt, count):
+    """Bytes of `count` errors in `fmt` (docs/COMMUNICATOR.md, section 5b)."""
+    return {"fp32": 4 * count, "bf16": 2 * count, "int8": count + 4 * ((count + 255) // 256)}[fmt]
+
+
+def case_error_formats(seed):
+    """The 1-bit optimizers with their errors in bf16 and 8-bit blocks
+    (error_format=): params identical on all ranks after the freeze; the
+    error blob holds the errors in their format (its size); save at a step
+    after the freeze, step, restore into a fresh optimizer of the same
+    format, step again: the same bits; an optimizer of another format
+    refuses the state dict with nothing changed; bad formats refused."""
+    from lowbit import StateMismatchError
+
+    out = {}
+    W, rank = dist.get_world_size(), dist.get_rank()
+    makers = {"OneBitAdam": lambda p, f: lt.OneBitAdam(p, lr=LR, freeze_step=20, error_format=f),
+              "ZeroOneAdam": lambda p, f: lt.ZeroOneAdam(p, lr=LR, var_freeze_step=20, error_format=f),
+              "OneBitLamb": lambda p, f: lt.OneBitLamb(p, lr=LR, freeze_step=20, error_format=f)}
+    K = 30
+    for fmt in ("bf16", "int8"):
+        for name, make in makers.items():
+            saved = {}
+
+            def snap(t, net, opt):
+                if t == K:
+                    saved["model"] = {k: v.clone() for k, v in net.state_dict().items()}
+                    saved["opt"] = opt.state_dict()
+                    saved["grads"] = [p.grad.clone() for p in net.parameters()]
+
+            net, opt, x, y = train(seed, lambda p: make(p, fmt), steps=K + 1, hook=True,
+                                   on_step=snap)
+            after = [p.detach().clone() for p in net.parameters()]
+            row = {"same": same_on_all_ranks(net), "format": opt.communicator.error_format,
+                   "loss_finite": bool(torch.isfinite(torch.tensor(global_loss(net, x, y))))}
+            blob = saved["opt"]["lowbit"]["comm_errors"]
+            n = opt.communicator.error_numel()
+            row["error_numel"] = list(n)
+            row["blob_bytes_ok"] = n[0] > 0 and blob.numel() == 64 + error_bytes(fmt, n[0]) + error_bytes(fmt, n[1])
+            # restore into a fresh optimizer of the same format: the same bits
+            net2 = model(seed + 1)
+            net2.load_state_dict(saved["model"])
+            opt2 = make(net2.parameters(), fmt)
+            for p in net2.parameters():
+                p.grad = torch.zeros_like(p)
+            opt2.load_state_dict(saved["opt"])
+            for p, g in zip(net2.parameters(), saved["grads"]):
+                p.grad = g.clone()
+            opt2.step()
+            row["resume_equal"] = all(torch.equal(a, b) for a, b in zip(after, net2.parameters()))
+            # another format refuses the state dict, nothing changed
+            other = "fp32" if fmt == "int8" else "int8"
+            net3 = model(seed + 2)
+            opt3 = make(net3.parameters(), other)
+            before = opt3.state_dict()
+            try:
+                opt3.load_state_dict(saved["opt"])
+                row["other_format_refused"] = False
+            except StateMismatchError as e:
+                row["other_format_refused"] = "keeps them in" in str(e)
+            row["other_unchanged"] = bool(torch.equal(opt3.state_dict()["lowbit"]["comm_errors"],
+                                                      before["lowbit"]["comm_errors"]))
+            out[f"{fmt}/{name}"] = row
+    # bad input, before anything is made
+    refusals = {}
+    for bad in ("fp16", 8, "INT8"):
+        try:
+            lt.OneBitAdam(model(seed).parameters(), lr=LR, error_format=bad)
+            refusals[repr(bad)] = False
+        except ValueError as e:
+            refusals[repr(bad)] = "error_format" in str(e)
+    comm = lt.process_group_communicator(error_format="bf16")
+    try:
+        lt.OneBitAdam(model(seed).parameters(), lr=LR, communicator=comm, error_format="int8")
+        refusals["communicator of another format"] = False
+    except ValueError as e:
+        refusals["communicator of another format"] = "bf16" in str(e)
+    comm.close()
+    out["refusals"] = refusals
+    return out
+
+
 def case_bad_sizes(seed):
     """Rank 0 has a wider model: the step fails on every rank, nothing changed."""
     rank = dist.get_rank()
@@ -253,7 +335,7 @@ def main():
     dist.init_process_group("nccl" if CUDA else "gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     run = {"train": case_train, "resume": case_resume, "bad_sizes": case_bad_sizes,
-           "nonfinite": case_nonfinite, "local_error": case_local_error}
+           "nonfinite": case_nonfinite, "local_error": case_local_error, "error_formats": case_error_formats}
     out = run[cases[0]](seed) if len(cases) == 1 else {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()
     if dist.get_rank() == 0:

@@ -141,16 +141,19 @@ class _Nothing:
         return False
 
 
-def process_group_communicator(process_group=None) -> Communicator:
+def process_group_communicator(process_group=None, error_format=None) -> Communicator:
     """A lowbit Communicator over a torch.distributed ProcessGroup (default:
     the world group). Not collective. Its transport, with its byte counters,
-    is ``comm.transport``."""
+    is ``comm.transport``. ``error_format``: how it keeps its worker and
+    server errors, ``"fp32"`` (default), ``"bf16"`` or ``"int8"`` (CPU
+    tensors only)."""
     t = ProcessGroupTransport(process_group)
     cuda = t.device.type == "cuda"
     comm = Communicator.from_transport(
         rank=t.rank, world_size=t.world_size, alltoall=t.alltoall, allgather=t.allgather,
         allreduce_sum=t.allreduce_sum, allreduce_max=t.allreduce_max, host_buffers=not cuda,
-        device_buffers=cuda, stream_ordered=cuda, device_index=t.device.index if cuda else -1)
+        device_buffers=cuda, stream_ordered=cuda, device_index=t.device.index if cuda else -1,
+        error_format=error_format)
     comm.transport = t
     return comm
 

@@ -13,7 +13,41 @@ from .._names import c_int
 from .._options import check_onebit_options, config_defaults, onebit_options_defaults
 from ._adam import _AdamBase
 from ._dist import process_group_communicator
-from ._tensors import _device_key, _local
+from ._tensors import _device_key, _is_dtensor, _local
+
+
+def _sharded_dims(p) -> list:
+    """The mesh dimensions (of size > 1) over which the DTensor `p` is not
+    replicated (Shard, _StridedShard, Partial): its local tensor is then a
+    piece of the param, not all of it. [] for plain tensors."""
+    if not _is_dtensor(p):
+        return []
+    mesh = p.device_mesh
+    return [(i, pl) for i, pl in enumerate(p.placements) if mesh.size(i) > 1 and not pl.is_replicate()]
+
+
+def _refuse_sharded(optimizer: str, params: list, group_index: int) -> None:
+    """ValueError naming the first param of a new group that is a sharded
+    DTensor (FSDP2's fully_shard, distribute_tensor with Shard): the 1-bit
+    optimizers exchange each rank's local tensors as if every rank held the
+    same params (data parallelism), so over shards they would average
+    different ranks' different pieces of a param (docs/ONEBIT_SHARDED.md).
+    Replicated DTensors (every placement Replicate, or a mesh of one rank)
+    hold the whole param on every rank and are taken."""
+    for i, item in enumerate(params):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
+        dims = _sharded_dims(p)
+        if not dims:
+            continue
+        what = f"param {name!r}" if isinstance(name, str) else f"param {i} of param group {group_index}"
+        placed = ", ".join(f"{pl} over mesh dim {d} of {p.device_mesh.size(d)} ranks" for d, pl in dims)
+        raise ValueError(
+            f"{optimizer}: {what} (shape {tuple(p.shape)}) is a sharded DTensor ({placed}; e.g. from FSDP2's "
+            f"fully_shard): the 1-bit optimizers average every rank's local tensors as data-parallel replicas, so "
+            f"on shards they would average different ranks' different pieces of it. Use the 1-bit optimizers "
+            f"with replicated params (DDP and lowbit.torch.onebit_ddp_comm_hook, or replicated DTensors), or a "
+            f"sharded optimizer such as lowbit.torch.AdamW under FSDP2 (docs/ONEBIT_SHARDED.md); nothing was "
+            f"changed")
 
 
 class _OneBitBase(_AdamBase):
@@ -30,12 +64,31 @@ class _OneBitBase(_AdamBase):
     every rank at once, nothing changed: that rank raises its error, the
     others InvalidArgumentError quoting it (over a ProcessGroup or any
     transport of Python functions with ``allreduce_max``; over MPI the others'
-    message names the rank; over NCCL, which has no agreement, they wait)."""
+    message names the rank; over NCCL, which has no agreement, they wait).
+
+    ``error_format``: how the communicator keeps the worker and server
+    errors of the compressed exchange, ``"fp32"`` (default: 4 + 4/W bytes per
+    param per rank), ``"bf16"`` (2 + 2/W) or ``"int8"`` (blocks of 256 with
+    one fp32 absmax: (1 + 1/64)(1 + 1/W)); CPU params only for the last two.
+    ``state_dict()`` carries the errors in that format; loading them needs an
+    optimizer of the same format (otherwise an error, nothing changed). With
+    ``communicator=`` the format is the communicator's.
+
+    Params must be replicated (every rank holds all of each): plain tensors,
+    replicated DTensors, or DTensors on a mesh of one rank. A sharded DTensor
+    (FSDP2's ``fully_shard``) is refused by ``add_param_group`` (so also when
+    the optimizer is made) with a ValueError naming it, nothing changed
+    (docs/ONEBIT_SHARDED.md)."""
 
     def __init__(self, params, lr, betas, eps, weight_decay, *, freeze_step, process_group=None,
-                 communicator=None, onebit_options=None, freeze_name="freeze_step", **kwargs):
+                 communicator=None, onebit_options=None, freeze_name="freeze_step", error_format=None, **kwargs):
         if communicator is not None and process_group is not None:
             raise ValueError("give process_group or communicator, not both")
+        if error_format is not None and error_format not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"error_format={error_format!r} is not 'fp32', 'bf16' or 'int8'")
+        if communicator is not None and error_format is not None and error_format != communicator.error_format:
+            raise ValueError(f"error_format={error_format!r}, but the communicator given keeps its errors in "
+                             f"{communicator.error_format!r} (set it when making the communicator)")
         # Options left None take the library's defaults (lowbit_onebit_options_init).
         self._option_names = tuple(onebit_options or ())
         options = check_onebit_options({k: v for k, v in (onebit_options or {}).items() if v is not None})
@@ -46,7 +99,14 @@ class _OneBitBase(_AdamBase):
         self.freeze_step = freeze_step
         self._config["freeze_step"] = self.freeze_step
         self._onebit_options = options
-        self._comm = communicator if communicator is not None else process_group_communicator(process_group)
+        if error_format not in (None, "fp32"):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.device.type != "cpu":
+                        raise ValueError(f"error_format={error_format!r} takes CPU params only (a param is on "
+                                         f"{p.device}); CUDA keeps the errors in fp32")
+        self._comm = (communicator if communicator is not None
+                      else process_group_communicator(process_group, error_format=error_format))
         self._process_group = process_group
         self._warmup_averaged_by_caller = False  # onebit_ddp_comm_hook: DDP averages the gradients
         self._generation = 0  # steps and loads so far: the cached status below is of one generation
@@ -59,6 +119,21 @@ class _OneBitBase(_AdamBase):
             settings = ", ".join(f"{k}={v!r}" for k, v in {freeze_name: freeze_step, **options}.items())
             where = f"{e.function}: " if e.function else ""
             raise type(e)(f"{type(self).__name__}({settings}): {where}{e.message}", e.status) from None
+
+    def add_param_group(self, param_group: dict) -> None:
+        # Refuse sharded DTensor params before torch (or lowbit) records the
+        # group: nothing changes on a refused call. Every rank sees the same
+        # placements and mesh sizes, so every rank refuses alike.
+        if isinstance(param_group, dict) and "params" in param_group:
+            params = param_group["params"]
+            if isinstance(params, torch.Tensor):
+                params = [params]
+            elif not isinstance(params, set):  # a set: torch's own error
+                params = list(params)
+            param_group["params"] = params
+            if not isinstance(params, set):
+                _refuse_sharded(type(self).__name__, params, len(getattr(self, "param_groups", ())))
+        super().add_param_group(param_group)
 
     @property
     def communicator(self):
