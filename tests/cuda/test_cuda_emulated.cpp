@@ -252,6 +252,7 @@ void run_case(const AlgoCase& a, const lowbit_state_format_t fmt[2], const Dtype
   hp[0].lr_decay = a.lr_decay;
   hp[0].initial_accumulator_value = a.initial_sum;
   const int moments = moments_in_use(describe(rule_algorithm(a.algo)), hp[0]);
+  const bool muon = a.algo == Algo::Muon;
   for (int k = 1; k < num_groups; ++k) {
     hp[size_t(k)] = hp[0];
     hp[size_t(k)].lr = a.lr / float(k + 1);
