@@ -304,8 +304,8 @@ typedef enum lowbit_rounding {
  * (SPECTRAL_UNCLAMPED) or lr (NONE). The products go through a BLAS (CPU:
  * the CBLAS found at build time; CUDA: cuBLAS) in the step's stream. A group
  * of a MUON optimizer may set hparams.algorithm to ADAMW (or ADAM, LION,
- * SGD): its params take that algorithm's step, in any state format (the
- * usual hybrid: matrices with Muon, embeddings, heads, norms and biases with
+ * SGD, RMSPROP, ADAGRAD: the descriptors' hybrid_group): its params take
+ * that algorithm's step, in any state format (the usual hybrid: matrices with Muon, embeddings, heads, norms and biases with
  * AdamW). A parameter of < 2 dims in a Muon group is refused at
  * registration. Muon steps matrices in batches of equal shape through a
  * workspace of the batch's fp32 update plus its Newton-Schulz products
@@ -342,8 +342,8 @@ typedef struct lowbit_hparams {
   int32_t bias_correction; /* Adam: 0/1 */
   /* Since 0.7 (struct_size of older callers still accepted: the defaults
    * below). */
-  lowbit_algorithm_t algorithm; /* the group's algorithm: 0 = the optimizer's; a MUON
-                                   optimizer's group may say ADAMW, ADAM, LION or SGD */
+  lowbit_algorithm_t algorithm; /* the group's algorithm: 0 = the optimizer's; a MUON optimizer's
+                                   group may say ADAMW, ADAM, LION, SGD, RMSPROP or ADAGRAD */
   int32_t ns_steps;             /* Muon: Newton-Schulz iterations, 1..100 (default 5) */
   float ns_coefficients[3];     /* Muon: the quintic's (a, b, c), finite (3.4445, -4.775, 2.0315) */
   lowbit_muon_lr_adjust_t adjust_lr; /* Muon: torch.optim.Muon's adjust_lr_fn */
