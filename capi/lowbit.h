@@ -307,8 +307,9 @@ typedef enum lowbit_rounding {
  * SGD, RMSPROP, ADAGRAD: the descriptors' hybrid_group): its params take
  * that algorithm's step, in any state format (the usual hybrid: matrices
  * with Muon, embeddings, heads, norms and biases with AdamW). A parameter
- * of < 2 dims in a Muon group is refused at registration. Muon steps matrices in batches of equal shape through a
- * workspace of the batch's fp32 update plus its Newton-Schulz products
+ * of < 2 dims in a Muon group is refused at registration. Muon steps
+ * matrices in batches of equal shape through a workspace of the batch's
+ * fp32 update plus its Newton-Schulz products
  * (lowbit_optimizer_workspace_bytes). */
 typedef enum lowbit_muon_lr_adjust {
   LOWBIT_MUON_LR_ORIGINAL = 0, /* sqrt(max(1, rows / cols)): torch's default */
