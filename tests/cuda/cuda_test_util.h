@@ -171,17 +171,22 @@ static inline int ct_ckpt_parse(ct_ckpt_t* c, int64_t got) {
   uint64_t total, seed;
   int64_t freeze;
   if (!ct_take(&p, end, NULL, 8) || memcmp(c->bytes, "LOWBITCK", 8) != 0) return 0;
-  if (!ct_take(&p, end, &version, 4) || (version != 1 && version != 2)) {
-    printf("checkpoint version %u: this reader knows versions 1 and 2\n", version);
+  if (!ct_take(&p, end, &version, 4) || (version != 1 && version != 2 && version != 4)) {
+    printf("checkpoint version %u: this reader knows versions 1, 2 and 4\n", version);
     return 0;
   }
   if (!ct_take(&p, end, &mode, 4) || !ct_take(&p, end, &algorithm, 4) || !ct_take(&p, end, &num_groups, 4) ||
       !ct_take(&p, end, &total, 8) || !ct_take(&p, end, &c->num_params, 8) || !ct_take(&p, end, &seed, 8) ||
       !ct_take(&p, end, &freeze, 8))
     return 0;
-  /* a group: 36 bytes of hparams, 28 more in a Muon checkpoint (core/checkpoint.cpp) */
+  /* a group: 36 bytes of hparams, 28 more in a Muon checkpoint, then (version 4) u32 n and n words of the
+   * 0.8 fields (core/checkpoint.cpp) */
   const size_t group_bytes = algorithm == (uint32_t)LOWBIT_ALGORITHM_MUON ? 36 + 28 : 36;
-  if (!ct_take(&p, end, NULL, (size_t)num_groups * group_bytes)) return 0;
+  for (uint32_t g = 0; g < num_groups; ++g) {
+    if (!ct_take(&p, end, NULL, group_bytes)) return 0;
+    uint32_t words = 0;
+    if (version == 4 && (!ct_take(&p, end, &words, 4) || !ct_take(&p, end, NULL, (size_t)words * 4))) return 0;
+  }
   c->params = (ct_param_t*)calloc((size_t)c->num_params + 1, sizeof(ct_param_t));
   for (uint64_t i = 0; i < c->num_params; ++i) {
     ct_param_t* q = &c->params[i];

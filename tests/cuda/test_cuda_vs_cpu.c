@@ -255,7 +255,8 @@ static void run_algo(const acase_t* a, int all_formats) {
   ct_stats_t st;
   memset(&st, 0, sizeof st);
   for (int fi = 0; fi < (all_formats ? NFORMATS : 1); ++fi) {
-    if (a->algo != LOWBIT_ALGORITHM_ADAMW && a->algo != LOWBIT_ALGORITHM_ADAM && FORMATS[fi].v != FORMATS[fi].m)
+    if (a->algo != LOWBIT_ALGORITHM_ADAMW && a->algo != LOWBIT_ALGORITHM_ADAM && a->algo != LOWBIT_ALGORITHM_RMSPROP &&
+        FORMATS[fi].v != FORMATS[fi].m)
       continue; /* one-moment algorithms: the mixed pairs add nothing */
     for (int di = 0; di < NDTYPES; ++di) {
       if (quick_skip(fi, di)) continue;
@@ -297,6 +298,17 @@ static void test_sgd_plain(void** state) {
   (void)state;
   acase_t a = {"sgd plain", LOWBIT_ALGORITHM_SGD, 1e-2f, 1e-3f, 0.f, 0.f, 0};
   run_algo(&a, 0); /* no state: one format entry */
+}
+/* The algorithms of the descriptors (issue 46): an unsigned first moment. */
+static void test_rmsprop_momentum(void** state) {
+  (void)state;
+  acase_t a = {"rmsprop momentum", LOWBIT_ALGORITHM_RMSPROP, 1e-3f, 1e-3f, 0.9f, 0.f, 0};
+  run_algo(&a, 1);
+}
+static void test_adagrad(void** state) {
+  (void)state;
+  acase_t a = {"adagrad", LOWBIT_ALGORITHM_ADAGRAD, 1e-2f, 1e-3f, 0.f, 0.f, 0};
+  run_algo(&a, 1);
 }
 
 /* Muon: its momentum step runs on the engines' element-wise loops (on CUDA
@@ -418,6 +430,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
+      cmocka_unit_test(test_rmsprop_momentum), cmocka_unit_test(test_adagrad),
       cmocka_unit_test(test_muon),
   };
   int failed = LOWBIT_RUN_SELECTED(tests, argc, argv, NULL, NULL);
