@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """How far each optimizer-state format's final validation loss falls behind
-fp32 AdamW on char_lm's task, at a short and a 5x longer horizon, over seeds
-(issue 37). Every run is one process-pool task on one thread; the table gives
-the gap in percent, the mean over seeds and each seed's.
+fp32 AdamW, at a short and a 5x longer horizon, over seeds, on one or more
+tasks (issues 37 and 50). Every run is one process-pool task on one thread;
+the table gives the gap in percent, the mean over seeds and each seed's, one
+table per task.
+
+Tasks (TASKS; each a module of this folder with char_lm's interface):
+  char_lm     2-layer char-level transformer on the repository's source text
+  shapes_cnn  small CNN on generated 16x16 images of 8 shape classes
+  grammar_lm  2-layer word-level transformer on text of a generated grammar
 
   python3 bench/convergence/run_gap.py                       # the default table (about 8 min on 2 cores)
   python3 bench/convergence/run_gap.py --formats fp32 4bit 4bit-v --steps 600 --seeds 0
+  python3 bench/convergence/run_gap.py --tasks char_lm shapes_cnn grammar_lm --steps 600
   python3 bench/convergence/run_gap.py --json out.json       # the raw losses too
 """
 
@@ -21,36 +28,39 @@ from pathlib import Path
 import _paths  # noqa: F401,E402  (sys.path and LOWBIT_LIBRARY, before lowbit)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-_DATA = None
+# task -> its seconds per step on one core of the 2-core VM (for the order of the pool only)
+TASKS = {"char_lm": 0.04, "shapes_cnn": 0.05, "grammar_lm": 0.06}
+_DATA = {}
 
 
 def _run(job):
-    global _DATA
     import importlib
     import torch
-    import char_lm
     torch.set_num_threads(1)
-    if _DATA is None:
-        _DATA = char_lm.dataset()
-    table, name, steps, seed = job
+    table, task_name, name, steps, seed = job
+    task = importlib.import_module(task_name)
+    if task_name not in _DATA:
+        _DATA[task_name] = task.dataset()
     module, attr = table.split(":")
     make = getattr(importlib.import_module(module), attr)[name]
     t = time.time()
-    loss = char_lm.train(make, steps, seed, _DATA)
-    return (name, steps, seed), loss, time.time() - t
+    loss = task.train(make, steps, seed, _DATA[task_name])
+    return (task_name, name, steps, seed), loss, time.time() - t
 
 
-def train_all(table, names, steps_list, seeds, jobs):
-    """char_lm.train of every (name, steps, seed) on a pool of `jobs`
+def train_all(table, names, steps_list, seeds, jobs, tasks=("char_lm",)):
+    """task.train of every (task, name, steps, seed) on a pool of `jobs`
     processes, long runs first (so that the pool ends together). `table`:
-    "module:dict" of name -> function(model) -> optimizer, in this folder.
-    Prints each run as it ends; returns {(name, steps, seed): final loss}."""
-    work = sorted(((table, n, s, seed) for s in steps_list for seed in seeds for n in names), key=lambda j: -j[2])
+    "module:dict" of name -> function(model) -> optimizer, in this folder
+    (char_lm calls it with the model; the other tasks add task=module).
+    Prints each run as it ends; returns {(task, name, steps, seed): final loss}."""
+    work = sorted(((table, t, n, s, seed) for t in tasks for s in steps_list for seed in seeds for n in names),
+                  key=lambda j: -j[3] * TASKS.get(j[1], 0.05))
     losses, t0 = {}, time.time()
     with ProcessPoolExecutor(jobs) as pool:
-        for (n, s, seed), loss, secs in pool.map(_run, work):
-            losses[(n, s, seed)] = loss
-            print(f"  {n:14s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
+        for (t, n, s, seed), loss, secs in pool.map(_run, work):
+            losses[(t, n, s, seed)] = loss
+            print(f"  {t:10s} {n:14s} {s:5d} steps seed {seed}: val loss {loss:.4f} ({secs:.0f} s)", flush=True)
     print(f"\n{len(work)} runs in {time.time() - t0:.0f} s\n")
     return losses
 
@@ -62,15 +72,18 @@ def main(argv=None):
                     choices=sorted(FORMATS))
     ap.add_argument("--steps", nargs="+", type=int, default=[600, 3000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--tasks", nargs="+", default=["char_lm"], choices=sorted(TASKS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="write every run's loss here")
     args = ap.parse_args(argv)
     formats = args.formats if "fp32" in args.formats else ["fp32"] + args.formats
-    losses = train_all("gap_formats:FORMATS", formats, args.steps, args.seeds, args.jobs)
-    print(table(losses, formats, args.steps, args.seeds))
+    losses = train_all("gap_formats:FORMATS", formats, args.steps, args.seeds, args.jobs, args.tasks)
+    for t in args.tasks:
+        print(f"{t}:\n" + table({k[1:]: v for k, v in losses.items() if k[0] == t}, formats, args.steps, args.seeds)
+              + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps([dict(format=f, steps=s, seed=seed, loss=l)
-                                               for (f, s, seed), l in sorted(losses.items())], indent=1))
+        Path(args.json).write_text(json.dumps([dict(task=t, format=f, steps=s, seed=seed, loss=l)
+                                               for (t, f, s, seed), l in sorted(losses.items())], indent=1))
 
 
 def gap(losses, fmt, steps, seed):
@@ -79,6 +92,7 @@ def gap(losses, fmt, steps, seed):
 
 
 def table(losses, formats, steps_list, seeds):
+    """Markdown table of {(format, steps, seed): loss} (one task's)."""
     head = "| format | " + " | ".join(f"{s} steps: gap (per seed)" for s in steps_list) + " |"
     rows = [head, "|---|" + "---|" * len(steps_list)]
     for f in formats:
