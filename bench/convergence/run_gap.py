@@ -14,6 +14,8 @@ Tasks (TASKS; each a module of this folder with char_lm's interface):
   python3 bench/convergence/run_gap.py --formats fp32 4bit 4bit-v --steps 600 --seeds 0
   python3 bench/convergence/run_gap.py --tasks char_lm shapes_cnn grammar_lm --steps 600
   python3 bench/convergence/run_gap.py --json out.json       # the raw losses too
+  python3 bench/convergence/run_gap.py --report a.json b.json  # one table (a column per task and horizon)
+                                                             # of the runs in earlier --json files
 """
 
 from __future__ import annotations
@@ -75,7 +77,15 @@ def main(argv=None):
     ap.add_argument("--tasks", nargs="+", default=["char_lm"], choices=sorted(TASKS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="write every run's loss here")
+    ap.add_argument("--report", nargs="+", metavar="JSON", help="run nothing: print the table of these --json files")
     args = ap.parse_args(argv)
+    if args.report:
+        losses = {}
+        for f in args.report:
+            for r in json.loads(Path(f).read_text()):
+                losses[(r.get("task", "char_lm"), r["format"], r["steps"], r["seed"])] = r["loss"]
+        print(wide_table(losses))
+        return
     formats = args.formats if "fp32" in args.formats else ["fp32"] + args.formats
     losses = train_all("gap_formats:FORMATS", formats, args.steps, args.seeds, args.jobs, args.tasks)
     for t in args.tasks:
@@ -89,6 +99,32 @@ def main(argv=None):
 def gap(losses, fmt, steps, seed):
     ref = losses[("fp32", steps, seed)]
     return 100.0 * (losses[(fmt, steps, seed)] - ref) / ref
+
+
+def wide_table(losses):
+    """Markdown table of {(task, format, steps, seed): loss}: a row per
+    format, a column per horizon and task; fp32's cells give its losses, the
+    others the mean gap over the seeds both ran, then each seed's."""
+    tasks = [t for t in TASKS if any(k[0] == t for k in losses)]
+    from gap_formats import FORMATS
+    order = list(FORMATS)
+    formats = sorted({k[1] for k in losses}, key=lambda f: (order.index(f) if f in order else len(order), f))
+    steps_list = sorted({k[2] for k in losses})
+    cols = [(s, t) for s in steps_list for t in tasks if any(k[0] == t and k[2] == s for k in losses)]
+    rows = ["| format | " + " | ".join(f"{t}, {s} steps" for s, t in cols) + " |", "|---|" + "---|" * len(cols)]
+    for f in formats:
+        cells = []
+        for s, t in cols:
+            seeds = sorted(k[3] for k in losses if k[:3] == (t, f, s) and (t, "fp32", s, k[3]) in losses)
+            if not seeds:
+                cells.append("")
+            elif f == "fp32":
+                cells.append("loss " + ", ".join(f"{losses[(t, f, s, x)]:.4f}" for x in seeds))
+            else:
+                g = [100.0 * (losses[(t, f, s, x)] / losses[(t, "fp32", s, x)] - 1) for x in seeds]
+                cells.append(f"{sum(g) / len(g):+.2f}% (" + ", ".join(f"{x:+.2f}" for x in g) + ")")
+        rows.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def table(losses, formats, steps_list, seeds):
