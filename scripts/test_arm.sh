@@ -88,7 +88,7 @@ fi
 start=$SECONDS
 mkdir -p "$build"
 cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-aarch64-linux-gnu.cmake -DLOWBIT_QEMU_AARCH64="$qemu" \
-  -DCMAKE_BUILD_TYPE=Release -DLOWBIT_WITH_CUDA=OFF -DLOWBIT_WITH_MPI=OFF -DLOWBIT_WITH_JAX=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DLOWBIT_WITH_CUDA=OFF -DLOWBIT_WITH_MPI=OFF -DLOWBIT_WITH_JAX=OFF -DLOWBIT_TEST_TIMEOUT_SCALE=4 \
   -DLOWBIT_BUILD_BENCH=ON -DLOWBIT_BUILD_EXAMPLES=ON "${x86_arg[@]+"${x86_arg[@]}"}" >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 grep -E "^-- lowbit:" "$build/configure.log" || true

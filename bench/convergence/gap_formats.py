@@ -1,5 +1,7 @@
 """The optimizers run_gap.py compares: name -> function(model) -> optimizer.
-All are AdamW with char_lm's hyper-parameters; only the state differs.
+All are AdamW with the task's hyper-parameters (LR, BETAS, WEIGHT_DECAY of
+the task module given as `task=`, char_lm's when none is); only the state
+differs.
 
   fp32          torch.optim.AdamW, the reference
   bf16, 8bit, fp8   lowbit's formats, both moments
@@ -17,15 +19,15 @@ from __future__ import annotations
 
 import torch
 
-import char_lm as task
+import char_lm
 
 
-def _torch_adamw(model):
+def _torch_adamw(model, task=char_lm):
     return torch.optim.AdamW(model.parameters(), lr=task.LR, betas=task.BETAS, weight_decay=task.WEIGHT_DECAY)
 
 
 def _lowbit(state, **options):
-    def make(model):
+    def make(model, task=char_lm):
         import lowbit.torch as lbt
         return lbt.AdamW(model.parameters(), lr=task.LR, betas=task.BETAS, weight_decay=task.WEIGHT_DECAY,
                          state=state, num_threads=1, **options)
@@ -49,7 +51,7 @@ FORMATS = {
 
 
 def _sim(m_store, v_store):
-    def make(model):
+    def make(model, task=char_lm):
         import sim_state
         return sim_state.SimAdamW(model.parameters(), lr=task.LR, betas=task.BETAS,
                                   weight_decay=task.WEIGHT_DECAY, m_store=m_store, v_store=v_store)

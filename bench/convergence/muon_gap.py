@@ -102,8 +102,8 @@ def main(argv=None):
     for c in configs:
         cells = []
         for s in args.steps:
-            vals = [losses[(c, s, seed)] for seed in args.seeds]
-            gaps = [100 * (losses[(c, s, seed)] / losses[("fp32", s, seed)] - 1) for seed in args.seeds]
+            vals = [losses[("char_lm", c, s, seed)] for seed in args.seeds]
+            gaps = [100 * (losses[("char_lm", c, s, seed)] / losses[("char_lm", "fp32", s, seed)] - 1) for seed in args.seeds]
             cells.append(f"{sum(vals) / len(vals):.4f} ({sum(gaps) / len(gaps):+.2f}%; "
                          + ", ".join(f"{g:+.2f}" for g in gaps) + ")")
         print(f"| {c} | " + " | ".join(cells) + " |")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where a quantized state's error goes (issue 37): trains char_lm with one
+"""Where a quantized state's error goes (issues 37, 50): trains a task
+(char_lm unless --task names another of run_gap.TASKS) with one
 lowbit format while keeping, beside it, the exact fp32 moments of the same
 gradient stream, and at chosen steps compares what the library holds
 (read_moment) with them, element by element.
@@ -14,6 +15,7 @@ group: its share of elements, the median and mean of the factor, and the
 share scaled below 0.5 (for r_m: held with the wrong sign or zero included).
 
   python3 bench/convergence/probe_state.py --format 4bit --steps 3000 --at 100 600 1500 3000
+  python3 bench/convergence/probe_state.py --task grammar_lm --format 4bit-sr --steps 600 --at 600
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import _paths  # noqa: F401,E402  (sys.path and LOWBIT_LIBRARY, before lowbit)
 
 import torch  # noqa: E402
 
-import char_lm  # noqa: E402
+import importlib  # noqa: E402
+
 from gap_formats import FORMATS  # noqa: E402
 
 BLOCK, EPS = 128, 1e-8
@@ -63,9 +66,11 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--at", nargs="+", type=int, default=[100, 600, 1500, 3000])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", default="char_lm", choices=["char_lm", "shapes_cnn", "grammar_lm"])
     args = ap.parse_args()
     torch.set_num_threads(1)
-    b1, b2 = char_lm.BETAS
+    task = importlib.import_module(args.task)
+    b1, b2 = task.BETAS
     shadow = {}
 
     def probe(step, model, opt):
@@ -86,7 +91,7 @@ def main():
         if rows:
             report(t, rows)
 
-    loss = char_lm.train(FORMATS[args.format], args.steps, args.seed, probe=probe)
+    loss = task.train(FORMATS[args.format], args.steps, args.seed, probe=probe)
     print(f"final val loss {loss:.4f}")
 
 
