@@ -70,6 +70,24 @@ T get(const uint8_t* p) {
   return v;
 }
 
+// The header's world size and rank (this communicator's) and its element
+// counts (consistent with the layout of n elements): the worker error's n
+// and the server error's c.
+void blob_counts(const uint8_t* data, int32_t world, int32_t rank, int64_t& n, int64_t& c) {
+  const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
+  LOWBIT_REQUIRE(w == world, LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
+                 ", this communicator has ", world);
+  LOWBIT_REQUIRE(r == rank, LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank,
+                 " (each rank restores its own errors)");
+  n = get<int64_t>(data + 24);
+  const int64_t chunk = get<int64_t>(data + 32);
+  c = get<int64_t>(data + 40);
+  LOWBIT_REQUIRE(n >= 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
+  const Layout L = Layout::make(n, world, rank);
+  LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
+                 "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");
+}
+
 }  // namespace
 
 int64_t Communicator::worker_error_numel() const { return impl_->error_numel(); }
@@ -190,16 +208,8 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
   LOWBIT_REQUIRE(reserved == 0, LOWBIT_ERROR_CORRUPT_DATA, "buffer header bytes ", kReservedAt, "..",
                  kReservedAt + 7, " (reserved) hold 0x", std::hex, reserved, std::dec,
                  "; they must be 0 (corrupted, or written by a newer format this library does not know)");
-  const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
-  LOWBIT_REQUIRE(w == world(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
-                 ", this communicator has ", world());
-  LOWBIT_REQUIRE(r == rank(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank(),
-                 " (each rank restores its own errors)");
-  const int64_t n = get<int64_t>(data + 24), chunk = get<int64_t>(data + 32), c = get<int64_t>(data + 40);
-  LOWBIT_REQUIRE(n >= 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
-  const Layout L = Layout::make(n, world(), rank());
-  LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
-                 "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");
+  int64_t n = 0, c = 0;
+  blob_counts(data, world(), rank(), n, c);
   const int64_t expected = kHeaderBytes + 4 * (n + c);
   LOWBIT_REQUIRE(size >= expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, but the blob needs ",
                  expected, " (truncated)");
@@ -249,16 +259,8 @@ void Communicator::load_errors(const uint8_t* data, int64_t size, void* stream) 
 void Communicator::load_compact(const uint8_t* data, int64_t size, void* stream) {
   Impl& I = *impl_;
   const int32_t f = I.error_format;
-  const int32_t w = get<int32_t>(data + 16), r = get<int32_t>(data + 20);
-  LOWBIT_REQUIRE(w == world(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved with world size ", w,
-                 ", this communicator has ", world());
-  LOWBIT_REQUIRE(r == rank(), LOWBIT_ERROR_STATE_MISMATCH, "buffer was saved by rank ", r, ", this is rank ", rank(),
-                 " (each rank restores its own errors)");
-  const int64_t n = get<int64_t>(data + 24), chunk = get<int64_t>(data + 32), c = get<int64_t>(data + 40);
-  LOWBIT_REQUIRE(n >= 0 && n <= onebit::kMaxNumel, LOWBIT_ERROR_CORRUPT_DATA, "buffer holds numel ", n);
-  const Layout L = Layout::make(n, world(), rank());
-  LOWBIT_REQUIRE(chunk == (n ? L.chunk : 0) && c == (n ? L.server_numel() : 0), LOWBIT_ERROR_CORRUPT_DATA,
-                 "buffer header is inconsistent (numel ", n, ", chunk ", chunk, ", server numel ", c, ")");
+  int64_t n = 0, c = 0;
+  blob_counts(data, world(), rank(), n, c);
   const int64_t wb = n ? onebit::error_bytes(f, n) : 0, sb = n ? onebit::error_bytes(f, c) : 0;
   const int64_t expected = kHeaderBytes + wb + sb;
   LOWBIT_REQUIRE(size >= expected, LOWBIT_ERROR_CORRUPT_DATA, "size is ", size, " bytes, but the blob needs ",
