@@ -17,21 +17,18 @@ seed, data, probe), and LR, BETAS, WEIGHT_DECAY for gap_formats."""
 
 from __future__ import annotations
 
-import math
 import os
 import random
+import sys
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import char_lm
 
-D_MODEL, N_LAYERS, CONTEXT, BATCH = char_lm.D_MODEL, char_lm.N_LAYERS, 64, 8
-LR, BETAS, WEIGHT_DECAY, WARMUP = 1e-3, (0.9, 0.95), 0.1, 100
+# the model, schedule and batches are char_lm's (its sizes); gap_formats reads these
+LR, BETAS, WEIGHT_DECAY = char_lm.LR, char_lm.BETAS, char_lm.WEIGHT_DECAY
 TOKENS, DATA_SEED = 800_000, 5050
 N_NOUNS, N_VERBS, N_ADJS, N_PREPS = 320, 160, 90, 12
-EVAL_BATCHES = 128
 
 
 class Lexicon:
@@ -120,73 +117,16 @@ def dataset():
     return t[:cut], t[cut:], len(lex)
 
 
-class WordLM(nn.Module):
-    """char_lm's CharLM with CONTEXT positions and the word vocabulary."""
-
-    def __init__(self, vocab):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, D_MODEL)
-        self.pos = nn.Embedding(CONTEXT, D_MODEL)
-        self.blocks = nn.ModuleList(char_lm.Block() for _ in range(N_LAYERS))
-        self.ln = nn.LayerNorm(D_MODEL)
-        self.head = nn.Linear(D_MODEL, vocab)
-
-    def forward(self, idx):
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln(x))
-
-
-def lr_at(step, steps):
-    """Linear warm-up over WARMUP steps, then cosine down to 10% of LR."""
-    if step < WARMUP:
-        return LR * (step + 1) / WARMUP
-    p = (step - WARMUP) / max(1, steps - WARMUP)
-    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
-
-
-def batch(tokens, gen):
-    i = torch.randint(0, len(tokens) - CONTEXT - 1, (BATCH,), generator=gen)
-    x = torch.stack([tokens[j:j + CONTEXT] for j in i.tolist()])
-    y = torch.stack([tokens[j + 1:j + CONTEXT + 1] for j in i.tolist()])
-    return x, y
-
-
-@torch.no_grad()
-def evaluate(model, tokens):
-    gen = torch.Generator().manual_seed(12345)
-    total = 0.0
-    for _ in range(EVAL_BATCHES):
-        x, y = batch(tokens, gen)
-        total += F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
-    return total / EVAL_BATCHES
-
-
 def train(make_optimizer, steps, seed, data=None, probe=None):
-    """Final validation loss of a run, as char_lm.train: `make_optimizer(model,
+    """Final validation loss of a run: char_lm's model, schedule, batches and
+    evaluation (the same sizes) on this corpus; `make_optimizer(model,
     task=this module)` gives the optimizer."""
-    import sys
-    train_tokens, val_tokens, vocab = data or dataset()
-    torch.manual_seed(seed)
-    model = WordLM(vocab)
-    opt = make_optimizer(model, task=sys.modules[__name__])
-    gen = torch.Generator().manual_seed(seed + 1)
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps)
-        x, y = batch(train_tokens, gen)
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-        if probe is not None:
-            probe(step, model, opt)
-    return evaluate(model, val_tokens)
+    task = sys.modules[__name__]
+    return char_lm.train(lambda model: make_optimizer(model, task=task), steps, seed, data or dataset(), probe)
 
 
 def num_params(vocab):
-    return sum(p.numel() for p in WordLM(vocab).parameters())
+    return char_lm.num_params(vocab)
 
 
 def _adamw(model, task=None):
