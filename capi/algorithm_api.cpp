@@ -45,7 +45,7 @@ LOWBIT_API lowbit_status_t lowbit_algorithms(lowbit_algorithm_t* out, int32_t ca
     LOWBIT_REQUIRE(capacity >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "capacity = ", capacity, " must be >= 0");
     LOWBIT_REQUIRE(capacity == 0 || out != nullptr, LOWBIT_ERROR_NULL_POINTER, "out is NULL with capacity ",
                    capacity);
-    const std::vector<lowbit_algorithm_t> all = lowbit::all_algorithms();
+    const std::vector<lowbit_algorithm_t>& all = lowbit::all_algorithms();
     for (size_t i = 0; i < all.size() && int32_t(i) < capacity; ++i) out[i] = all[i];
     *count = int32_t(all.size());
   });

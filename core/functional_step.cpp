@@ -139,8 +139,10 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
   // or centred): where the host cannot read the group's hyper-parameters the
   // device checks the count (hparams_valid).
   const bool count_unknown = !hparams && desc.num_slots > 0 && desc.slot[desc.num_slots - 1].when != SlotWhen::Always;
-  lowbit_hparams_t defaults = default_hparams(algorithm);
-  const int moments = count_unknown ? plan.num_moments : moments_in_use(desc, hparams ? hparams[p.group] : defaults);
+  // (without hyper-parameters and not unknown, every slot is kept Always)
+  const int moments = count_unknown ? plan.num_moments
+                      : hparams     ? moments_in_use(desc, hparams[p.group])
+                                    : desc.num_slots;
   LOWBIT_REQUIRE(plan.num_moments == moments && (!count_unknown || moments <= desc.num_slots),
                  LOWBIT_ERROR_INVALID_ARGUMENT,
                  "params[", i, "].plan has ", plan.num_moments, " moments but this algorithm keeps ", moments,

@@ -180,11 +180,14 @@ void check_hparams(const lowbit_hparams_t& h, lowbit_algorithm_t optimizer_algor
   walk_hparams(algorithm, v);
 }
 
-std::vector<lowbit_algorithm_t> all_algorithms() {
-  std::vector<lowbit_algorithm_t> out;
-  for (int a = 1; a <= 64; ++a)
-    if (is_algorithm(lowbit_algorithm_t(a))) out.push_back(lowbit_algorithm_t(a));
-  return out;
+const std::vector<lowbit_algorithm_t>& all_algorithms() {
+  static const std::vector<lowbit_algorithm_t> all = [] {
+    std::vector<lowbit_algorithm_t> out;
+    for (int a = 1; a <= 64; ++a)
+      if (is_algorithm(lowbit_algorithm_t(a))) out.push_back(lowbit_algorithm_t(a));
+    return out;
+  }();
+  return all;
 }
 
 lowbit_algorithm_info_t algorithm_info(lowbit_algorithm_t algorithm) {

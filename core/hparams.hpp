@@ -8,8 +8,8 @@
 
 namespace lowbit {
 
-// Every algorithm, in enum order.
-std::vector<lowbit_algorithm_t> all_algorithms();
+// Every algorithm, in enum order (listed once, on first use).
+const std::vector<lowbit_algorithm_t>& all_algorithms();
 // The C descriptors (current struct sizes); `algorithm` must be one.
 lowbit_algorithm_info_t algorithm_info(lowbit_algorithm_t algorithm);
 std::vector<lowbit_hparam_info_t> hparam_infos(lowbit_algorithm_t algorithm);

@@ -17,6 +17,24 @@ from ._base import LowbitOptimizer, refuse
 _TORCH_SWITCHES = ("maximize", "foreach", "capturable", "differentiable", "fused")
 
 
+def described_hparams(algorithm, group, real) -> dict:
+    """A group's hyper-parameters by the descriptor's field names (flags as
+    bools, reals through `real`)."""
+    out = {}
+    for h in algorithm_spec(algorithm).hparams:
+        v = group[h.name]
+        out[h.name] = bool(v) if h.type == "flag" else (real(v) if h.type == "real" else v)
+    return out
+
+
+def described_num_moments(algorithm, hparams: dict) -> int:
+    """The moments a group with these hyper-parameters (by name) keeps, as
+    the library counts them (lowbit_moments_in_use)."""
+    hp = new_hparams(algorithm)
+    fill_hparams(hp, hparams)
+    return moments_in_use(algorithm, hp)
+
+
 class DescribedOptimizer(LowbitOptimizer):
     """Base of the descriptor-made classes: ``Class(params, *hparams,
     **hparams_and_lowbit_options)``, the hyper-parameters positionally in
@@ -58,16 +76,10 @@ class DescribedOptimizer(LowbitOptimizer):
         return tuple(names)
 
     def _num_moments(self, group) -> int:
-        hp = new_hparams(self._algorithm)
-        fill_hparams(hp, self._hparams(group))
-        return moments_in_use(self._algorithm, hp)
+        return described_num_moments(self._algorithm, self._hparams(group))
 
     def _hparams(self, group):
-        out = {}
-        for h in algorithm_spec(self._algorithm).hparams:
-            v = group[h.name]
-            out[h.name] = bool(v) if h.type == "flag" else (self._f(v) if h.type == "real" else v)
-        return out
+        return described_hparams(self._algorithm, group, self._f)
 
 
 # The algorithms whose lowbit.torch class is written by hand (their torch

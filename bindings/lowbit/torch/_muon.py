@@ -31,7 +31,7 @@ _GROUP_DEFAULTS = {
 }
 # The algorithms made from the library's descriptors (lowbit.torch.RMSprop,
 # Adagrad) take their defaults, fields and state names from them.
-from ._described import DESCRIBED_CLASSES  # noqa: E402
+from ._described import DESCRIBED_CLASSES, described_hparams, described_num_moments  # noqa: E402
 
 _DESCRIBED = tuple(c._algorithm for c in DESCRIBED_CLASSES.values() if algorithm_spec(c._algorithm).hybrid_group)
 for _algo in _DESCRIBED:
@@ -162,12 +162,7 @@ class Muon(LowbitOptimizer):
         if algo == Algorithm.SGD:
             return 1 if self._f(group["momentum"]) != 0 else 0
         if algo in _DESCRIBED:
-            from .._algorithms import moments_in_use
-            from .._options import fill_hparams, new_hparams
-
-            hp = new_hparams(algo)
-            fill_hparams(hp, {k: v for k, v in self._hparams(group).items() if k != "algorithm"})
-            return moments_in_use(algo, hp)
+            return described_num_moments(algo, described_hparams(algo, group, self._f))
         return len(self._moment_names_for(group))
 
     def _moment_names_for(self, group) -> tuple:
@@ -200,10 +195,7 @@ class Muon(LowbitOptimizer):
                         ns_precision=_precision_name(group.get("ns_precision", "default")))
         name = algo.name.lower()
         if algo in _DESCRIBED:
-            out = dict(algorithm=name)
-            for h in algorithm_spec(algo).hparams:
-                out[h.name] = bool(group[h.name]) if h.type == "flag" else f(group[h.name]) if h.type == "real" else group[h.name]
-            return out
+            return dict(algorithm=name, **described_hparams(algo, group, f))
         if algo in (Algorithm.ADAMW, Algorithm.ADAM):
             b1, b2 = _betas(group)
             return dict(algorithm=name, lr=f(group["lr"]), beta1=b1, beta2=b2, eps=f(group["eps"]),
