@@ -21,6 +21,7 @@ namespace lowbit {
 
 #ifndef LOWBIT_AVX2_CODEC
 
+bool avx2_bucket8_active() { return false; }
 bool avx2_decode_tile(const MomentView&, int64_t, float*) { return false; }
 bool avx2_encode_tile(const MomentView&, int64_t, const float*) { return false; }
 bool avx2_encode_tile_sr(const MomentView&, int64_t, const float*, uint64_t) { return false; }
@@ -29,7 +30,9 @@ int avx2_encode_rank1(const MomentView&, int64_t, int, const float*, const float
 
 #else
 
+using simd_tables::Bucket8;
 using simd_tables::Direct8;
+using simd_tables::kBucket8FirstExp;
 using simd_tables::kDirectMargin;
 using simd_tables::kFirstBinade;
 using simd_tables::Search4;
@@ -231,11 +234,58 @@ inline void store_codes8(const Direct8Regs& r, const QMap& map, int zero_code, b
   store_bytes32(c, codes);
 }
 
+// ---- 8-bit codes: one gather per 8 lanes (codec_tables.hpp Bucket8) --------
+
+// The codes of 8 values q with |q| <= 1 (a block with a finite positive
+// absmax): the bucket's entry, then the one threshold compare. A signed map
+// reads the second half for q < 0 and moves the other way; an unsigned map
+// gives q < 0 the code 0, and its floored form every q that is not > 0 (and
+// at least 1 to q > 0).
 template <Form8 F>
-void encode8_block(const Direct8& direct, const QMap& map, int zero_code, bool second, const float* x,
-                   uint8_t* codes, float* scale) {
+inline I bucket_codes8(const Bucket8& b, int zero_code, bool second, V xn) {
+  constexpr int kMant = F == Form8::Signed ? 6 : 7, kLow = 23 - kMant;
+  const I bits = as_int(xn);
+  const I a = _mm256_and_si256(bits, set1(0x7FFFFFFF));
+  const I s = _mm256_srai_epi32(bits, 31);
+  // the bucket: (|q| >> kLow) - first, 0 below it (16-bit saturation: both fit)
+  I idx = _mm256_subs_epu16(_mm256_srli_epi32(a, kLow), set1(kBucket8FirstExp << kMant));
+  if constexpr (F == Form8::Signed) idx = _mm256_add_epi32(idx, _mm256_and_si256(s, set1(b.per_sign)));
+  const I e = _mm256_i32gather_epi32(b.entry, idx, 4);
+  const I below = _mm256_cmpgt_epi32(_mm256_and_si256(e, set1((2 << kLow) - 1)),
+                                     _mm256_and_si256(a, set1((1 << kLow) - 1)));  // -1 where low < t
+  const I base = _mm256_srai_epi32(e, kLow + 1);
+  if constexpr (F == Form8::Signed) {
+    const I c = _mm256_add_epi32(base, _mm256_sub_epi32(_mm256_xor_si256(below, s), s));  // q < 0: base - below
+    return second ? floor_positive8(c, xn, zero_code) : c;
+  } else if constexpr (F == Form8::Floored) {
+    return _mm256_and_si256(as_int(_mm256_cmp_ps(xn, _mm256_setzero_ps(), _CMP_GT_OQ)),
+                            _mm256_max_epi32(_mm256_add_epi32(base, below), set1(1)));
+  } else {
+    const I c = _mm256_andnot_si256(s, _mm256_add_epi32(base, below));
+    return second ? floor_positive8(c, xn, zero_code) : c;
+  }
+}
+
+// Whether the gather form serves this map in form F.
+template <Form8 F>
+inline bool bucket8_fits(const Bucket8& b) {
+  return b.usable && b.is_signed == (F == Form8::Signed) && b.mant_bits == (F == Form8::Signed ? 6 : 7);
+}
+
+template <Form8 F>
+void encode8_block(const Direct8& direct, const Bucket8& bucket, const QMap& map, int zero_code, bool second,
+                   const float* x, uint8_t* codes, float* scale) {
   const float absmax = absmax_bits(x, kBlock8);
   *scale = absmax;
+  if (absmax > 0.f && absmax < INFINITY && bucket8_fits<F>(bucket)) {  // then every |x / absmax| <= 1
+    const V am = set1f(absmax);
+    for (int i = 0; i < kBlock8; i += 32) {
+      I c[4];
+      for (int k = 0; k < 4; ++k) c[k] = bucket_codes8<F>(bucket, zero_code, second, _mm256_div_ps(_mm256_loadu_ps(x + i + 8 * k), am));
+      store_bytes32(c, codes + i);
+    }
+    return;
+  }
   const Direct8Regs r(direct, F == Form8::Floored);
   for (int i = 0; i < kBlock8; i += 32) {
     V xn[4];
@@ -416,6 +466,11 @@ void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, u
 
 }  // namespace
 
+bool avx2_bucket8_active() {
+  return cpu_isa_supported(CpuIsa::Avx2) && bucket8_fits<Form8::Signed>(tables().bucket8[0]) &&
+         bucket8_fits<Form8::Unsigned>(tables().bucket8[1]);
+}
+
 bool avx2_decode_tile(const MomentView& mv, int64_t base, float* out) {
   switch (mv.format) {
     case LOWBIT_STATE_8BIT:
@@ -453,8 +508,8 @@ bool avx2_encode_tile(const MomentView& mv, int64_t base, const float* in) {
       if (!direct8_fits(t.direct8[m])) return false;
       const int zc = t.zero_code[m];
       with_form8(form8(zc, mv.second), [&](auto form) {
-        encode8_block<form()>(t.direct8[m], *mv.map, zc, mv.second, in, static_cast<uint8_t*>(mv.data) + base,
-                              mv.scales + base / kBlock8);
+        encode8_block<form()>(t.direct8[m], t.bucket8[m], *mv.map, zc, mv.second, in,
+                              static_cast<uint8_t*>(mv.data) + base, mv.scales + base / kBlock8);
       });
       return true;
     }

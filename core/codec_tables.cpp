@@ -81,6 +81,63 @@ void build_direct8(const QMap& q, DynamicMapSpec spec, int zero_code, Direct8& d
   d.usable = true;
 }
 
+// The code bucket8_code() gives |q| <= 1 (bits of a float), or -1 where
+// the entry it reads would not decide it.
+int bucket8_code(const Bucket8& b, float x) {
+  const uint32_t u = float_bits(x), a = u & 0x7FFFFFFFu;
+  const int low_bits = 23 - b.mant_bits, hi = int(a >> low_bits) - (kBucket8FirstExp << b.mant_bits);
+  const int i = (hi < 0 ? 0 : hi) + ((u >> 31) && b.is_signed ? b.per_sign : 0);
+  if (i >= (b.is_signed ? 2 : 1) * b.per_sign) return -1;
+  const int32_t e = b.entry[i];
+  const int below = int(a & ((1u << low_bits) - 1)) < (e & ((1 << (low_bits + 1)) - 1));
+  const int base = e >> (low_bits + 1);
+  if (!(u >> 31)) return base - below;
+  return b.is_signed ? base + below : 0;
+}
+
+void build_bucket8(const QMap& q, bool is_signed, Bucket8& b) {
+  b = Bucket8{};
+  b.mant_bits = is_signed ? 6 : 7;
+  b.per_sign = (24 << b.mant_bits) + 1;
+  b.is_signed = is_signed;
+  const int low_bits = 23 - b.mant_bits;
+  const uint32_t width = 1u << low_bits;
+  const float* mid = q.midpoints;
+  const int n_mid = q.n - 1;
+  auto count_below = [&](float x) {  // #{mid < x}: the reference code of x
+    return int(std::lower_bound(mid, mid + n_mid, x) - mid);
+  };
+  if (!is_signed && mid[0] < 0.f) return;
+  for (int sign = 0; sign < (is_signed ? 2 : 1); ++sign)
+    for (int i = 0; i < b.per_sign; ++i) {
+      const uint32_t lo = uint32_t((kBucket8FirstExp << b.mant_bits) + i) << low_bits;
+      const float edge = sign ? -bits_float(lo) : bits_float(lo);  // the small-magnitude end
+      int inside = 0;
+      uint32_t t = width;
+      for (int k = 0; k < n_mid; ++k) {
+        const uint32_t m = float_bits(mid[k]);
+        if (bool(m >> 31) != bool(sign) || (m & 0x7FFFFFFFu) < (i == 0 ? 0u : lo) || (m & 0x7FFFFFFFu) >= lo + width)
+          continue;
+        if (mid[k] == 0.f || i == 0) return;  // bucket 0 takes every smaller |q|: no midpoint may sit there
+        ++inside;
+        const uint32_t j = (m & 0x7FFFFFFFu) - lo;
+        t = sign ? (j > 0 ? j : width) : j + 1;
+      }
+      if (inside > 1) return;
+      const int count = count_below(edge);
+      b.entry[sign * b.per_sign + i] = int32_t(uint32_t(sign ? count - 1 : count + 1) << (low_bits + 1)) | int32_t(t);
+    }
+  // Every midpoint's neighbourhood, both zeros and the ends must agree with the reference.
+  auto agrees = [&](float x) { return std::fabs(x) > 1.f || bucket8_code(b, x) == count_below(x) ||
+                                      (!is_signed && x < 0.f && bucket8_code(b, x) == 0); };
+  for (int k = 0; k < n_mid; ++k)
+    for (float x : {std::nextafter(mid[k], -2.f), mid[k], std::nextafter(mid[k], 2.f)})
+      if (!agrees(x) || !agrees(-x)) return;
+  for (float x : {0.f, -0.f, 1.f, -1.f, 1e-30f, -1e-30f, 1e-45f, -1e-45f})
+    if (!agrees(x)) return;
+  b.usable = true;
+}
+
 void fill_planes(const float* table, BytePlanes& bp) {
   for (int i = 0; i < 256; ++i) {
     uint32_t u = float_bits(table[i]);
@@ -111,6 +168,7 @@ Tables build_tables() {
     }
     s.m127 = q.midpoints[127];
     build_direct8(q, dynamic_spec(ids[m]), qmap_wide(q).zero_code, x.direct8[m]);
+    build_bucket8(q, dynamic_spec(ids[m]).is_signed, x.bucket8[m]);
   }
   for (int m = 0; m < 2; ++m) {
     const QMap& q = qmap(ids[2 + m]);

@@ -58,12 +58,39 @@ struct alignas(64) Direct8 {
   bool usable;
 };
 constexpr float kDirectMargin = 1.f / 8192;
+
+// The 8-bit maps' codes by one 32-bit gather per 8 lanes (the AVX2 codec).
+// |q| picks a bucket from its exponent and top mant_bits mantissa bits
+// (binades kBucket8FirstExp..127: the value 1 is the last bucket; smaller |q|
+// clamp into bucket 0, which no midpoint reaches). A bucket holds at most one
+// midpoint, so the code is the count at the bucket's small-magnitude end,
+// moved by one where the low 23 - mant_bits bits of |q| reach that
+// midpoint's threshold t:
+//   entry = base << (24 - mant_bits) | t
+//   x >= 0: base = count + 1, code = base - (low < t)
+//   x <  0: base = count - 1, code = base + (low < t)
+// (t = 2^(23 - mant_bits), never reached, where the bucket holds none).
+// Entries [0, per_sign) serve x >= 0 and, for a signed map, [per_sign,
+// 2 per_sign) serve x < 0; an unsigned map has no negative midpoint, so its
+// negative lanes take code 0. Only for |q| <= 1 (a block with a finite,
+// positive absmax); build_bucket8 checks every midpoint against it.
+constexpr int kBucket8FirstExp = 103;
+constexpr int kBucket8MaxEntries = 2 * ((24 << 6) + 1);  // the signed map (6 bits); the unsigned: (24 << 7) + 1
+struct alignas(64) Bucket8 {
+  int32_t entry[kBucket8MaxEntries];
+  int32_t mant_bits;  // 6 (signed map) or 7 (unsigned)
+  int32_t per_sign;   // (24 << mant_bits) + 1
+  bool is_signed;
+  bool usable;
+};
+
 constexpr int kFirstBinade = 96;
 
 
 struct Tables {
   BytePlanes values8[2];  // SignedDynamic8, UnsignedDynamic8
   Direct8 direct8[2];
+  Bucket8 bucket8[2];
   Search8 search8[2];
   Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
   BytePlanes e4m3;

@@ -24,6 +24,7 @@ extern "C" {
 }
 
 #include "core/codec.hpp"
+#include "core/codec_avx2.hpp"
 #include "core/codec_avx512.hpp"
 #include "core/cpu_features.hpp"
 #include "core/float16.hpp"
@@ -238,6 +239,7 @@ void test_every_float(void** state) {
 void test_every_float_8bit(void** state) {
   set_level(state);
   if (level == CpuIsa::Avx512) assert_true(avx512_direct8_active());
+  if (level == CpuIsa::Avx2) assert_true(avx2_bucket8_active());
   check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 1);
   check_every_float(LOWBIT_STATE_8BIT, 0, float_bits(1.f), 0);
   check_every_float(LOWBIT_STATE_8BIT, 1, float_bits(1.f));
