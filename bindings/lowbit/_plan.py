@@ -59,7 +59,9 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     cfg.first_normalization = int(first_normalization)
     cfg.second_normalization = int(second_normalization)
     hp = ffi.new("lowbit_hparams_t *")
-    call("lowbit_hparams_init", hp, int(algorithm))
+    # the whole struct as declared (the plain lowbit_hparams_init fills the
+    # 0.2 struct, whose struct_size hides the later fields from the library)
+    call("lowbit_hparams_init_sized", hp, ffi.sizeof(hp[0]), int(algorithm))
     hp.momentum = float(momentum)
     if hparams:
         from ._options import fill_hparams
