@@ -84,14 +84,17 @@ class Config:
                 return value
         raise KeyError(name)
 
-    def __getattr__(self, name):  # only for names that are no field
-        if name.startswith("__"):
+    def __getattr__(self, name):  # only for names that are no attribute
+        if name.startswith("_") or name in _CONFIG_FIELDS:  # a field not yet set (copy, unpickling)
             raise AttributeError(name)
         try:
             return self.hparam(_OPTAX_NAMES.get(name, name))
         except KeyError:
             raise AttributeError(f"{type(self).__name__} of {Algorithm(self.algorithm).name.lower()} has no "
                                  f"{name!r}") from None
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
 
 
 def make_config(algorithm, learning_rate, hparams: dict, *, weight_decay=None, mask=None, **settings) -> Config:
