@@ -362,18 +362,25 @@ pub mod sys {
         ) -> lowbit_status_t;
         pub fn lowbit_state_format_name(format: lowbit_state_format_t) -> *const c_char;
 
-        pub fn lowbit_algorithm_info(algorithm: lowbit_algorithm_t, out: *mut lowbit_algorithm_info_t)
-            -> lowbit_status_t;
-        pub fn lowbit_hparam_info(algorithm: lowbit_algorithm_t, index: i32, out: *mut lowbit_hparam_info_t)
-            -> lowbit_status_t;
+        pub fn lowbit_algorithm_info(
+            algorithm: lowbit_algorithm_t,
+            out: *mut lowbit_algorithm_info_t,
+        ) -> lowbit_status_t;
+        pub fn lowbit_hparam_info(
+            algorithm: lowbit_algorithm_t,
+            index: i32,
+            out: *mut lowbit_hparam_info_t,
+        ) -> lowbit_status_t;
         pub fn lowbit_moments_in_use(
             algorithm: lowbit_algorithm_t,
             hparams: *const lowbit_hparams_t,
             count: *mut i32,
         ) -> lowbit_status_t;
         pub fn lowbit_algorithms(out: *mut lowbit_algorithm_t, capacity: i32, count: *mut i32) -> lowbit_status_t;
-        pub fn lowbit_algorithm_info_init_sized(info: *mut lowbit_algorithm_info_t, struct_size: usize)
-            -> lowbit_status_t;
+        pub fn lowbit_algorithm_info_init_sized(
+            info: *mut lowbit_algorithm_info_t,
+            struct_size: usize,
+        ) -> lowbit_status_t;
         pub fn lowbit_hparam_info_init_sized(info: *mut lowbit_hparam_info_t, struct_size: usize) -> lowbit_status_t;
     }
 }
@@ -565,8 +572,16 @@ pub struct HparamSpec {
 impl HparamSpec {
     /// Whether `v` is within the bounds (reals: and finite).
     pub fn admits(&self, v: f64) -> bool {
-        let lo = if self.lower_inclusive { v >= self.lower } else { v > self.lower };
-        let hi = if self.upper_inclusive { v <= self.upper } else { v < self.upper };
+        let lo = if self.lower_inclusive {
+            v >= self.lower
+        } else {
+            v > self.lower
+        };
+        let hi = if self.upper_inclusive {
+            v <= self.upper
+        } else {
+            v < self.upper
+        };
         v.is_finite() && lo && hi
     }
 }
@@ -604,7 +619,12 @@ impl AlgorithmSpec {
             let known: Vec<&str> = self.hparams.iter().map(|h| h.name).collect();
             Error::new(
                 LOWBIT_ERROR_INVALID_ARGUMENT,
-                format!("'{}' is not a hyper-parameter of {} (its: {})", name, self.name, known.join(", ")),
+                format!(
+                    "'{}' is not a hyper-parameter of {} (its: {})",
+                    name,
+                    self.name,
+                    known.join(", ")
+                ),
             )
         })
     }
@@ -636,7 +656,10 @@ impl AlgorithmSpec {
                 if v != v.floor() || v < i32::MIN as f64 || v > i32::MAX as f64 {
                     return Err(Error::new(
                         LOWBIT_ERROR_INVALID_ARGUMENT,
-                        format!("{} = {} of {} must be an integer ({})", name, v, self.name, spec.meaning),
+                        format!(
+                            "{} = {} of {} must be an integer ({})",
+                            name, v, self.name, spec.meaning
+                        ),
                     ));
                 }
                 unsafe { ptr::write_unaligned(at as *mut i32, v as i32) };
@@ -754,7 +777,11 @@ pub fn algorithms() -> Result<Vec<AlgorithmSpec>> {
 pub fn algorithm_named(name: &str) -> Result<AlgorithmSpec> {
     let all = algorithms()?;
     let names: Vec<&str> = all.iter().map(|a| a.name).collect();
-    let message = format!("no algorithm is called '{}' (this library has: {})", name, names.join(", "));
+    let message = format!(
+        "no algorithm is called '{}' (this library has: {})",
+        name,
+        names.join(", ")
+    );
     all.into_iter()
         .find(|a| a.name == name)
         .ok_or_else(|| Error::new(LOWBIT_ERROR_INVALID_ARGUMENT, message))

@@ -31,18 +31,40 @@ impl Rng {
 fn cases() -> Vec<(&'static str, Vec<(&'static str, f64)>)> {
     vec![
         ("rmsprop", vec![("lr", 1e-2), ("alpha", 0.99), ("eps", 1e-8)]),
-        ("rmsprop", vec![("lr", 5e-3), ("alpha", 0.9), ("eps", 1e-6), ("weight_decay", 0.01), ("momentum", 0.9)]),
-        ("rmsprop", vec![("lr", 5e-3), ("alpha", 0.95), ("eps", 1e-8), ("centered", 1.0)]),
+        (
+            "rmsprop",
+            vec![
+                ("lr", 5e-3),
+                ("alpha", 0.9),
+                ("eps", 1e-6),
+                ("weight_decay", 0.01),
+                ("momentum", 0.9),
+            ],
+        ),
+        (
+            "rmsprop",
+            vec![("lr", 5e-3), ("alpha", 0.95), ("eps", 1e-8), ("centered", 1.0)],
+        ),
         (
             "adagrad",
-            vec![("lr", 5e-2), ("lr_decay", 1e-3), ("weight_decay", 0.01), ("initial_accumulator_value", 0.1), ("eps", 1e-10)],
+            vec![
+                ("lr", 5e-2),
+                ("lr_decay", 1e-3),
+                ("weight_decay", 0.01),
+                ("initial_accumulator_value", 0.1),
+                ("eps", 1e-10),
+            ],
         ),
     ]
 }
 
 fn hp_of(values: &[(&str, f64)], name: &str, default: f64) -> f64 {
     // as the library holds it: float32
-    values.iter().find(|(k, _)| *k == name).map(|&(_, v)| v as f32 as f64).unwrap_or(default)
+    values
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|&(_, v)| v as f32 as f64)
+        .unwrap_or(default)
 }
 
 /// One float64 step numbered t (from 1) of torch.optim's rule, in place:
@@ -72,7 +94,11 @@ fn reference_step(name: &str, hp: &[(&str, f64)], t: usize, p: &mut [f64], g: &[
                 p[i] -= lr * g / avg;
             }
         } else {
-            let start = if t == 1 { hp_of(hp, "initial_accumulator_value", 0.0) } else { s0[i] };
+            let start = if t == 1 {
+                hp_of(hp, "initial_accumulator_value", 0.0)
+            } else {
+                s0[i]
+            };
             s0[i] = start + g * g;
             let clr = lr / (1.0 + (t as f64 - 1.0) * hp_of(hp, "lr_decay", 0.0));
             p[i] -= clr * g / (s0[i].sqrt() + eps);
@@ -97,13 +123,23 @@ fn start(name: &str, values: &[(&str, f64)], format: lowbit_state_format_t, w: &
     cfg.min_quantized_numel = 0;
     let state = ParamState::new(&cfg, &hp, &param_config(N as i64, LOWBIT_DTYPE_FLOAT32).unwrap()).unwrap();
     let ctx = StepContext::new(&cfg).unwrap();
-    Run { spec, hp, state, ctx, w: w.to_vec(), count: 0 }
+    Run {
+        spec,
+        hp,
+        state,
+        ctx,
+        w: w.to_vec(),
+        count: 0,
+    }
 }
 
 impl Run {
     fn step(&mut self, g: &[f32]) {
         let mut params = [Param::new(&mut self.w[..], g, &mut self.state, 0).unwrap()];
-        assert!(!self.ctx.step(&mut params, &[self.hp], Count::State(&mut self.count)).unwrap());
+        assert!(!self
+            .ctx
+            .step(&mut params, &[self.hp], Count::State(&mut self.count))
+            .unwrap());
     }
     fn moments(&self) -> Vec<Vec<f64>> {
         (0..self.state.plan().num_moments as usize)
@@ -125,7 +161,10 @@ fn algorithms_come_from_the_descriptors() {
     let hp_names: Vec<&str> = rms.hparams.iter().map(|h| h.name).collect();
     assert_eq!(hp_names, ["lr", "alpha", "eps", "weight_decay", "momentum", "centered"]); // torch's order
     let ada = algorithm_spec(LOWBIT_ALGORITHM_ADAGRAD).unwrap();
-    assert_eq!((ada.name, ada.moment_kinds.clone()), ("adagrad", vec![LOWBIT_MOMENT_UNSIGNED]));
+    assert_eq!(
+        (ada.name, ada.moment_kinds.clone()),
+        ("adagrad", vec![LOWBIT_MOMENT_UNSIGNED])
+    );
     assert!(ada.hparam("initial_accumulator_value").unwrap().admits(0.1));
     assert!(!ada.hparam("lr_decay").unwrap().admits(-1.0));
 
@@ -139,7 +178,10 @@ fn algorithms_come_from_the_descriptors() {
 
     // Moment counts from the library.
     let count = |v: &[(&str, f64)]| rms.moments_in_use(&rms.hparams_with(v).unwrap()).unwrap();
-    assert_eq!((count(&[]), count(&[("momentum", 0.9)]), count(&[("centered", 1.0)])), (1, 2, 2));
+    assert_eq!(
+        (count(&[]), count(&[("momentum", 0.9)]), count(&[("centered", 1.0)])),
+        (1, 2, 2)
+    );
     assert_eq!(ada.moments_in_use(&ada.default_hparams().unwrap()).unwrap(), 1);
 
     // Bad input: an error naming it, never a panic.
@@ -150,15 +192,27 @@ fn algorithms_come_from_the_descriptors() {
     assert_eq!(e.status, LOWBIT_ERROR_INVALID_ARGUMENT);
     assert!(e.message.contains("alpha"), "{}", e);
     let e = ada.hparams_with(&[("beta1", 0.9)]).unwrap_err();
-    assert!(e.message.contains("'beta1' is not a hyper-parameter of adagrad (its: lr, lr_decay"), "{}", e);
+    assert!(
+        e.message
+            .contains("'beta1' is not a hyper-parameter of adagrad (its: lr, lr_decay"),
+        "{}",
+        e
+    );
     let e = rms.set(&mut h, "centered", &[0.5]).unwrap_err();
     assert!(e.message.contains("must be an integer"), "{}", e);
     let e = rms.set(&mut h, "alpha", &[0.9, 0.8]).unwrap_err();
     assert!(e.message.contains("takes 1 values, got 2"), "{}", e);
     let e = algorithm_named("adafactorz").unwrap_err();
-    assert!(e.message.contains("no algorithm is called 'adafactorz'") && e.message.contains("rmsprop"), "{}", e);
+    assert!(
+        e.message.contains("no algorithm is called 'adafactorz'") && e.message.contains("rmsprop"),
+        "{}",
+        e
+    );
     assert_eq!(algorithm_spec(42).unwrap_err().status, LOWBIT_ERROR_INVALID_ARGUMENT);
-    assert_eq!(moments_in_use(42, &h).unwrap_err().status, LOWBIT_ERROR_INVALID_ARGUMENT);
+    assert_eq!(
+        moments_in_use(42, &h).unwrap_err().status,
+        LOWBIT_ERROR_INVALID_ARGUMENT
+    );
 }
 
 #[test]
@@ -178,11 +232,28 @@ fn fp32_state_follows_the_float64_reference() {
         // float32 roundings of a few units of 2^-24 per step, over 20 steps
         let size = p.iter().fold(0f64, |a, &x| a.max(x.abs()));
         let moved = p.iter().zip(&w0).fold(0f64, |a, (&x, &y)| a.max((x - y as f64).abs()));
-        let err = run.w.iter().zip(&p).fold(0f64, |a, (&x, &y)| a.max((x as f64 - y).abs()));
-        assert!(err <= 2e-6 * (size + moved), "{} {:?}: error {:e} (size {}, moved {})", name, values, err, size, moved);
+        let err = run
+            .w
+            .iter()
+            .zip(&p)
+            .fold(0f64, |a, (&x, &y)| a.max((x as f64 - y).abs()));
+        assert!(
+            err <= 2e-6 * (size + moved),
+            "{} {:?}: error {:e} (size {}, moved {})",
+            name,
+            values,
+            err,
+            size,
+            moved
+        );
         let m = run.moments();
         for i in 0..N {
-            assert!((m[0][i] - s0[i]).abs() <= 1e-5 * s0[i].abs() + 1e-12, "{} slot 0 [{}]", name, i);
+            assert!(
+                (m[0][i] - s0[i]).abs() <= 1e-5 * s0[i].abs() + 1e-12,
+                "{} slot 0 [{}]",
+                name,
+                i
+            );
         }
         assert_eq!(run.spec.moments_in_use(&run.hp).unwrap(), m.len());
     }
@@ -216,11 +287,29 @@ fn eight_bit_state_steps_as_the_float64_reference() {
                     hp_of(&values, "lr", 0.0)
                 };
                 let centred = hp_of(&values, "centered", 0.0) != 0.0;
-                let var = if centred { (s0[i] - s1[i] * s1[i]).max(0.0) } else { s0[i] };
+                let var = if centred {
+                    (s0[i] - s1[i] * s1[i]).max(0.0)
+                } else {
+                    s0[i]
+                };
                 let denom = var.sqrt() + hp_of(&values, "eps", 0.0);
-                let g_err = 2f64.powi(-22) * ((g[i] as f64).abs() + hp_of(&values, "weight_decay", 0.0) * before[i].abs());
+                let g_err =
+                    2f64.powi(-22) * ((g[i] as f64).abs() + hp_of(&values, "weight_decay", 0.0) * before[i].abs());
                 let tol = 4e-7 * (p[i].abs() + (p[i] - before[i]).abs()) + lr_t * g_err / denom + 1e-9;
-                assert!((run.w[i] as f64 - p[i]).abs() <= tol, "case {} {} t={} [{}]: {} vs {} (from {}, g {}, slot0 {} was {})", case, name, t, i, run.w[i], p[i], before[i], g[i], s0[i], old[0][i]);
+                assert!(
+                    (run.w[i] as f64 - p[i]).abs() <= tol,
+                    "case {} {} t={} [{}]: {} vs {} (from {}, g {}, slot0 {} was {})",
+                    case,
+                    name,
+                    t,
+                    i,
+                    run.w[i],
+                    p[i],
+                    before[i],
+                    g[i],
+                    s0[i],
+                    old[0][i]
+                );
             }
             // each stored slot is an 8-bit code of the reference's new moment:
             // within a small fraction of its block's absmax, and an unsigned
@@ -231,9 +320,26 @@ fn eight_bit_state_steps_as_the_float64_reference() {
                     let absmax = block.iter().fold(0f64, |a, &x| a.max(x.abs()));
                     for (k, &x) in block.iter().enumerate() {
                         let got = new[m][b * 256 + k];
-                        assert!((got - x).abs() <= 0.02 * absmax, "{} t={} slot {} [{}]: {} vs {}", name, t, m, b * 256 + k, got, x);
+                        assert!(
+                            (got - x).abs() <= 0.02 * absmax,
+                            "{} t={} slot {} [{}]: {} vs {}",
+                            name,
+                            t,
+                            m,
+                            b * 256 + k,
+                            got,
+                            x
+                        );
                         if run.spec.moment_kinds[m] == LOWBIT_MOMENT_UNSIGNED && x > 0.0 {
-                            assert!(got > 0.0, "{} t={} slot {} [{}]: {} encoded to 0", name, t, m, b * 256 + k, x);
+                            assert!(
+                                got > 0.0,
+                                "{} t={} slot {} [{}]: {} encoded to 0",
+                                name,
+                                t,
+                                m,
+                                b * 256 + k,
+                                x
+                            );
                         }
                     }
                 }
