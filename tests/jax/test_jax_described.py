@@ -248,3 +248,26 @@ def test_raw_calls_with_bad_algorithms_and_hparams(ljax):
     fails(r"lr_decay", _raw_call(ljax, 10, "lr_decay", [-1.0]))  # out of range: lowbit_hparams_check's message
     fails(r"centered = 0.5 must be an integer", _raw_call(ljax, 9, "centered", [0.5]))
     fails(r"centered = 1 with momentum = 0.9: RMSprop would keep three moments", _raw_call(ljax, 9, "centered\nmomentum", [1, 0.9]))
+
+
+def test_moments_read_each_slot_with_its_kind(ljax):
+    """RMSprop's square average is an unsigned slot 0: read with the
+    algorithm (opt.moments, or moments(..., algorithm=)) it is the handle
+    optimizer's; read with the default kinds (slot 0 signed, as AdamW's) it
+    is not. A bad algorithm is named."""
+    import lowbit
+
+    name, hp = CASES["rmsprop"]
+    params, grads = _problem("rmsprop-kinds")
+    opt = _opt(ljax, name, hp, state_format="8bit")
+    p = _tree(params)
+    state = opt.init(p)
+    for g in grads[:3]:
+        p, state = opt.step(p, _tree(g), state)
+    mine = np.asarray(opt.moments(state, p)[0]["w"])
+    assert np.array_equal(mine, np.asarray(ljax.moments(state, p, algorithm="rmsprop")[0]["w"]))
+    assert (mine >= 0).all() and (mine > 0).mean() > 0.99  # a square average, its floor keeps it off 0
+    assert not np.array_equal(mine, np.asarray(ljax.moments(state, p)[0]["w"]))
+    with pytest.raises(lowbit.InvalidArgumentError, match=r"algorithm='rmsprob' is not one of .*rmsprop"):
+        ljax.moments(state, p, algorithm="rmsprob")
+    fails(r"algorithm = 42 is not an algorithm of this library", lambda: ljax.moments(state, p, algorithm=42))
