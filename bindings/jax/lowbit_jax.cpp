@@ -25,19 +25,17 @@ namespace jaxffi {
 namespace {
 
 ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layout, ffi::RemainingArgs args,
-                   ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets, int32_t algorithm, float beta1,
-                   float beta2, float eps, float momentum, float dampening, int32_t nesterov,
-                   int32_t bias_correction, ffi::Span<const float> weight_decay, ffi::Span<const int32_t> formats,
-                   ffi::Span<const int32_t> rounding,
-                   ffi::Span<const int32_t> normalizations, ffi::Span<const int32_t> parts, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
-                   std::string_view names, int32_t ns_steps,
-                   ffi::Span<const float> ns_coefficients, int32_t adjust_lr, int32_t ns_precision) {
+                   ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets, int32_t algorithm,
+                   std::string_view hparam_names, ffi::Span<const double> hparam_values,
+                   ffi::Span<const float> weight_decay, ffi::Span<const int32_t> formats,
+                   ffi::Span<const int32_t> rounding, ffi::Span<const int32_t> normalizations,
+                   ffi::Span<const int32_t> parts, uint64_t seed, int32_t skip_nonfinite, int32_t num_threads,
+                   std::string_view names) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
     LOWBIT_REQUIRE(num_threads >= 0, LOWBIT_ERROR_INVALID_ARGUMENT, "num_threads = ", num_threads, " must be >= 0");
-    StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names,
-                ns_steps,     ns_coefficients, adjust_lr, ns_precision};
+    StepAttrs a{algorithm, hparam_names, hparam_values, weight_decay, formats, rounding, normalizations,
+                parts,     seed,         skip_nonfinite, names};
     thread_local PreparedStep prep;  // keeps its capacity and plans from step to step
     StepDecoder decoder(a, args, rets);
     const float* host_lr = static_cast<const float*>(lr.untyped_data());
@@ -52,21 +50,25 @@ ffi::Error StepCpu(ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layou
 }
 
 ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi::AnyBuffer> out, int32_t format,
-                     int32_t moment, int32_t normalization) {
+                     int32_t moment, int32_t normalization, int32_t algorithm) {
   return guarded("decode_moment", [&] {
+    // The moment's kind (its maps) is the one the algorithm's descriptor
+    // gives its slot.
+    const Described& described = describe(algorithm);
     LOWBIT_REQUIRE(format >= LOWBIT_STATE_FP32 && format <= kLastStateFormat, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "format = ", format, " is not a lowbit_state_format_t value");
-    LOWBIT_REQUIRE(moment == 0 || moment == 1, LOWBIT_ERROR_INVALID_ARGUMENT, "moment = ", moment,
-                   " must be 0 or 1");
+    LOWBIT_REQUIRE((moment == 0 || moment == 1) && moment < described.info.max_moments, LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "moment = ", moment, " must be 0 or 1 and a moment slot of ", described.info.name, " (it has ",
+                   described.info.max_moments, ")");
     LOWBIT_REQUIRE(normalization >= LOWBIT_NORMALIZATION_BLOCK && normalization <= LOWBIT_NORMALIZATION_FACTORED,
                    LOWBIT_ERROR_INVALID_ARGUMENT, "normalization = ", normalization,
                    " is not block (1), rank1 (2) or factored (3)");
     LOWBIT_REQUIRE(out->element_type() == ffi::DataType::F32, LOWBIT_ERROR_INVALID_ARGUMENT,
                    "the output must be float32");
     const int64_t numel = int64_t(out->element_count());
-    // The plan of an AdamW param whose moment `moment` has this format and
-    // normalisation; a rank-1 or factored moment is decoded with the shape of
-    // the output (the param's).
+    // The sizes of an AdamW param whose moment `moment` has this format and
+    // normalisation (a rank-1 or factored moment is decoded with the shape of
+    // the output, the param's), with the kind of `algorithm`'s slot.
     PlanKey k{};
     k.algorithm = LOWBIT_ALGORITHM_ADAMW;
     k.f[0] = k.f[1] = format;
@@ -86,7 +88,10 @@ ffi::Error DecodeCpu(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi
       LOWBIT_REQUIRE(normalization != LOWBIT_NORMALIZATION_FACTORED || (format == LOWBIT_STATE_FP32 && moment == 1),
                      LOWBIT_ERROR_INVALID_ARGUMENT, "a factored moment is the second one, in fp32 accumulators");
     }
-    const lowbit_state_plan_t plan = plan_leaf(k, 0.f);
+    lowbit_hparams_t adamw;
+    lowbit_hparams_init(&adamw, LOWBIT_ALGORITHM_ADAMW);
+    lowbit_state_plan_t plan = plan_leaf(k, adamw);
+    plan.kind[moment] = described.info.moment_kinds[moment];
     const ffi::DataType ddt = moment_data_dtype(lowbit_state_format_t(format));
     const int64_t data_bytes = plan.data_bytes[moment];
     const int64_t scale_count = plan.scale_count[moment];
@@ -122,7 +127,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LowbitDecodeCpu, lowbit::jaxffi::DecodeCpu,
                                   .Ret<ffi::AnyBuffer>()  // fp32 moment
                                   .Attr<int32_t>("format")
                                   .Attr<int32_t>("moment")
-                                  .Attr<int32_t>("normalization"));
+                                  .Attr<int32_t>("normalization")
+                                  .Attr<int32_t>("algorithm"));
 
 int32_t lowbit_jax_protocol_version(void) { return lowbit::jaxffi::kProtocolVersion; }
 

@@ -25,17 +25,15 @@ void cuda_check(cudaError_t e, const char* what) {
 
 ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer lr, ffi::AnyBuffer count, ffi::AnyBuffer layout,
                     ffi::RemainingArgs args, ffi::Result<ffi::AnyBuffer> count_out, ffi::RemainingRets rets,
-                    int32_t algorithm, float beta1, float beta2, float eps, float momentum, float dampening,
-                    int32_t nesterov, int32_t bias_correction, ffi::Span<const float> weight_decay,
-                    ffi::Span<const int32_t> formats, ffi::Span<const int32_t> rounding,
-                   ffi::Span<const int32_t> normalizations, ffi::Span<const int32_t> parts, uint64_t seed,
-                    int32_t skip_nonfinite, int32_t /*num_threads*/, std::string_view names, int32_t ns_steps,
-                   ffi::Span<const float> ns_coefficients, int32_t adjust_lr, int32_t ns_precision) {
+                    int32_t algorithm, std::string_view hparam_names, ffi::Span<const double> hparam_values,
+                    ffi::Span<const float> weight_decay, ffi::Span<const int32_t> formats,
+                    ffi::Span<const int32_t> rounding, ffi::Span<const int32_t> normalizations,
+                    ffi::Span<const int32_t> parts, uint64_t seed, int32_t skip_nonfinite, int32_t /*num_threads*/,
+                    std::string_view names) {
   return guarded("step", [&] {
     check_leading(lr, count, layout, *count_out);
-    StepAttrs a{algorithm,    beta1,     beta2,    eps,  momentum,       dampening, nesterov, bias_correction,
-                weight_decay, formats,   rounding, normalizations, parts, seed, skip_nonfinite, names,
-                ns_steps,     ns_coefficients, adjust_lr, ns_precision};
+    StepAttrs a{algorithm, hparam_names, hparam_values, weight_decay, formats, rounding, normalizations,
+                parts,     seed,         skip_nonfinite, names};
     int device = 0;
     cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     thread_local PreparedStep prep;

@@ -25,23 +25,31 @@
 //            layout differs from the attributes: then nothing changes)
 //            1 + ...:                  per param: param, then the state parts
 //                                      that travelled, each aliasing its input
-//   attributes: algorithm (s32, lowbit_algorithm_t), beta1, beta2, eps,
-//            momentum, dampening (f32), nesterov, bias_correction (s32),
-//            weight_decay (f32[N]), formats (s32[2N]: lowbit_state_format_t of
-//            each moment, 0 where the algorithm keeps no such moment),
+//   attributes: algorithm (s32, lowbit_algorithm_t: any algorithm
+//            lowbit_algorithm_info describes that is not a distributed one),
+//            hparam_names (string: hyper-parameters of that algorithm, by the
+//            lowbit_hparam_info names, separated by '\n'; lr and
+//            weight_decay travel elsewhere), hparam_values (f64[]: their
+//            values in that order, `count` each as lowbit_hparam_info says;
+//            flags, ints and enums as integral values; the others keep the
+//            algorithm's defaults), weight_decay (f32[N]), formats (s32[2N]:
+//            lowbit_state_format_t of each moment, 0 where the algorithm
+//            keeps no such moment: lowbit_moments_in_use),
 //            rounding (s32[N]: 0 nearest, 1 stochastic, 2 error correction),
 //            normalizations (s32[2N]: lowbit_normalization_t of each moment,
 //            resolved as lowbit_plan_param_state reports it, 0 where the
 //            algorithm keeps no such moment; a param with a RANK1 or FACTORED
-//            moment is bound with the shape of its buffer, others flat),
+//            moment is bound with the shape of its buffer, others flat; an
+//            algorithm whose descriptor says `matrices` (Muon) binds every
+//            param with its shape, of 2 or more dims),
 //            seed (u64), skip_nonfinite (s32), num_threads (s32),
 //            parts (s32[N]: bit k set if state part k of the param, in the
 //            order mu, mu_scale, nu, nu_scale, ecc, travels; the others are
 //            read as empty arrays),
-//            names (string: the N leaf names separated by '\n', for messages),
-//            ns_steps (s32), ns_coefficients (f32[3]), adjust_lr, ns_precision
-//            (s32): Muon's (lowbit_hparams_t; read only by algorithm muon (8),
-//            whose params all have 2 or more dims and are bound with them).
+//            names (string: the N leaf names separated by '\n', for messages).
+// Validity, moment counts, moment kinds and hyper-parameter fields come from
+// the library's descriptors (lowbit_algorithm_info, lowbit_hparam_info,
+// lowbit_moments_in_use): nothing here names an algorithm.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -102,15 +110,15 @@ inline const char* format_name(int32_t f) { return lowbit_state_format_name(lowb
 
 // Bumped whenever the buffer or attribute layout above changes; the Python
 // side refuses a module with another version.
-constexpr int32_t kProtocolVersion = 4;
+constexpr int32_t kProtocolVersion = 5;
 constexpr size_t kLeadingArgs = 3;
 constexpr size_t kArgsPerParam = 7;
 constexpr size_t kRetsPerParam = 6;
 
 struct StepAttrs {
   int32_t algorithm;
-  float beta1, beta2, eps, momentum, dampening;
-  int32_t nesterov, bias_correction;
+  std::string_view hparam_names;
+  ffi::Span<const double> hparam_values;
   ffi::Span<const float> weight_decay;
   ffi::Span<const int32_t> formats;
   ffi::Span<const int32_t> rounding;
@@ -119,10 +127,118 @@ struct StepAttrs {
   uint64_t seed;
   int32_t skip_nonfinite;
   std::string_view names;
-  int32_t ns_steps;
-  ffi::Span<const float> ns_coefficients;
-  int32_t adjust_lr, ns_precision;
 };
+
+// '\n'-separated fields of an attribute (none for an empty string).
+inline std::vector<std::string_view> split_lines(std::string_view s) {
+  std::vector<std::string_view> out;
+  for (size_t cut; !s.empty(); s.remove_prefix(cut + 1)) {
+    cut = s.find('\n');
+    out.push_back(s.substr(0, cut));
+    if (cut == std::string_view::npos) break;
+  }
+  return out;
+}
+
+// An algorithm as the library describes it (lowbit_algorithm_info and its
+// lowbit_hparam_info entries), read once per algorithm and thread.
+struct Described {
+  lowbit_algorithm_info_t info;
+  std::vector<lowbit_hparam_info_t> hparams;
+};
+
+// The algorithms a JAX step may take: every described one but the
+// distributed (1-bit) optimizers, which need a communicator. For messages.
+inline std::string steppable_algorithms() {
+  int32_t count = 0;
+  if (lowbit_algorithms(nullptr, 0, &count) != LOWBIT_SUCCESS) return "?";
+  std::vector<lowbit_algorithm_t> all(size_t(count > 0 ? count : 0));
+  if (lowbit_algorithms(all.data(), count, &count) != LOWBIT_SUCCESS) return "?";
+  std::string out;
+  for (lowbit_algorithm_t a : all) {
+    lowbit_algorithm_info_t info;
+    lowbit_algorithm_info_init(&info);
+    if (lowbit_algorithm_info(a, &info) != LOWBIT_SUCCESS || info.distributed) continue;
+    out += concat(out.empty() ? "" : ", ", info.name, " (", int(a), ")");
+  }
+  return out;
+}
+
+// The descriptor of `algorithm`, or an error naming the value and the
+// algorithms a step takes.
+inline const Described& describe(int32_t algorithm) {
+  thread_local std::vector<std::unique_ptr<Described>> cache;
+  for (const auto& d : cache)
+    if (d->info.algorithm == algorithm) return *d;
+  auto d = std::make_unique<Described>();
+  lowbit_algorithm_info_init(&d->info);
+  if (lowbit_algorithm_info(lowbit_algorithm_t(algorithm), &d->info) != LOWBIT_SUCCESS)
+    fail(LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", algorithm, " is not an algorithm of this library (",
+         steppable_algorithms(), ")");
+  LOWBIT_REQUIRE(!d->info.distributed, LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", algorithm, " (",
+                 d->info.name, ") is a distributed optimizer (it needs a communicator); a JAX step takes ",
+                 steppable_algorithms());
+  d->hparams.resize(size_t(d->info.num_hparams));
+  for (int32_t i = 0; i < d->info.num_hparams; ++i) {
+    lowbit_hparam_info_init(&d->hparams[size_t(i)]);
+    check_status(lowbit_hparam_info(lowbit_algorithm_t(algorithm), i, &d->hparams[size_t(i)]), lowbit_last_error());
+  }
+  cache.push_back(std::move(d));
+  return *cache.back();
+}
+
+inline std::string hparam_list(const Described& d) {
+  std::string out;
+  for (const lowbit_hparam_info_t& h : d.hparams) {
+    const std::string_view name(h.name);
+    if (name != "lr" && name != "weight_decay") out += concat(out.empty() ? "" : ", ", name);
+  }
+  return out;
+}
+
+// Writes the hyper-parameters of the hparam_names / hparam_values attributes
+// into `h` at the fields their descriptors give; every name, count and value
+// type checked (the values' bounds: lowbit_hparams_check, later).
+inline void fill_hparams(const Described& d, std::string_view names, ffi::Span<const double> values,
+                         lowbit_hparams_t& h) {
+  const std::vector<std::string_view> fields = split_lines(names);
+  size_t at = 0;
+  std::vector<const lowbit_hparam_info_t*> seen;
+  for (std::string_view field : fields) {
+    const lowbit_hparam_info_t* spec = nullptr;
+    for (const lowbit_hparam_info_t& s : d.hparams)
+      if (field == s.name) spec = &s;
+    LOWBIT_REQUIRE(spec, LOWBIT_ERROR_INVALID_ARGUMENT, "hparam_names: '", field, "' is not a hyper-parameter of ",
+                   d.info.name, " (its: ", hparam_list(d), ")");
+    LOWBIT_REQUIRE(field != "lr" && field != "weight_decay", LOWBIT_ERROR_INVALID_ARGUMENT, "hparam_names: '", field,
+                   "' travels as ", field == "lr" ? "input 0" : "the weight_decay attribute (one per param)");
+    LOWBIT_REQUIRE(std::find(seen.begin(), seen.end(), spec) == seen.end(), LOWBIT_ERROR_INVALID_ARGUMENT,
+                   "hparam_names: '", field, "' is given twice");
+    seen.push_back(spec);
+    const size_t count = size_t(spec->count);
+    LOWBIT_REQUIRE(at + count <= values.size(), LOWBIT_ERROR_INVALID_ARGUMENT, "hparam_values has ", values.size(),
+                   " values but hparam_names (", fields.size(), " names) needs more: '", field, "' takes ", count);
+    LOWBIT_REQUIRE(spec->offset + 4 * count <= sizeof h, LOWBIT_ERROR_INTERNAL, "the descriptor of ", field,
+                   " lies outside lowbit_hparams_t");
+    char* dst = reinterpret_cast<char*>(&h) + spec->offset;
+    for (size_t k = 0; k < count; ++k) {
+      const double v = values[at + k];
+      if (spec->type == LOWBIT_HPARAM_REAL) {
+        const float x = float(v);
+        std::memcpy(dst + 4 * k, &x, 4);
+      } else {
+        LOWBIT_REQUIRE(v == std::floor(v) && v >= double(INT32_MIN) && v <= double(INT32_MAX),
+                       LOWBIT_ERROR_INVALID_ARGUMENT, field, " = ", v, " must be an integer (",
+                       spec->type == LOWBIT_HPARAM_FLAG ? "a flag, 0 or 1" : "an int32 value", ")");
+        const int32_t x = int32_t(v);
+        std::memcpy(dst + 4 * k, &x, 4);
+      }
+    }
+    at += count;
+  }
+  LOWBIT_REQUIRE(at == values.size(), LOWBIT_ERROR_INVALID_ARGUMENT, "hparam_values has ", values.size(),
+                 " values but hparam_names (", fields.size(), " names) takes ", at);
+}
 
 inline const char* ffi_dtype_name(ffi::DataType t) {
   switch (t) {
@@ -227,14 +343,15 @@ ffi::Error guarded(const char* what, Body&& body) {
 
 // The state plan of a leaf, as lowbit_plan_param_state gives it to a param of
 // this dtype, size and (bound) shape with these attributes: formats and
-// normalisations as resolved, the size threshold off.
+// normalisations as resolved, the size threshold off. The hyper-parameters
+// enter a plan only through the number of moments they keep.
 struct PlanKey {
-  int32_t algorithm, has_momentum, f[2], nz[2], rounding, dtype, ndim, pad_;
+  int32_t algorithm, num_moments, f[2], nz[2], rounding, dtype, ndim, pad_;
   int64_t numel, dims[LOWBIT_MAX_DIMS];
   bool operator==(const PlanKey& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
 };
 
-inline lowbit_state_plan_t plan_leaf(const PlanKey& k, float momentum) {
+inline lowbit_state_plan_t plan_leaf(const PlanKey& k, const lowbit_hparams_t& h) {
   lowbit_optimizer_config_t c;
   lowbit_optimizer_config_init(&c, lowbit_algorithm_t(k.algorithm));
   c.min_quantized_numel = 0;
@@ -244,9 +361,6 @@ inline lowbit_state_plan_t plan_leaf(const PlanKey& k, float momentum) {
   c.second_normalization = lowbit_normalization_t(k.nz[1]);
   c.stochastic_rounding = k.rounding == LOWBIT_ROUNDING_STOCHASTIC;
   c.error_correction = k.rounding == LOWBIT_ROUNDING_ERROR_CORRECTION;
-  lowbit_hparams_t h;
-  lowbit_hparams_init(&h, lowbit_algorithm_t(k.algorithm));
-  h.momentum = momentum;
   lowbit_param_config_t pc;
   lowbit_param_config_init(&pc);
   pc.param = lowbit_tensor_t{nullptr, k.numel, lowbit_dtype_t(k.dtype), LOWBIT_DEVICE_CPU, 0};
@@ -325,12 +439,10 @@ class StepDecoder {
   void prepare(const float* lr, const int32_t* count, const int32_t* layout, ffi::Span<const int64_t> layout_dims,
                lowbit_device_t device, int32_t device_index, PreparedStep& out) {
     const lowbit_algorithm_t algorithm = lowbit_algorithm_t(a_.algorithm);
-    LOWBIT_REQUIRE((algorithm >= LOWBIT_ALGORITHM_ADAMW && algorithm <= LOWBIT_ALGORITHM_SGD) ||
-                       algorithm == LOWBIT_ALGORITHM_MUON,
-                   LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm = ", a_.algorithm,
-                   " is not one of adamw (1), adam (2), lion (3), sgd (4), muon (8)");
-    LOWBIT_REQUIRE(a_.ns_coefficients.size() == 3, LOWBIT_ERROR_INVALID_ARGUMENT, "ns_coefficients has ",
-                   a_.ns_coefficients.size(), " values (expected 3: a, b, c)");
+    const Described& described = describe(a_.algorithm);
+    lowbit_hparams_t h;
+    lowbit_hparams_init(&h, algorithm);
+    fill_hparams(described, a_.hparam_names, a_.hparam_values, h);
     const size_t n = a_.parts.size();
     LOWBIT_REQUIRE(n > 0, LOWBIT_ERROR_INVALID_ARGUMENT, "the parts attribute is empty (no params)");
     LOWBIT_REQUIRE(a_.weight_decay.size() == n && a_.rounding.size() == n && a_.formats.size() == 2 * n &&
@@ -360,20 +472,7 @@ class StepDecoder {
                    " but the optimizer has ", n, " params: expected (", n, ", ", kLayoutColumns,
                    ") (a state made by init() for another params tree, or by an older lowbit.jax?)");
 
-    lowbit_hparams_t h;
-    lowbit_hparams_init(&h, algorithm);
     h.lr = lr ? *lr : 0.f;
-    h.beta1 = a_.beta1;
-    h.beta2 = a_.beta2;
-    h.eps = a_.eps;
-    h.momentum = a_.momentum;
-    h.dampening = a_.dampening;
-    h.nesterov = a_.nesterov;
-    h.bias_correction = a_.bias_correction;
-    h.ns_steps = a_.ns_steps;
-    for (int k = 0; k < 3; ++k) h.ns_coefficients[k] = a_.ns_coefficients[k];
-    h.adjust_lr = lowbit_muon_lr_adjust_t(a_.adjust_lr);
-    h.ns_precision = lowbit_ns_precision_t(a_.ns_precision);
 
     out.params.resize(n);
     if (out.keys.size() != n) {
@@ -383,9 +482,7 @@ class StepDecoder {
     }
     out.hparams.clear();
     out.copies.clear();
-    const int num_moments = algorithm == LOWBIT_ALGORITHM_LION || algorithm == LOWBIT_ALGORITHM_MUON ? 1
-                            : algorithm == LOWBIT_ALGORITHM_SGD ? (a_.momentum != 0.f ? 1 : 0)
-                                                                : 2;
+    int32_t num_moments = -1;  // lowbit_moments_in_use, with the first group's check
     for (size_t i = 0; i < n; ++i) {
       h.weight_decay = a_.weight_decay[i];
       size_t g = 0;
@@ -395,14 +492,19 @@ class StepDecoder {
         // first leaf (the one a message names)
         const lowbit_status_t st = lowbit_hparams_check(&h, algorithm);
         if (st != LOWBIT_SUCCESS) fail(st, lowbit_last_error(), " (param ", name(i), ")");
+        if (num_moments < 0) {
+          check_status(lowbit_moments_in_use(algorithm, &h, &num_moments), lowbit_last_error());
+          LOWBIT_REQUIRE(num_moments <= 2, LOWBIT_ERROR_UNSUPPORTED, described.info.name, " keeps ", num_moments,
+                         " moments with these hyper-parameters; the JAX state carries 2 (mu, nu)");
+        }
         out.hparams.push_back(h);
       }
       LeafBuffers b = leaf(i);
       lowbit_param_buffers_t& v = out.params[i];
       lowbit_param_buffers_init(&v);
       v.group = int32_t(g);
-      check_leaf(i, b, algorithm, num_moments, layout ? layout + kLayoutColumns * i : nullptr, device, device_index,
-                 out.keys[i], out.plans[i], v);
+      check_leaf(i, b, described, out.hparams[g], num_moments, layout ? layout + kLayoutColumns * i : nullptr,
+                 device, device_index, out.keys[i], out.plans[i], v);
       // Views write into the outputs; an output XLA did not alias to its
       // input starts as a copy of it.
       static const int in_of_out[kRetsPerParam] = {0, 2, 3, 4, 5, 6};
@@ -432,13 +534,7 @@ class StepDecoder {
   void split_names() const {
     if (names_split_) return;
     names_split_ = true;
-    names_.clear();
-    std::string_view s = a_.names;
-    for (size_t cut; !s.empty(); s.remove_prefix(cut + 1)) {
-      cut = s.find('\n');
-      names_.push_back(s.substr(0, cut));
-      if (cut == std::string_view::npos) break;
-    }
+    names_ = split_lines(a_.names);
     if (names_.size() != num_leaves_) names_.clear();
   }
 
@@ -462,8 +558,8 @@ class StepDecoder {
          need, " (a state made for another param, dtype or format?)");
   }
 
-  void check_leaf(size_t i, const LeafBuffers& b, lowbit_algorithm_t algorithm, int num_moments,
-                  const int32_t* recorded, lowbit_device_t device, int32_t device_index, PlanKey& key,
+  void check_leaf(size_t i, const LeafBuffers& b, const Described& described, const lowbit_hparams_t& h,
+                  int num_moments, const int32_t* recorded, lowbit_device_t device, int32_t device_index, PlanKey& key,
                   lowbit_state_plan_t& plan, lowbit_param_buffers_t& v) const {
     const ffi::AnyBuffer& param = b.in[0];
     const ffi::AnyBuffer& grad = b.in[1];
@@ -489,15 +585,17 @@ class StepDecoder {
     // it).
     const bool shaped = nz[0] == LOWBIT_NORMALIZATION_RANK1 || nz[0] == LOWBIT_NORMALIZATION_FACTORED ||
                         nz[1] == LOWBIT_NORMALIZATION_RANK1 || nz[1] == LOWBIT_NORMALIZATION_FACTORED;
-    // Muon's params always carry their shape (its matrices); the state
-    // record keeps the bound one (flat unless a moment is shaped).
-    const bool muon = algorithm == LOWBIT_ALGORITHM_MUON;
+    // The params of an algorithm that steps matrices (Muon) always carry
+    // their shape; the state record keeps the bound one (flat unless a
+    // moment is shaped).
+    const bool matrices = described.info.matrices != 0;
     v.ndim = 0;
-    if (shaped || muon) {
+    if (shaped || matrices) {
       const auto dims = param.dimensions();
       LOWBIT_REQUIRE(dims.size() >= 2 && dims.size() <= size_t(kMaxDims), LOWBIT_ERROR_INVALID_ARGUMENT, "param ",
-                     name(i), " has shape ", shape_string(dims),
-                     muon ? ": Muon orthogonalises matrices of 2 to " : ": rank1 and factored moments need 2 to ",
+                     name(i), " has shape ", shape_string(dims), ": ",
+                     matrices ? concat(described.info.title, " steps matrices of 2 to ")
+                              : std::string("rank1 and factored moments need 2 to "),
                      kMaxDims, " dims");
       v.ndim = int32_t(dims.size());
       for (size_t k = 0; k < dims.size(); ++k) {
@@ -535,10 +633,11 @@ class StepDecoder {
                          format_name(f[m]), ")");
           break;
         case LOWBIT_NORMALIZATION_FACTORED:
-          LOWBIT_REQUIRE(m == 1 && f[m] == LOWBIT_STATE_FP32 &&
-                             (algorithm == LOWBIT_ALGORITHM_ADAMW || algorithm == LOWBIT_ALGORITHM_ADAM),
+          LOWBIT_REQUIRE(m == 1 && f[m] == LOWBIT_STATE_FP32 && described.info.factored_second,
                          LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m,
-                         "] = factored needs the second moment of AdamW or Adam, stored as fp32 accumulators");
+                         "] = factored needs the second moment (slot 1), stored as fp32 accumulators, of an "
+                         "algorithm whose descriptor allows it (",
+                         described.info.name, described.info.factored_second ? " does)" : " does not)");
           break;
         default:
           fail(LOWBIT_ERROR_INVALID_ARGUMENT, "param ", name(i), ": normalizations[", 2 * i + m, "] = ", nz[m],
@@ -552,8 +651,8 @@ class StepDecoder {
 
     // The plan of these attributes (made again only when they change).
     PlanKey k{};
-    k.algorithm = algorithm;
-    k.has_momentum = a_.momentum != 0.f;
+    k.algorithm = described.info.algorithm;
+    k.num_moments = num_moments;
     k.f[0] = f[0], k.f[1] = f[1], k.nz[0] = nz[0], k.nz[1] = nz[1];
     k.rounding = rounding;
     k.dtype = param_dtype;
@@ -562,7 +661,7 @@ class StepDecoder {
     for (int d = 0; d < v.ndim; ++d) k.dims[d] = v.shape[d];
     if (!(k == key)) {
       try {
-        plan = plan_leaf(k, a_.momentum);
+        plan = plan_leaf(k, h);
       } catch (const Error& e) {
         fail(e.status, "param ", name(i), ": ", e.message);
       }
@@ -642,13 +741,8 @@ auto bind_step_signature(Binding b) {
       .template Ret<ffi::AnyBuffer>()  // count
       .RemainingRets()
       .template Attr<int32_t>("algorithm")
-      .template Attr<float>("beta1")
-      .template Attr<float>("beta2")
-      .template Attr<float>("eps")
-      .template Attr<float>("momentum")
-      .template Attr<float>("dampening")
-      .template Attr<int32_t>("nesterov")
-      .template Attr<int32_t>("bias_correction")
+      .template Attr<std::string_view>("hparam_names")
+      .template Attr<ffi::Span<const double>>("hparam_values")
       .template Attr<ffi::Span<const float>>("weight_decay")
       .template Attr<ffi::Span<const int32_t>>("formats")
       .template Attr<ffi::Span<const int32_t>>("rounding")
@@ -657,11 +751,7 @@ auto bind_step_signature(Binding b) {
       .template Attr<uint64_t>("seed")
       .template Attr<int32_t>("skip_nonfinite")
       .template Attr<int32_t>("num_threads")
-      .template Attr<std::string_view>("names")
-      .template Attr<int32_t>("ns_steps")
-      .template Attr<ffi::Span<const float>>("ns_coefficients")
-      .template Attr<int32_t>("adjust_lr")
-      .template Attr<int32_t>("ns_precision");
+      .template Attr<std::string_view>("names");
 }
 
 // Enqueues the functional step over the prepared leaves: it reads lr and

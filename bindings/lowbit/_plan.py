@@ -34,10 +34,13 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
                      stochastic_rounding: bool = False, error_correction: bool = False,
                      momentum: float = 0.0, shape: tuple = (),
                      first_normalization=Normalization.DEFAULT,
-                     second_normalization=Normalization.DEFAULT) -> StatePlan:
+                     second_normalization=Normalization.DEFAULT, hparams: tuple = ()) -> StatePlan:
     """The state of a param of `numel` elements and `dtype` in an optimizer
     with these settings (the optimizer-wide ones of lowbit_optimizer_config_t;
     `momentum` is SGD's, which decides whether it keeps a moment).
+    `hparams`: more of the group's hyper-parameters, as (name, value) pairs
+    of lowbit_hparam_info names (e.g. RMSprop's ``centered``, which decides
+    whether it keeps a second moment); written after `momentum`.
 
     `shape`: the param's dims (a tuple of at most 8 ints >= 1 whose product is
     `numel`; () = 1-D), which rank-1 and factored moments follow.
@@ -56,8 +59,14 @@ def plan_param_state(algorithm: Algorithm, numel: int, dtype: Dtype, *, state_fo
     cfg.first_normalization = int(first_normalization)
     cfg.second_normalization = int(second_normalization)
     hp = ffi.new("lowbit_hparams_t *")
-    call("lowbit_hparams_init", hp, int(algorithm))
+    # the whole struct as declared (the plain lowbit_hparams_init fills the
+    # 0.2 struct, whose struct_size hides the later fields from the library)
+    call("lowbit_hparams_init_sized", hp, ffi.sizeof(hp[0]), int(algorithm))
     hp.momentum = float(momentum)
+    if hparams:
+        from ._options import fill_hparams
+
+        fill_hparams(hp, dict(hparams))
     pc = ffi.new("lowbit_param_config_t *")
     call("lowbit_param_config_init_sized", pc, ffi.sizeof(pc[0]))
     pc.param.numel = int(numel)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Rust crate against a CMake build of liblowbit, runs its unit
-# tests, then trains the same linear model with the Rust example
+# tests and tests/ (tests/described.rs: the descriptors read at run time, and
+# RMSprop and Adagrad against a float64 reference), then trains the same linear model with the Rust example
 # (examples/train_linear.rs) and the C example
 # (examples/train_linear_functional.c) and checks that both print the same
 # `final-bits` line: the same bits through two languages' FFI.

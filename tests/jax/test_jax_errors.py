@@ -145,13 +145,11 @@ def test_raw_call_with_a_bad_parts_attribute(ljax):
     args = [jnp.float32(1e-3), jnp.int32(0), layout, jnp.zeros(n, jnp.float32), jnp.ones(n, jnp.float32),
             jnp.zeros(n, jnp.float32), jnp.zeros(n, jnp.float32)]
     outs = [jax.ShapeDtypeStruct((), jnp.int32)] + [jax.ShapeDtypeStruct((n,), jnp.float32)] * 3
-    attrs = dict(algorithm=np.int32(1), beta1=np.float32(0.9), beta2=np.float32(0.999), eps=np.float32(1e-8),
-                 momentum=np.float32(0), dampening=np.float32(0), nesterov=np.int32(0), bias_correction=np.int32(1),
+    attrs = dict(algorithm=np.int32(1), hparam_names="beta1\nbeta2\neps\nbias_correction",
+                 hparam_values=np.array([0.9, 0.999, 1e-8, 1], np.float64),
                  weight_decay=np.array([0.0], np.float32), formats=np.array([1, 1], np.int32),
                  rounding=np.array([0], np.int32), normalizations=np.array([1, 1], np.int32), seed=np.uint64(0),
-                 skip_nonfinite=np.int32(0), num_threads=np.int32(1), names="w", ns_steps=np.int32(5),
-                 ns_coefficients=np.array([3.4445, -4.775, 2.0315], np.float32), adjust_lr=np.int32(0),
-                 ns_precision=np.int32(0))
+                 skip_nonfinite=np.int32(0), num_threads=np.int32(1), names="w")
     call = jax.ffi.ffi_call("lowbit_step", outs, input_output_aliases={1: 0, 3: 1, 5: 2, 6: 3})
     good = jax.jit(lambda *a: call(*a, parts=np.array([1 | 4], np.int32), **attrs))(*args)
     assert int(good[0]) == 1 and bool(jnp.all(good[1] < 0))  # one AdamW step on positive grads

@@ -84,7 +84,7 @@ def test_report_json_is_build_info():
     assert got == lowbit.build_info()
     if jax_module:
         # protocol: bindings/jax/step_common.hpp kProtocolVersion
-        assert Path(jax_module["path"]).name == "liblowbit_jax.so" and jax_module.get("protocol") == 4
+        assert Path(jax_module["path"]).name == "liblowbit_jax.so" and jax_module.get("protocol") == 5
     assert isinstance(got["cuda"], bool) and got["version"].count(".") == 2
 
 

@@ -18,6 +18,16 @@ in one pass and in place (the outputs alias the inputs).
     step = jax.jit(opt.step, donate_argnums=(0, 2))
     params, state = step(params, grads, state)
 
+RMSprop and Adagrad (``ljax.rmsprop``, ``ljax.adagrad``), and every other
+algorithm the library describes without a function written here, are made
+from the library's descriptors: torch.optim's arguments in its order (``lr``
+named ``learning_rate``), its defaults, then ``mask`` and the state settings
+below:
+
+    opt = ljax.rmsprop(1e-2, alpha=0.99, momentum=0.9, state_format="8bit")
+    opt = ljax.adagrad(1e-2, lr_decay=1e-3, initial_accumulator_value=0.1)
+    mu, nu = opt.moments(state, params)   # dequantized, with each slot's maps
+
 Muon (``ljax.muon``, torch.optim.Muon's arguments) takes leaves of 2 or
 more dims; step the others with another transformation in the same
 ``optax.partition`` (the Muon + AdamW hybrid):
@@ -81,7 +91,7 @@ from .._ffi import Algorithm, Normalization, StateFormat
 from .._names import c_int, parse_state_option, resolve_num_threads
 from .._options import config_defaults
 from ._module import _MODULE, LIBRARY_ENV, PROTOCOL_VERSION, library_path  # noqa: F401  (_MODULE: tests load it)
-from ._state import Config, LowbitState, moments
+from ._state import Config, LowbitState, make_config, moments  # noqa: F401  (Config: the settings' type)
 from ._step import LowbitTransformation, _make
 
 __all__ = [
@@ -172,11 +182,12 @@ def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-4, mask=Non
     ``optax.adamw``: p = p * (1 - lr * wd) - lr * m_hat / (sqrt(v_hat) + eps).
     ``mask`` (pytree of bools or callable params -> pytree) selects the params
     that are decayed.""" + _COMMON_DOC
-    return _make(Config(Algorithm.ADAMW, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
-                        bias_correction=bias_correction,
-                        **_common(Algorithm.ADAMW, state_format, second_state_format, min_quantized_numel,
-                                  stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
-                                  first_normalization, second_normalization)))
+    return _make(make_config(Algorithm.ADAMW, learning_rate,
+                             dict(beta1=b1, beta2=b2, eps=eps, bias_correction=bias_correction),
+                             weight_decay=weight_decay, mask=mask,
+                             **_common(Algorithm.ADAMW, state_format, second_state_format, min_quantized_numel,
+                                       stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
+                                       first_normalization, second_normalization)))
 
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None, *, bias_correction=True,
@@ -184,11 +195,12 @@ def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, mask=None,
          min_quantized_numel=None, stochastic_rounding=False, error_correction=False, seed=0, skip_nonfinite=True,
          num_threads=None) -> LowbitTransformation:
     """Adam; ``weight_decay`` is L2 (added to the gradient), as torch.optim.Adam.""" + _COMMON_DOC
-    return _make(Config(Algorithm.ADAM, learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=mask,
-                        bias_correction=bias_correction,
-                        **_common(Algorithm.ADAM, state_format, second_state_format, min_quantized_numel,
-                                  stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
-                                  first_normalization, second_normalization)))
+    return _make(make_config(Algorithm.ADAM, learning_rate,
+                             dict(beta1=b1, beta2=b2, eps=eps, bias_correction=bias_correction),
+                             weight_decay=weight_decay, mask=mask,
+                             **_common(Algorithm.ADAM, state_format, second_state_format, min_quantized_numel,
+                                       stochastic_rounding, error_correction, seed, skip_nonfinite, num_threads,
+                                       first_normalization, second_normalization)))
 
 
 def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_format="fp32",
@@ -196,9 +208,10 @@ def lion(learning_rate, b1=0.9, b2=0.99, weight_decay=1e-3, mask=None, *, state_
          seed=0, skip_nonfinite=True, num_threads=None) -> LowbitTransformation:
     """Lion with decoupled weight decay, the arguments and defaults of
     ``optax.lion``.""" + _COMMON_DOC
-    return _make(Config(Algorithm.LION, learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask,
-                        **_common(Algorithm.LION, state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
-                                  seed, skip_nonfinite, num_threads, first_normalization)))
+    return _make(make_config(Algorithm.LION, learning_rate, dict(beta1=b1, beta2=b2), weight_decay=weight_decay,
+                             mask=mask,
+                             **_common(Algorithm.LION, state_format, None, min_quantized_numel, stochastic_rounding,
+                                       error_correction, seed, skip_nonfinite, num_threads, first_normalization)))
 
 
 def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_decay=0.0, mask=None,
@@ -207,10 +220,11 @@ def sgd(learning_rate, momentum=None, nesterov=False, *, dampening=0.0, weight_d
     """SGD as torch.optim.SGD (L2 ``weight_decay``, ``momentum`` with
     ``dampening``, Nesterov); with dampening 0 it equals ``optax.sgd``. No
     momentum: no state besides the count.""" + _COMMON_DOC
-    return _make(Config(Algorithm.SGD, learning_rate, momentum=float(momentum or 0.0), dampening=dampening,
-                        nesterov=bool(nesterov), weight_decay=weight_decay, mask=mask,
-                        **_common(Algorithm.SGD, state_format, None, min_quantized_numel, stochastic_rounding, error_correction,
-                                  seed, skip_nonfinite, num_threads, first_normalization)))
+    return _make(make_config(Algorithm.SGD, learning_rate,
+                             dict(momentum=float(momentum or 0.0), dampening=dampening, nesterov=bool(nesterov)),
+                             weight_decay=weight_decay, mask=mask,
+                             **_common(Algorithm.SGD, state_format, None, min_quantized_numel, stochastic_rounding,
+                                       error_correction, seed, skip_nonfinite, num_threads, first_normalization)))
 
 
 def muon(learning_rate=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_coefficients=(3.4445, -4.775, 2.0315),
@@ -244,8 +258,20 @@ def muon(learning_rate=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True, ns_
     fmt = parse_state_option(state_format, arg="state_format", algorithm=Algorithm.MUON)[0]
     if first_normalization is None and fmt in (StateFormat.BIT8, StateFormat.BIT4):
         first_normalization = "rank1"
-    return _make(Config(Algorithm.MUON, learning_rate, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                        nesterov=bool(nesterov), bias_correction=False, mask=mask, ns_steps=ns_steps,
-                        ns_coefficients=coeffs, adjust_lr=int(adjust), ns_precision=int(precision),
-                        **_common(Algorithm.MUON, state_format, None, min_quantized_numel, stochastic_rounding,
-                                  error_correction, seed, skip_nonfinite, num_threads, first_normalization)))
+    return _make(make_config(Algorithm.MUON, learning_rate,
+                             dict(eps=eps, momentum=momentum, nesterov=bool(nesterov), ns_steps=ns_steps,
+                                  ns_coefficients=coeffs, adjust_lr=int(adjust), ns_precision=int(precision)),
+                             weight_decay=weight_decay, mask=mask,
+                                  **_common(Algorithm.MUON, state_format, None, min_quantized_numel, stochastic_rounding,
+                                       error_correction, seed, skip_nonfinite, num_threads, first_normalization)))
+
+
+# ----------------------------------------------------------------- the described optimizers
+
+from ._described import described_functions  # noqa: E402
+
+#: Every algorithm the library describes that has no function above (RMSprop,
+#: Adagrad, ...): name -> function, made from its descriptor.
+DESCRIBED = described_functions(_make, make_config, _common, _COMMON_DOC)
+globals().update(DESCRIBED)
+__all__ += sorted(DESCRIBED)

@@ -13,7 +13,7 @@ import jax
 from .._lib import JAX_LIBRARY_ENV as LIBRARY_ENV
 from .._lib import jax_module_candidates
 
-PROTOCOL_VERSION = 4  # the call protocol this package speaks (bindings/jax/step_common.hpp kProtocolVersion)
+PROTOCOL_VERSION = 5  # the call protocol this package speaks (bindings/jax/step_common.hpp kProtocolVersion)
 
 _STEP_TARGET = "lowbit_step"
 _DECODE_TARGET = "lowbit_decode_moment"

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._algorithms import algorithm_spec
 from .._errors import InvalidArgumentError
 from .._ffi import MAX_DIMS, Algorithm, Dtype, Normalization, StateFormat
 from .._plan import plan_param_state
@@ -47,19 +48,25 @@ class LowbitState(NamedTuple):
     ecc: Any
 
 
+# The names earlier lowbit.jax configs gave hyper-parameters that the
+# descriptors name otherwise (optax's b1 / b2).
+_OPTAX_NAMES = {"b1": "beta1", "b2": "beta2"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """The settings of a lowbit.jax optimizer. ``hparams``: the algorithm's
+    hyper-parameters but lr and weight_decay, as (name, value) pairs in the
+    order and with the names of its descriptor (lowbit_hparam_info, read by
+    lowbit._algorithms), every one present (:func:`make_config` fills the
+    defaults); read one with :meth:`hparam` or as an attribute
+    (``config.alpha``, ``config.b1``)."""
+
     algorithm: Algorithm
     learning_rate: Union[float, Callable]
-    b1: float = 0.0
-    b2: float = 0.0
-    eps: float = 0.0
     weight_decay: float = 0.0
-    momentum: float = 0.0
-    dampening: float = 0.0
-    nesterov: bool = False
-    bias_correction: bool = True
     mask: Any = None
+    hparams: tuple = ()
     state_format: StateFormat = StateFormat.FP32
     second_state_format: Optional[StateFormat] = None
     first_normalization: Normalization = Normalization.DEFAULT
@@ -70,11 +77,42 @@ class Config:
     seed: int = 0
     skip_nonfinite: bool = True
     num_threads: int = 0
-    # Muon's (protocol 4; read by the step for algorithm muon only)
-    ns_steps: int = 5
-    ns_coefficients: tuple = (3.4445, -4.775, 2.0315)
-    adjust_lr: int = 0  # lowbit_muon_lr_adjust_t
-    ns_precision: int = 0  # lowbit_ns_precision_t
+
+    def hparam(self, name):
+        for key, value in self.hparams:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def __getattr__(self, name):  # only for names that are no attribute
+        if name.startswith("_") or name in _CONFIG_FIELDS:  # a field not yet set (copy, unpickling)
+            raise AttributeError(name)
+        try:
+            return self.hparam(_OPTAX_NAMES.get(name, name))
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} of {Algorithm(self.algorithm).name.lower()} has no "
+                                 f"{name!r}") from None
+
+
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))
+
+
+def make_config(algorithm, learning_rate, hparams: dict, *, weight_decay=None, mask=None, **settings) -> Config:
+    """A Config of `algorithm` whose hyper-parameters are `hparams` (by
+    descriptor names) over the descriptor's defaults; a name the descriptor
+    does not have is an InvalidArgumentError naming it and the known ones."""
+    spec = algorithm_spec(algorithm)
+    known = [h.name for h in spec.hparams if h.name not in ("lr", "weight_decay")]
+    unknown = [k for k in hparams if k not in known]
+    if unknown:
+        raise InvalidArgumentError(f"lowbit.jax.{spec.name}: unknown hyper-parameter {unknown[0]!r} (its: "
+                                   f"{', '.join(known)})")
+    defaults = spec.defaults()
+    values = tuple((k, hparams[k] if hparams.get(k) is not None else defaults[k]) for k in known)
+    if weight_decay is None:
+        weight_decay = defaults.get("weight_decay", 0.0)
+    return Config(Algorithm(int(algorithm)), learning_rate, weight_decay=weight_decay, mask=mask, hparams=values,
+                  **settings)
 
 
 class _Leaf(NamedTuple):
@@ -98,9 +136,10 @@ def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
     if dtype not in _PARAM_DTYPES:
         raise TypeError(f"lowbit.jax: param {name} has dtype {dtype}; lowbit updates float32, bfloat16 and float16")
     shape = tuple(int(d) for d in shape)
-    if cfg.algorithm == getattr(Algorithm, "MUON", None) and not 2 <= len(shape) <= MAX_DIMS:
-        raise ValueError(f"lowbit.jax.muon: param {name} has shape {shape}: Muon orthogonalises matrices (2 to "
-                         f"{MAX_DIMS} dims); step 1-D leaves (biases, norms) with another transformation, e.g. "
+    spec = algorithm_spec(cfg.algorithm)
+    if spec.matrices and not 2 <= len(shape) <= MAX_DIMS:
+        raise ValueError(f"lowbit.jax.{spec.name}: param {name} has shape {shape}: {spec.title} steps matrices (2 "
+                         f"to {MAX_DIMS} dims); step 1-D leaves (biases, norms) with another transformation, e.g. "
                          "optax.partition with lowbit.jax.adamw")
     numel = int(np.prod(shape, dtype=np.int64))
     # The library plans 1..8 dims; a leaf of more dims (or none, or an empty
@@ -110,8 +149,9 @@ def _plan_leaf(shape, dtype, cfg: Config, name) -> _Leaf:
         cfg.algorithm, numel, _PARAM_DTYPES[dtype], state_format=cfg.state_format,
         second_state_format=cfg.second_state_format if cfg.second_state_format is not None else StateFormat.DEFAULT,
         min_quantized_numel=cfg.min_quantized_numel, stochastic_rounding=cfg.stochastic_rounding,
-        error_correction=cfg.error_correction, momentum=cfg.momentum, shape=plan_shape,
-        first_normalization=cfg.first_normalization, second_normalization=cfg.second_normalization)
+        error_correction=cfg.error_correction, shape=plan_shape,
+        first_normalization=cfg.first_normalization, second_normalization=cfg.second_normalization,
+        hparams=cfg.hparams)  # the plan's moments follow them (SGD's momentum, RMSprop's centered)
     norms = tuple(int(n) for n in plan.normalization)
     shaped = any(n in (Normalization.RANK1, Normalization.FACTORED) for n in norms)
     if shaped and max(shape) > 2**31 - 1:
@@ -185,18 +225,42 @@ def _flatten_like(treedef, tree, what):
         raise ValueError(f"lowbit.jax: {what} does not have the structure of the params: {e}") from None
 
 
-def _decode(data, scales, fmt, norm, moment, shape):
+def _decode(data, scales, fmt, norm, moment, shape, algorithm):
     # the output has the param's shape: rank-1 and factored moments decode with it
     call = jax.ffi.ffi_call(_DECODE_TARGET, jax.ShapeDtypeStruct(tuple(shape), jnp.float32),
                             vmap_method="sequential")
-    return call(data, scales, format=np.int32(fmt), moment=np.int32(moment), normalization=np.int32(norm))
+    return call(data, scales, format=np.int32(fmt), moment=np.int32(moment), normalization=np.int32(norm),
+                algorithm=np.int32(algorithm))
 
 
-def moments(state: LowbitState, params):
+def _algorithm_of(algorithm) -> int:
+    """An algorithm given as a transformation, a Config, a name or a value."""
+    cfg = getattr(algorithm, "config", algorithm)
+    if isinstance(cfg, Config):
+        return int(cfg.algorithm)
+    if isinstance(algorithm, str):
+        from .._algorithms import algorithm_specs
+
+        specs = algorithm_specs()
+        if algorithm.lower() not in specs:
+            raise InvalidArgumentError(f"lowbit.jax: algorithm={algorithm!r} is not one of {', '.join(specs)}")
+        return int(specs[algorithm.lower()].algorithm)
+    return int(algorithm)
+
+
+def moments(state: LowbitState, params, algorithm=None):
     """The moments of ``state``, dequantized to float32 with the library's
     codec, as ``(mu, nu)`` pytrees shaped like ``params`` (None where the
-    algorithm keeps no such moment). Runs on the CPU."""
+    algorithm keeps no such moment). Runs on the CPU.
+
+    ``algorithm`` (the transformation that made the state, its config, its
+    name or its Algorithm) picks each moment's maps by the kind its
+    descriptor gives the slot; None reads moment 0 as signed and moment 1
+    as unsigned, the kinds of AdamW, Adam, Lion, SGD and Muon. A state of
+    RMSprop or Adagrad (an unsigned moment 0) needs it, or
+    ``opt.moments(state, params)``."""
     _MODULE.load()
+    algo = int(Algorithm.ADAMW) if algorithm is None else _algorithm_of(algorithm)
     columns = _MODULE.layout_columns
     leaves, treedef = jax.tree_util.tree_flatten(params)
     layout = np.asarray(jax.device_get(state.layout))
@@ -223,6 +287,6 @@ def moments(state: LowbitState, params):
                                  f"{tuple(jnp.shape(p))}")
             d = jax.device_put(data[i] if _present(data[i]) else jnp.zeros((0,), jnp.uint8), cpu)
             s = jax.device_put(scales[i] if _present(scales[i]) else jnp.zeros((0,), jnp.float32), cpu)
-            vals.append(_decode(d, s, fmt, norm, m, jnp.shape(p)))
+            vals.append(_decode(d, s, fmt, norm, m, jnp.shape(p), algo))
         out.append(treedef.unflatten(vals))
     return tuple(out)

@@ -11,9 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._ffi import Algorithm
+from .._algorithms import algorithm_spec
+from .._errors import LowbitError
+from .._options import fill_hparams, new_hparams
 from ._module import _MODULE, _STEP_TARGET
-from ._state import Config, LowbitState, _flatten_like, _init, _leaf_names, _plan_leaf, _present
+from ._state import Config, LowbitState, _flatten_like, _init, _leaf_names, _plan_leaf, _present, moments
 
 try:  # optax is optional: with it, the transformation is an optax one
     import optax as _optax
@@ -97,17 +99,13 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
                 args.append(x)
                 results.append(jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)))
 
+    hparam_names, hparam_values = _hparam_attributes(int(cfg.algorithm), cfg.hparams)
     call = jax.ffi.ffi_call(_STEP_TARGET, results, input_output_aliases=aliases, vmap_method="sequential")
     out = call(
         *args,
         algorithm=np.int32(cfg.algorithm),
-        beta1=np.float32(cfg.b1),
-        beta2=np.float32(cfg.b2),
-        eps=np.float32(cfg.eps),
-        momentum=np.float32(cfg.momentum),
-        dampening=np.float32(cfg.dampening),
-        nesterov=np.int32(cfg.nesterov),
-        bias_correction=np.int32(cfg.bias_correction),
+        hparam_names=hparam_names,
+        hparam_values=hparam_values,
         weight_decay=np.array(_weight_decays(params, treedef, cfg), np.float32),
         formats=np.array([f for p in plans for f in p.formats], np.int32),
         rounding=np.array([p.rounding for p in plans], np.int32),
@@ -117,10 +115,6 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
         skip_nonfinite=np.int32(cfg.skip_nonfinite),
         num_threads=np.int32(cfg.num_threads),
         names="\n".join(names),
-        ns_steps=np.int32(cfg.ns_steps),
-        ns_coefficients=np.array(cfg.ns_coefficients, np.float32),
-        adjust_lr=np.int32(cfg.adjust_lr),
-        ns_precision=np.int32(cfg.ns_precision),
     )
     un = treedef.unflatten
     pos = 1
@@ -148,25 +142,43 @@ def _fused_step(params, grads, state: LowbitState, cfg: Config):
     return new_params, new_state
 
 
+def _hparam_values(algorithm, hparams: tuple):
+    """A cffi lowbit_hparams_t of the algorithm's defaults with `hparams`
+    ((name, value) pairs by descriptor name) written as the library's fields
+    take them (flags 0/1, enums their values, reals float32)."""
+    hp = new_hparams(algorithm)
+    fill_hparams(hp, dict(hparams))
+    return hp
+
+
+@functools.lru_cache(maxsize=256)
+def _hparam_attributes(algorithm, hparams: tuple):
+    """The step's hparam_names / hparam_values attributes: every
+    hyper-parameter of the algorithm's descriptor but lr (a buffer) and
+    weight_decay (per leaf), read back from the lowbit_hparams_t that
+    fill_hparams wrote (the library's types and parsing, one place)."""
+    hp = _hparam_values(algorithm, hparams)
+    names, values = [], []
+    for h in algorithm_spec(algorithm).hparams:
+        if h.name in ("lr", "weight_decay"):
+            continue
+        field = getattr(hp, h.name)
+        names.append(h.name)
+        values += [float(field[k]) for k in range(h.count)] if h.count > 1 else [float(field)]
+    return "\n".join(names), np.array(values, np.float64)
+
+
 def _check_hparams(cfg: Config, lr: float) -> None:
     """The hyper-parameters checked by the library (lowbit_hparams_check, as
     the C API checks them), raising its error."""
-    from .._errors import InvalidArgumentError
     from .._lib import call
-    from .._options import fill_hparams, new_hparams
 
-    hp = new_hparams(cfg.algorithm)
-    kw = dict(lr=lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    if cfg.algorithm == getattr(Algorithm, "MUON", None):
-        kw.update(ns_steps=cfg.ns_steps, ns_coefficients=cfg.ns_coefficients, adjust_lr=cfg.adjust_lr,
-                  ns_precision=cfg.ns_precision)
-    else:
-        kw.update(beta1=cfg.b1, beta2=cfg.b2, dampening=cfg.dampening, bias_correction=cfg.bias_correction)
-    fill_hparams(hp, kw)
     try:
+        hp = _hparam_values(cfg.algorithm, cfg.hparams)
+        fill_hparams(hp, dict(lr=lr, weight_decay=cfg.weight_decay))
         call("lowbit_hparams_check", hp, int(cfg.algorithm))
-    except InvalidArgumentError as e:
-        raise InvalidArgumentError(f"lowbit.jax: {e.message}", e.status) from None
+    except LowbitError as e:
+        raise type(e)(f"lowbit.jax.{algorithm_spec(cfg.algorithm).name}: {e.message}", e.status) from None
 
 
 def _make(cfg: Config) -> LowbitTransformation:
@@ -174,7 +186,7 @@ def _make(cfg: Config) -> LowbitTransformation:
     _check_hparams(cfg, lr0)
     # The library checks the state settings (formats, normalisations, the
     # threshold) as it plans a leaf: one now, so that they fail here.
-    _plan_leaf((1, 1) if cfg.algorithm == getattr(Algorithm, "MUON", None) else (1,), jnp.float32, cfg, "<settings>")
+    _plan_leaf((1, 1) if algorithm_spec(cfg.algorithm).matrices else (1,), jnp.float32, cfg, "<settings>")
 
     def init(params):
         return _init(params, cfg)
@@ -202,4 +214,5 @@ def _make(cfg: Config) -> LowbitTransformation:
     t = LowbitTransformation(init, update)
     t.step = step
     t.config = cfg
+    t.moments = functools.partial(moments, algorithm=cfg)
     return t

@@ -1,7 +1,8 @@
 //! Rust bindings of lowbit's functional step (`capi/lowbit.h`, section
-//! "functional step", since 0.6): memory-efficient optimizers (AdamW, Adam,
-//! Lion, SGD with fp32 / bf16 / 8-bit / 4-bit / fp8 state) stepping buffers
-//! the caller owns.
+//! "functional step", since 0.6): memory-efficient optimizers (every
+//! algorithm the library describes but the distributed ones: AdamW, Adam,
+//! Lion, SGD, Muon, RMSprop, Adagrad, with fp32 / bf16 / 8-bit / 4-bit / fp8
+//! state) stepping buffers the caller owns.
 //!
 //! [`sys`] mirrors the C declarations this crate needs, by hand (no bindgen:
 //! the structs are `#[repr(C)]` copies of the header's, every one but
@@ -14,7 +15,12 @@
 //! - [`Param`]: a parameter, its gradient and its state for one step;
 //! - [`StepContext`]: `lowbit_step_context_t` (destroyed on drop), whose
 //!   [`StepContext::step`] is one `lowbit_functional_step`;
-//! - [`Error`]: a failed call's status and the library's message.
+//! - [`Error`]: a failed call's status and the library's message;
+//! - [`algorithms`], [`algorithm_spec`], [`algorithm_named`]: the library's
+//!   descriptors (`lowbit_algorithm_info`, `lowbit_hparam_info`), read at run
+//!   time: names, moment slots and kinds, hyper-parameters with defaults and
+//!   bounds; [`AlgorithmSpec::set`] writes a hyper-parameter by name where
+//!   its descriptor says, [`moments_in_use`] counts a group's moments.
 //!
 //! Linking: `build.rs` links `liblowbit` from the directory in the
 //! environment variable `LOWBIT_LIB_DIR` (default: `../../build`, the
@@ -70,6 +76,19 @@ pub mod sys {
     pub const LOWBIT_ALGORITHM_ZEROONE_ADAM: lowbit_algorithm_t = 6;
     pub const LOWBIT_ALGORITHM_ONEBIT_LAMB: lowbit_algorithm_t = 7;
     pub const LOWBIT_ALGORITHM_MUON: lowbit_algorithm_t = 8;
+    pub const LOWBIT_ALGORITHM_RMSPROP: lowbit_algorithm_t = 9;
+    pub const LOWBIT_ALGORITHM_ADAGRAD: lowbit_algorithm_t = 10;
+
+    pub type lowbit_moment_kind_t = i32;
+    pub const LOWBIT_MOMENT_SIGNED: lowbit_moment_kind_t = 1;
+    pub const LOWBIT_MOMENT_UNSIGNED: lowbit_moment_kind_t = 2;
+    pub const LOWBIT_MAX_MOMENTS: usize = 4;
+
+    pub type lowbit_hparam_type_t = i32;
+    pub const LOWBIT_HPARAM_REAL: lowbit_hparam_type_t = 1;
+    pub const LOWBIT_HPARAM_FLAG: lowbit_hparam_type_t = 2;
+    pub const LOWBIT_HPARAM_INT: lowbit_hparam_type_t = 3;
+    pub const LOWBIT_HPARAM_ENUM: lowbit_hparam_type_t = 4;
 
     pub type lowbit_state_format_t = i32;
     pub const LOWBIT_STATE_DEFAULT: lowbit_state_format_t = 0;
@@ -130,6 +149,52 @@ pub mod sys {
         pub ns_coefficients: [f32; 3],
         pub adjust_lr: i32,
         pub ns_precision: i32,
+        // Since 0.8: RMSprop's and Adagrad's (lowbit_hparam_info says which
+        // algorithm reads which field).
+        pub alpha: f32,
+        pub centered: i32,
+        pub lr_decay: f32,
+        pub initial_accumulator_value: f32,
+    }
+
+    /// An algorithm's descriptor (since 0.8).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct lowbit_algorithm_info_t {
+        pub struct_size: usize,
+        pub algorithm: lowbit_algorithm_t,
+        pub num_hparams: i32,
+        pub name: *const c_char,
+        pub title: *const c_char,
+        pub max_moments: i32,
+        pub reads_param: i32,
+        pub moment_names: [*const c_char; LOWBIT_MAX_MOMENTS],
+        pub moment_kinds: [lowbit_moment_kind_t; LOWBIT_MAX_MOMENTS],
+        pub bias_correction: i32,
+        pub factored_second: i32,
+        pub distributed: i32,
+        pub hybrid_group: i32,
+        pub matrices: i32,
+        pub reserved0: i32,
+    }
+
+    /// One hyper-parameter of one algorithm (since 0.8).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct lowbit_hparam_info_t {
+        pub struct_size: usize,
+        pub name: *const c_char,
+        pub meaning: *const c_char,
+        pub type_: lowbit_hparam_type_t,
+        pub count: i32,
+        pub offset: usize,
+        pub default_value: [f64; 3],
+        pub lower: f64,
+        pub upper: f64,
+        pub lower_inclusive: i32,
+        pub upper_inclusive: i32,
+        pub since: i32,
+        pub reserved0: i32,
     }
 
     #[repr(C)]
@@ -182,6 +247,8 @@ pub mod sys {
         pub ecc_bytes: i64,
         pub state_bytes: i64,
         pub normalization: [lowbit_normalization_t; 2],
+        // Since 0.8: each moment's kind (its maps and floor).
+        pub kind: [lowbit_moment_kind_t; 2],
     }
 
     #[repr(C)]
@@ -294,6 +361,27 @@ pub mod sys {
             numel: i64,
         ) -> lowbit_status_t;
         pub fn lowbit_state_format_name(format: lowbit_state_format_t) -> *const c_char;
+
+        pub fn lowbit_algorithm_info(
+            algorithm: lowbit_algorithm_t,
+            out: *mut lowbit_algorithm_info_t,
+        ) -> lowbit_status_t;
+        pub fn lowbit_hparam_info(
+            algorithm: lowbit_algorithm_t,
+            index: i32,
+            out: *mut lowbit_hparam_info_t,
+        ) -> lowbit_status_t;
+        pub fn lowbit_moments_in_use(
+            algorithm: lowbit_algorithm_t,
+            hparams: *const lowbit_hparams_t,
+            count: *mut i32,
+        ) -> lowbit_status_t;
+        pub fn lowbit_algorithms(out: *mut lowbit_algorithm_t, capacity: i32, count: *mut i32) -> lowbit_status_t;
+        pub fn lowbit_algorithm_info_init_sized(
+            info: *mut lowbit_algorithm_info_t,
+            struct_size: usize,
+        ) -> lowbit_status_t;
+        pub fn lowbit_hparam_info_init_sized(info: *mut lowbit_hparam_info_t, struct_size: usize) -> lowbit_status_t;
     }
 }
 
@@ -304,13 +392,15 @@ use sys::*;
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(size_of::<lowbit_tensor_t>() == 32, "lowbit_tensor_t");
-    assert!(size_of::<lowbit_hparams_t>() == 72, "lowbit_hparams_t");
+    assert!(size_of::<lowbit_hparams_t>() == 88, "lowbit_hparams_t");
     assert!(
         size_of::<lowbit_optimizer_config_t>() == 80,
         "lowbit_optimizer_config_t"
     );
     assert!(size_of::<lowbit_param_config_t>() == 168, "lowbit_param_config_t");
-    assert!(size_of::<lowbit_state_plan_t>() == 104, "lowbit_state_plan_t");
+    assert!(size_of::<lowbit_state_plan_t>() == 112, "lowbit_state_plan_t");
+    assert!(size_of::<lowbit_algorithm_info_t>() == 112, "lowbit_algorithm_info_t");
+    assert!(size_of::<lowbit_hparam_info_t>() == 96, "lowbit_hparam_info_t");
     assert!(size_of::<lowbit_param_buffers_t>() == 232, "lowbit_param_buffers_t");
     assert!(size_of::<lowbit_step_args_t>() == 72, "lowbit_step_args_t");
 };
@@ -455,6 +545,255 @@ pub fn plan_param_state(
     check(unsafe { lowbit_state_plan_init_sized(plan.as_mut_ptr(), size_of::<lowbit_state_plan_t>()) })?;
     check(unsafe { lowbit_plan_param_state(config, hparams, param, plan.as_mut_ptr()) })?;
     Ok(unsafe { plan.assume_init() })
+}
+
+// ---------------------------------------------------------------- algorithms, described
+
+/// One hyper-parameter of one algorithm (`lowbit_hparam_info`): a field of
+/// `lowbit_hparams_t`, its default for that algorithm, its bounds and what
+/// it means.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HparamSpec {
+    pub name: &'static str,
+    pub meaning: &'static str,
+    /// `LOWBIT_HPARAM_REAL`, `_FLAG`, `_INT` or `_ENUM`.
+    pub kind: lowbit_hparam_type_t,
+    /// The field's values (1, or 3 for `ns_coefficients`) and their defaults.
+    pub default: Vec<f64>,
+    pub offset: usize,
+    pub lower: f64,
+    pub upper: f64,
+    pub lower_inclusive: bool,
+    pub upper_inclusive: bool,
+    /// `LOWBIT_VERSION` of the release that added the field.
+    pub since: i32,
+}
+
+impl HparamSpec {
+    /// Whether `v` is within the bounds (reals: and finite).
+    pub fn admits(&self, v: f64) -> bool {
+        let lo = if self.lower_inclusive {
+            v >= self.lower
+        } else {
+            v > self.lower
+        };
+        let hi = if self.upper_inclusive {
+            v <= self.upper
+        } else {
+            v < self.upper
+        };
+        v.is_finite() && lo && hi
+    }
+}
+
+/// An algorithm as the library describes it (`lowbit_algorithm_info` and
+/// its `lowbit_hparam_info` entries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlgorithmSpec {
+    pub algorithm: lowbit_algorithm_t,
+    /// "adamw", "rmsprop", ...: the name every binding takes.
+    pub name: &'static str,
+    /// "AdamW", "RMSprop", ...
+    pub title: &'static str,
+    /// torch's state names of the moment slots it may keep ("square_avg", ...).
+    pub moment_names: Vec<&'static str>,
+    /// `LOWBIT_MOMENT_SIGNED` or `_UNSIGNED`, per slot.
+    pub moment_kinds: Vec<lowbit_moment_kind_t>,
+    pub reads_param: bool,
+    pub bias_correction: bool,
+    pub factored_second: bool,
+    /// A 1-bit optimizer (needs a communicator: no functional step).
+    pub distributed: bool,
+    pub hybrid_group: bool,
+    /// It steps matrices (params of >= 2 dims only).
+    pub matrices: bool,
+    /// Its hyper-parameters, in the library's order.
+    pub hparams: Vec<HparamSpec>,
+}
+
+impl AlgorithmSpec {
+    /// The hyper-parameter `name`, or an `INVALID_ARGUMENT` error naming it
+    /// and the algorithm's.
+    pub fn hparam(&self, name: &str) -> Result<&HparamSpec> {
+        self.hparams.iter().find(|h| h.name == name).ok_or_else(|| {
+            let known: Vec<&str> = self.hparams.iter().map(|h| h.name).collect();
+            Error::new(
+                LOWBIT_ERROR_INVALID_ARGUMENT,
+                format!(
+                    "'{}' is not a hyper-parameter of {} (its: {})",
+                    name,
+                    self.name,
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The library's defaults (`lowbit_hparams_init`).
+    pub fn default_hparams(&self) -> Result<lowbit_hparams_t> {
+        hparams(self.algorithm)
+    }
+
+    /// Writes `values` (as many as the field holds) into field `name` of
+    /// `h`, where the descriptor says it lies; flags, ints and enums must be
+    /// integral. The bounds are the library's to check ([`hparams_check`]).
+    pub fn set(&self, h: &mut lowbit_hparams_t, name: &str, values: &[f64]) -> Result<()> {
+        let spec = self.hparam(name)?;
+        let count = spec.default.len();
+        if values.len() != count {
+            return Err(Error::new(
+                LOWBIT_ERROR_INVALID_ARGUMENT,
+                format!("{} of {} takes {} values, got {}", name, self.name, count, values.len()),
+            ));
+        }
+        field_range(spec)?;
+        let base = h as *mut lowbit_hparams_t as *mut u8;
+        for (k, &v) in values.iter().enumerate() {
+            let at = unsafe { base.add(spec.offset + 4 * k) };
+            if spec.kind == LOWBIT_HPARAM_REAL {
+                unsafe { ptr::write_unaligned(at as *mut f32, v as f32) };
+            } else {
+                if v != v.floor() || v < i32::MIN as f64 || v > i32::MAX as f64 {
+                    return Err(Error::new(
+                        LOWBIT_ERROR_INVALID_ARGUMENT,
+                        format!(
+                            "{} = {} of {} must be an integer ({})",
+                            name, v, self.name, spec.meaning
+                        ),
+                    ));
+                }
+                unsafe { ptr::write_unaligned(at as *mut i32, v as i32) };
+            }
+        }
+        Ok(())
+    }
+
+    /// The values of field `name` of `h`.
+    pub fn get(&self, h: &lowbit_hparams_t, name: &str) -> Result<Vec<f64>> {
+        let spec = self.hparam(name)?;
+        field_range(spec)?;
+        let base = h as *const lowbit_hparams_t as *const u8;
+        Ok((0..spec.default.len())
+            .map(|k| {
+                let at = unsafe { base.add(spec.offset + 4 * k) };
+                if spec.kind == LOWBIT_HPARAM_REAL {
+                    unsafe { ptr::read_unaligned(at as *const f32) as f64 }
+                } else {
+                    unsafe { ptr::read_unaligned(at as *const i32) as f64 }
+                }
+            })
+            .collect())
+    }
+
+    /// The defaults with `values` ((name, value) pairs, one value each)
+    /// written over them, checked by the library (`lowbit_hparams_check`).
+    pub fn hparams_with(&self, values: &[(&str, f64)]) -> Result<lowbit_hparams_t> {
+        let mut h = self.default_hparams()?;
+        for &(name, v) in values {
+            self.set(&mut h, name, &[v])?;
+        }
+        hparams_check(&h, self.algorithm)?;
+        Ok(h)
+    }
+
+    /// How many moments a param of a group with `h` keeps (`lowbit_moments_in_use`).
+    pub fn moments_in_use(&self, h: &lowbit_hparams_t) -> Result<usize> {
+        moments_in_use(self.algorithm, h)
+    }
+}
+
+// A field past this crate's lowbit_hparams_t (a newer library's) is refused,
+// never written.
+fn field_range(spec: &HparamSpec) -> Result<()> {
+    if spec.offset + 4 * spec.default.len() > size_of::<lowbit_hparams_t>() {
+        return Err(Error::new(
+            LOWBIT_ERROR_UNSUPPORTED,
+            format!(
+                "hyper-parameter {} (since {}) lies past this crate's lowbit_hparams_t ({} bytes)",
+                spec.name,
+                spec.since,
+                size_of::<lowbit_hparams_t>()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The descriptor of `algorithm` (`lowbit_algorithm_info`, `lowbit_hparam_info`).
+pub fn algorithm_spec(algorithm: lowbit_algorithm_t) -> Result<AlgorithmSpec> {
+    let mut info = std::mem::MaybeUninit::<lowbit_algorithm_info_t>::zeroed();
+    check(unsafe { lowbit_algorithm_info_init_sized(info.as_mut_ptr(), size_of::<lowbit_algorithm_info_t>()) })?;
+    check(unsafe { lowbit_algorithm_info(algorithm, info.as_mut_ptr()) })?;
+    let info = unsafe { info.assume_init() };
+    let n = (info.max_moments.max(0) as usize).min(LOWBIT_MAX_MOMENTS);
+    let mut specs = Vec::with_capacity(info.num_hparams.max(0) as usize);
+    for i in 0..info.num_hparams {
+        let mut h = std::mem::MaybeUninit::<lowbit_hparam_info_t>::zeroed();
+        check(unsafe { lowbit_hparam_info_init_sized(h.as_mut_ptr(), size_of::<lowbit_hparam_info_t>()) })?;
+        check(unsafe { lowbit_hparam_info(algorithm, i, h.as_mut_ptr()) })?;
+        let h = unsafe { h.assume_init() };
+        let count = (h.count.max(0) as usize).min(3);
+        specs.push(HparamSpec {
+            name: static_str(h.name),
+            meaning: static_str(h.meaning),
+            kind: h.type_,
+            default: h.default_value[..count].to_vec(),
+            offset: h.offset,
+            lower: h.lower,
+            upper: h.upper,
+            lower_inclusive: h.lower_inclusive != 0,
+            upper_inclusive: h.upper_inclusive != 0,
+            since: h.since,
+        });
+    }
+    Ok(AlgorithmSpec {
+        algorithm: info.algorithm,
+        name: static_str(info.name),
+        title: static_str(info.title),
+        moment_names: info.moment_names[..n].iter().map(|&p| static_str(p)).collect(),
+        moment_kinds: info.moment_kinds[..n].to_vec(),
+        reads_param: info.reads_param != 0,
+        bias_correction: info.bias_correction != 0,
+        factored_second: info.factored_second != 0,
+        distributed: info.distributed != 0,
+        hybrid_group: info.hybrid_group != 0,
+        matrices: info.matrices != 0,
+        hparams: specs,
+    })
+}
+
+/// Every algorithm of the loaded library, in enum order (`lowbit_algorithms`).
+pub fn algorithms() -> Result<Vec<AlgorithmSpec>> {
+    let mut count = 0i32;
+    check(unsafe { lowbit_algorithms(ptr::null_mut(), 0, &mut count) })?;
+    let mut ids = vec![0 as lowbit_algorithm_t; count.max(0) as usize];
+    check(unsafe { lowbit_algorithms(ids.as_mut_ptr(), ids.len() as i32, &mut count) })?;
+    ids.truncate(count.max(0) as usize);
+    ids.into_iter().map(algorithm_spec).collect()
+}
+
+/// The algorithm called `name` ("rmsprop", ...), or an `INVALID_ARGUMENT`
+/// error naming it and the library's algorithms.
+pub fn algorithm_named(name: &str) -> Result<AlgorithmSpec> {
+    let all = algorithms()?;
+    let names: Vec<&str> = all.iter().map(|a| a.name).collect();
+    let message = format!(
+        "no algorithm is called '{}' (this library has: {})",
+        name,
+        names.join(", ")
+    );
+    all.into_iter()
+        .find(|a| a.name == name)
+        .ok_or_else(|| Error::new(LOWBIT_ERROR_INVALID_ARGUMENT, message))
+}
+
+/// `lowbit_moments_in_use`: how many moments (slots 0..) a param of a group
+/// with `hparams` keeps under `algorithm` (the hparams checked as
+/// `lowbit_hparams_check` does).
+pub fn moments_in_use(algorithm: lowbit_algorithm_t, hparams: &lowbit_hparams_t) -> Result<usize> {
+    let mut count = 0i32;
+    check(unsafe { lowbit_moments_in_use(algorithm, hparams, &mut count) })?;
+    Ok(count.max(0) as usize)
 }
 
 // ---------------------------------------------------------------- elements
@@ -899,6 +1238,13 @@ mod tests {
                 (1e-3, 0.9, 0.999, 1e-8, 0.01)
             );
             assert_eq!(h.bias_correction, 1);
+            // the 0.8 fields land where the library writes them
+            let mut r = std::mem::zeroed::<lowbit_hparams_t>();
+            assert_eq!(
+                lowbit_hparams_init_sized(&mut r, size_of::<lowbit_hparams_t>(), LOWBIT_ALGORITHM_RMSPROP),
+                0
+            );
+            assert_eq!((r.lr, r.alpha, r.centered, r.lr_decay), (1e-2, 0.99, 0, 0.0));
 
             let mut c = std::mem::zeroed::<lowbit_optimizer_config_t>();
             let n = size_of::<lowbit_optimizer_config_t>();
