@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0, LOWBIT_STATE_4BIT},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0, LOWBIT_STATE_4BIT_DYN},
+      {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT_SR, LOWBIT_DTYPE_BFLOAT16, 0, 0, 0, LOWBIT_STATE_4BIT_DYN},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_FP8, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_LPMM_ADAMW_4BIT},
       {LOWBIT_ALGORITHM_ADAMW, "adamw", LOWBIT_STATE_4BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0, LOWBIT_PRESET_ADAMW_4BIT_FACTOR},
@@ -130,7 +132,8 @@ int main(int argc, char** argv) {
     lowbit_hparams_init(&h, cases[k].algo);
     if (cases[k].algo == LOWBIT_ALGORITHM_SGD) h.momentum = 0.9f;
     c.state_format = cases[k].fmt;
-    c.second_state_format = cases[k].fmt2;  /* 4b-sr: m 4BIT_SR, v 4BIT; 4b-sr2: both 4BIT_SR */
+    c.second_state_format = cases[k].fmt2;  /* 4b-sr: m 4BIT_SR, v 4BIT; 4b-sr2: both 4BIT_SR; 4b-dyn / 4b-srd: m 4BIT /
+                                               4BIT_SR, v 4BIT_DYN */
     c.error_correction = cases[k].ecc;
     c.num_threads = threads;
     c.skip_nonfinite = cases[k].check;
@@ -182,6 +185,7 @@ int main(int argc, char** argv) {
     printf("%-6s %-6s %-6s %-5s %-4s %10.2f %9.3f %10.3f %7.1f%%\n", cases[k].name,
            cases[k].preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT ? "4b-r1"
            : cases[k].preset                               ? "4b-fac"
+           : cases[k].fmt2 == LOWBIT_STATE_4BIT_DYN        ? (cases[k].fmt == LOWBIT_STATE_4BIT_SR ? "4b-srd" : "4b-dyn")
            : cases[k].fmt2                                 ? "4b-sr"
                                                            : fmt_names[cases[k].fmt],
            es == 4 ? "fp32" : "bf16", cases[k].ecc ? "yes" : "no", cases[k].check ? "yes" : "no", ms,

@@ -82,9 +82,9 @@ lowbit::Norm planned_norm(const lowbit_state_plan_t& p, int32_t moment) {
                      n == LOWBIT_NORMALIZATION_FACTORED,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = ", int(n),
                  " is not the normalisation of a planned moment (LOWBIT_NORMALIZATION_BLOCK, RANK1 or FACTORED)");
-  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_RANK1 || f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT,
+  LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_RANK1 || lowbit::rank1_format(f),
                  LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = RANK1 but the moment is ",
-                 lowbit::format_name(f), " (rank-1 scales are for 8bit and 4bit codes)");
+                 lowbit::format_name(f), " (rank-1 scales are for 8bit, 4bit and 4bit-dyn codes)");
   LOWBIT_REQUIRE(n != LOWBIT_NORMALIZATION_FACTORED || (moment == 1 && f == LOWBIT_STATE_FP32),
                  LOWBIT_ERROR_INVALID_ARGUMENT, "plan->normalization[", moment, "] = FACTORED but the moment is ",
                  lowbit::format_name(f), " moment ", moment, " (only an fp32 second moment is factored)");

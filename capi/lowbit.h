@@ -245,7 +245,14 @@ typedef enum lowbit_algorithm {
  * each code stochastically between its two neighbouring map values (unbiased,
  * counter-based bits as for weights), which keeps long runs at fp32's loss
  * where nearest codes fall behind (bench/NOTES.md, issue 37); BLOCK
- * normalisation only. */
+ * normalisation only.
+ * 4BIT_DYN (since 0.8): 4BIT's layout (blocks of 128, two codes per byte),
+ * but an unsigned moment (a second moment: AdamW's v, RMSprop's square_avg)
+ * is coded on the unsigned dynamic-exponent map of 16 values (0, three
+ * decades of 2, 4 and 8 values, 1: docs/ALGORITHMS.md, section 1) instead of
+ * {k/16}, so that values a decade or two under their block's largest keep
+ * their size (bench/NOTES.md, issue 50); a signed moment is 4BIT's (its map
+ * is already the signed dynamic one), and a plan reports it as 4BIT. */
 typedef enum lowbit_state_format {
   LOWBIT_STATE_DEFAULT = 0, /* per parameter: use the optimizer's default */
   LOWBIT_STATE_FP32 = 1,
@@ -254,6 +261,7 @@ typedef enum lowbit_state_format {
   LOWBIT_STATE_4BIT = 4,
   LOWBIT_STATE_FP8 = 5,
   LOWBIT_STATE_4BIT_SR = 6,
+  LOWBIT_STATE_4BIT_DYN = 7,
   LOWBIT_STATE_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_STATE_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_state_format_t;

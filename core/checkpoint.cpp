@@ -339,8 +339,7 @@ void Optimizer::load(const uint8_t* bytes, int64_t size, void* stream) {
                      "checkpoint param ", i, " moment ", m, " has unknown format ", raw_format);
       auto format = lowbit_state_format_t(raw_format);
       const Norm norm = Norm(raw_norm <= 2 ? raw_norm : 0);
-      const bool norm_ok = raw_norm == 0 || (shape.ndim >= 2 && ((raw_norm == 1 && (format == LOWBIT_STATE_8BIT ||
-                                                                                      format == LOWBIT_STATE_4BIT)) ||
+      const bool norm_ok = raw_norm == 0 || (shape.ndim >= 2 && ((raw_norm == 1 && rank1_format(format)) ||
                                                                   (raw_norm == 2 && m == 1 && format == LOWBIT_STATE_FP32)));
       bool layout_ok = norm_ok && block == uint32_t(norm == Norm::Block ? block_size(format) : 0);
       try {  // the sizes of `format` for numel, in checked arithmetic

@@ -155,7 +155,8 @@ void fill_planes(const float* table, BytePlanes& bp) {
 
 Tables build_tables() {
   Tables x{};
-  const MapId ids[4] = {MapId::SignedDynamic8, MapId::UnsignedDynamic8, MapId::SignedDynamic4, MapId::UnsignedLinear4};
+  const MapId ids[kNumMaps] = {MapId::SignedDynamic8, MapId::UnsignedDynamic8, MapId::SignedDynamic4,
+                              MapId::UnsignedLinear4, MapId::UnsignedDynamic4};
   for (int m = 0; m < 2; ++m) {
     const QMap& q = qmap(ids[m]);
     fill_planes(q.values, x.values8[m]);
@@ -170,7 +171,7 @@ Tables build_tables() {
     build_direct8(q, dynamic_spec(ids[m]), qmap_wide(q).zero_code, x.direct8[m]);
     build_bucket8(q, dynamic_spec(ids[m]).is_signed, x.bucket8[m]);
   }
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < 3; ++m) {
     const QMap& q = qmap(ids[2 + m]);
     for (int i = 0; i < 16; ++i) x.map4[m].mid[i] = q.midpoints[i], x.map4[m].values[i] = q.values[i];
     for (int lv = 0; lv < 4; ++lv)
@@ -182,7 +183,7 @@ Tables build_tables() {
   float e4m3[256];
   for (int c = 0; c < 256; ++c) e4m3[c] = x.e4m3_values[c] = e4m3_to_float(uint8_t(c));
   fill_planes(e4m3, x.e4m3);
-  for (int m = 0; m < 4; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
+  for (int m = 0; m < kNumMaps; ++m) x.zero_code[m] = qmap_wide(qmap(ids[m])).zero_code;
   x.first_map = &qmap(MapId::SignedDynamic8);
   return x;
 }

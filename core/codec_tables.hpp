@@ -92,10 +92,10 @@ struct Tables {
   Direct8 direct8[2];
   Bucket8 bucket8[2];
   Search8 search8[2];
-  Search4 map4[2];        // SignedDynamic4, UnsignedLinear4
+  Search4 map4[3];        // SignedDynamic4, UnsignedLinear4, UnsignedDynamic4 (map4[map_index - 2])
   BytePlanes e4m3;
   alignas(64) float e4m3_values[256];  // e4m3_to_float of every code (the AVX2 codec's gathers)
-  int zero_code[4];
+  int zero_code[kNumMaps];
   const QMap* first_map;  // &qmap(SignedDynamic8): map_index() without a call per tile
 };
 
@@ -106,7 +106,7 @@ inline const Tables& tables() {
   return t;
 }
 
-// Which of the four maps (the order of MapId).
+// Which of the maps (the order of MapId).
 inline int map_index(const Tables& t, const QMap* map) { return int(map - t.first_map); }
 
 }  // namespace simd_tables

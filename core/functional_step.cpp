@@ -159,7 +159,7 @@ void FunctionalStepper::check_param(int64_t i, const lowbit_param_buffers_t& p, 
     LOWBIT_REQUIRE(f >= LOWBIT_STATE_FP32 && f <= kLastStateFormat, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i,
                    "].plan->format[", m, "] = ", int(f), " is not a lowbit_state_format_t value");
     const bool ok = n == LOWBIT_NORMALIZATION_BLOCK ||
-                    (n == LOWBIT_NORMALIZATION_RANK1 && (f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT)) ||
+                    (n == LOWBIT_NORMALIZATION_RANK1 && rank1_format(f)) ||
                     (n == LOWBIT_NORMALIZATION_FACTORED && m == 1 && desc.factored_second && f == LOWBIT_STATE_FP32);
     LOWBIT_REQUIRE(ok, LOWBIT_ERROR_INVALID_ARGUMENT, "params[", i, "].plan->normalization[", m, "] = ", int(n),
                    " is not one the plans give for a ", format_name(f), " moment ", m);

@@ -89,24 +89,26 @@ DynamicMapSpec dynamic_spec(MapId id) {
     case MapId::SignedDynamic8: return {7, true, 0};
     case MapId::UnsignedDynamic8: return {7, false, 1};
     case MapId::SignedDynamic4: return {3, true, 0};
+    case MapId::UnsignedDynamic4: return {3, false, 1};
     default: throw std::logic_error("not a dynamic-exponent map");
   }
 }
 
 const QMap& qmap(MapId id) {
-  static const QMap maps[4] = {
+  static const QMap maps[kNumMaps] = {
       make_map(dynamic_map(dynamic_spec(MapId::SignedDynamic8))),
       make_map(dynamic_map(dynamic_spec(MapId::UnsignedDynamic8))),
       make_map(dynamic_map(dynamic_spec(MapId::SignedDynamic4))),
       make_map(linear_nozero_4bit()),
+      make_map(dynamic_map(dynamic_spec(MapId::UnsignedDynamic4))),
   };
   return maps[int(id)];
 }
 
 const QMapWide& qmap_wide(const QMap& map) {
   static const auto wide = [] {
-    std::vector<QMapWide> w(4);
-    for (int m = 0; m < 4; ++m) {
+    std::vector<QMapWide> w(kNumMaps);
+    for (int m = 0; m < kNumMaps; ++m) {
       const QMap& q = qmap(MapId(m));
       QMapWide& t = w[size_t(m)];
       for (int s = 0; s < 2; ++s)

@@ -1,11 +1,13 @@
 // The four quantization maps of DESIGN.md, built once in double precision and
-// rounded to float (bit-identical to shared/golden/qmaps.json).
+// rounded to float (bit-identical to shared/golden/qmaps.json), and the
+// unsigned dynamic 4-bit map of 4BIT_DYN (0.8), made by the same rule.
 #pragma once
 #include "quant.hpp"
 
 namespace lowbit {
 
-enum class MapId { SignedDynamic8, UnsignedDynamic8, SignedDynamic4, UnsignedLinear4 };
+enum class MapId { SignedDynamic8, UnsignedDynamic8, SignedDynamic4, UnsignedLinear4, UnsignedDynamic4 };
+constexpr int kNumMaps = 5;
 
 const QMap& qmap(MapId id);
 
@@ -19,7 +21,7 @@ struct DynamicMapSpec {
   bool is_signed;
   int extra_bits;
 };
-// The spec of SignedDynamic8, UnsignedDynamic8 or SignedDynamic4.
+// The spec of SignedDynamic8, UnsignedDynamic8, SignedDynamic4 or UnsignedDynamic4.
 DynamicMapSpec dynamic_spec(MapId id);
 
 // The CPU form of a map's bucket search, built for 32-bit gathers that do

@@ -77,6 +77,7 @@ const char* format_name(lowbit_state_format_t format) {
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
     case LOWBIT_STATE_4BIT_SR: return "4bit-sr";
+    case LOWBIT_STATE_4BIT_DYN: return "4bit-dyn";
     default: return "unknown";
   }
 }
@@ -93,8 +94,9 @@ const char* dtype_name(lowbit_dtype_t dtype) {
 int64_t dtype_bytes(lowbit_dtype_t dtype) { return dtype == LOWBIT_DTYPE_FLOAT32 ? 4 : 2; }
 
 const QMap* moment_map(lowbit_state_format_t format, lowbit_moment_kind_t kind) {
-  format = storage_format(format);
   const bool signed_map = kind != LOWBIT_MOMENT_UNSIGNED;
+  if (format == LOWBIT_STATE_4BIT_DYN) return &qmap(signed_map ? MapId::SignedDynamic4 : MapId::UnsignedDynamic4);
+  format = storage_format(format);
   if (format == LOWBIT_STATE_8BIT) return &qmap(signed_map ? MapId::SignedDynamic8 : MapId::UnsignedDynamic8);
   if (format == LOWBIT_STATE_4BIT) return &qmap(signed_map ? MapId::SignedDynamic4 : MapId::UnsignedLinear4);
   return nullptr;

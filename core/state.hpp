@@ -48,17 +48,25 @@ struct ParamView {
 };
 
 // The last value of lowbit_state_format_t.
-constexpr lowbit_state_format_t kLastStateFormat = LOWBIT_STATE_4BIT_SR;
-// How a format's moment is laid out and decoded: 4BIT_SR as 4BIT (only its
-// encoding differs, MomentView::stochastic); every other format as itself.
+constexpr lowbit_state_format_t kLastStateFormat = LOWBIT_STATE_4BIT_DYN;
+// How a format's moment is laid out: 4BIT_SR and 4BIT_DYN as 4BIT (4BIT_SR's
+// encoding differs, MomentView::stochastic; 4BIT_DYN's unsigned map,
+// MomentView::map); every other format as itself.
 inline lowbit_state_format_t storage_format(lowbit_state_format_t f) {
-  return f == LOWBIT_STATE_4BIT_SR ? LOWBIT_STATE_4BIT : f;
+  return f == LOWBIT_STATE_4BIT_SR || f == LOWBIT_STATE_4BIT_DYN ? LOWBIT_STATE_4BIT : f;
 }
 
 // The lowbit_state_format_t a view was made from (moment_view): its format,
-// or 4BIT_SR for a stochastic one.
+// 4BIT_SR for a stochastic one, 4BIT_DYN for one on the unsigned dynamic map.
 inline lowbit_state_format_t public_format(const MomentView& v) {
-  return v.stochastic ? LOWBIT_STATE_4BIT_SR : v.format;
+  if (v.stochastic) return LOWBIT_STATE_4BIT_SR;
+  return v.format == LOWBIT_STATE_4BIT && v.map == &qmap(MapId::UnsignedDynamic4) ? LOWBIT_STATE_4BIT_DYN : v.format;
+}
+
+// Whether rank-1 normalisation takes this format (8BIT, 4BIT, 4BIT_DYN: codes
+// whose scale may come from vectors; FP8 and 4BIT_SR keep their blocks).
+inline bool rank1_format(lowbit_state_format_t f) {
+  return f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT || f == LOWBIT_STATE_4BIT_DYN;
 }
 
 int64_t block_size(lowbit_state_format_t format);

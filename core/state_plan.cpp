@@ -71,7 +71,9 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
                    "state_format: ", onebit_algorithm_name(config.algorithm),
                    " keeps fp32 state (its momentum is what is communicated)");
   const lowbit_state_format_t formats[2] = {first, second};
-  for (int m = 0; m < plan.num_moments; ++m) plan.format[m] = formats[m];
+  for (int m = 0; m < plan.num_moments; ++m)  // 4BIT_DYN changes only an unsigned moment's map
+    plan.format[m] = formats[m] == LOWBIT_STATE_4BIT_DYN && plan.kind[m] != LOWBIT_MOMENT_UNSIGNED ? LOWBIT_STATE_4BIT
+                                                                                                   : formats[m];
 
   // Shape and normalisations.
   LOWBIT_REQUIRE(c.ndim >= 0 && c.ndim <= LOWBIT_MAX_DIMS, LOWBIT_ERROR_INVALID_ARGUMENT, "ndim = ", c.ndim,
@@ -122,7 +124,7 @@ StatePlan plan_param_state(const lowbit_optimizer_config_t& config, const lowbit
         plan.format[m] = LOWBIT_STATE_FP32;  // the accumulators
       }
     } else if (want == LOWBIT_NORMALIZATION_RANK1 && shaped && is_quantized(plan.format[m])) {
-      LOWBIT_REQUIRE(plan.format[m] != LOWBIT_STATE_FP8 && plan.format[m] != LOWBIT_STATE_4BIT_SR,
+      LOWBIT_REQUIRE(rank1_format(plan.format[m]),
                      LOWBIT_ERROR_UNSUPPORTED, field[m], " = rank1 needs the 8bit or 4bit format (moment ", m, " is ",
                      format_name(plan.format[m]), ")");
       plan.norm[m] = Norm::Rank1;

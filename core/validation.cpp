@@ -79,11 +79,11 @@ void check_config(const lowbit_optimizer_config_t& c) {
                  "freeze_step = 0: 1-bit Adam needs at least one warm-up step (its frozen variance comes from the "
                  "warm-up; without one every update divides by eps)");
   const lowbit_state_format_t second = c.second_state_format != LOWBIT_STATE_DEFAULT ? c.second_state_format : c.state_format;
-  const auto rank1_format = [](lowbit_state_format_t f) { return f != LOWBIT_STATE_FP8 && f != LOWBIT_STATE_4BIT_SR; };
-  LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_format(c.state_format),
+  const auto rank1_ok = [](lowbit_state_format_t f) { return !is_quantized(f) || rank1_format(f); };
+  LOWBIT_REQUIRE(c.first_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_ok(c.state_format),
                  LOWBIT_ERROR_UNSUPPORTED, "first_normalization = rank1 needs the 8bit or 4bit format (state_format = ",
                  format_name(c.state_format), ")");
-  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_format(second),
+  LOWBIT_REQUIRE(c.second_normalization != LOWBIT_NORMALIZATION_RANK1 || rank1_ok(second),
                  LOWBIT_ERROR_UNSUPPORTED, "second_normalization = rank1 needs the 8bit or 4bit format (",
                  format_name(second), ")");
 }

@@ -40,7 +40,7 @@ uint8_t dtype_code(lowbit_dtype_t d, const char* what) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 uint8_t map_code(const QMap* map, lowbit_state_format_t format, int64_t param) {
-  for (int id = 0; id < 4; ++id)
+  for (int id = 0; id < kNumMaps; ++id)
     if (map == &qmap(MapId(id))) {
       const int want = format == LOWBIT_STATE_8BIT ? 256 : 16;
       LOWBIT_REQUIRE(map->n == want, LOWBIT_ERROR_INTERNAL, "param ", param, ": a ", format_name(format),
@@ -178,7 +178,7 @@ CudaEngine::CudaEngine(int device_index)
   try {
     auto host_maps = std::make_unique<DevMaps>();
     std::memset(host_maps.get(), 0, sizeof(DevMaps));
-    for (int id = 0; id < 4; ++id) host_maps->map[id] = qmap(MapId(id));
+    for (int id = 0; id < kNumMaps; ++id) host_maps->map[id] = qmap(MapId(id));
     device_alloc(&maps_, 1, "allocating the quantization maps");
     check(cudaMemcpy(maps_, host_maps.get(), sizeof(DevMaps), cudaMemcpyHostToDevice), "uploading the quantization maps");
     device_alloc(&flag_, 1, "allocating the step flag");
@@ -481,7 +481,7 @@ void CudaEngine::launch_shaped(Algo algo, int phase, void* stream) {
   a.shaped = shaped_;
   a.partials = partials_;
   a.skip_flag = flag_;
-  a.maps = reinterpret_cast<const QMap*>(maps_);  // DevMaps is the four maps back to back
+  a.maps = reinterpret_cast<const QMap*>(maps_);  // DevMaps is the maps back to back
   const int64_t ni = int64_t(items_host_.size()), ns = int64_t(shaped_host_.size());
   if (phase == 0) {
     with_rule(algo, [&](auto rule) { launch_stats<decltype(rule)::value>(a, ni, stream); });

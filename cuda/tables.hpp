@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/pass.hpp"
+#include "core/qmaps.hpp"
 #include "core/quant.hpp"
 #include "core/shape.hpp"
 #include "core/update_rules.hpp"
@@ -50,9 +51,12 @@ struct DevParam {
   Shape shape;          // read by Rank1 / Factored moments only
 };
 // The lowbit_state_format_t moment k was bound with (core/state.hpp
-// public_format): its format, or 4BIT_SR for stochastic codes.
+// public_format): its format, 4BIT_SR for stochastic codes, 4BIT_DYN for
+// codes on the unsigned dynamic 4-bit map.
 LOWBIT_HD int32_t public_format(const DevParam& P, int k) {
-  return (P.coding[k] & kCodeStochastic) ? int32_t(LOWBIT_STATE_4BIT_SR) : int32_t(P.format[k]);
+  if (P.coding[k] & kCodeStochastic) return int32_t(LOWBIT_STATE_4BIT_SR);
+  return P.format[k] == LOWBIT_STATE_4BIT && P.map[k] == uint8_t(MapId::UnsignedDynamic4) ? int32_t(LOWBIT_STATE_4BIT_DYN)
+                                                                                          : int32_t(P.format[k]);
 }
 static_assert(sizeof(DevParam) == 144, "DevParam layout (no implicit padding: tables are compared bytewise)");
 
@@ -101,9 +105,9 @@ static_assert(sizeof(DevChunk) == 24, "DevChunk layout");
 // Compared bytewise: every field is 4 bytes wide, so the struct has no padding.
 static_assert(alignof(StepScalars) == 4 && sizeof(StepScalars) % 4 == 0, "StepScalars layout (compared bytewise)");
 
-// The four maps of core/qmaps.cpp (values, midpoints and bucket tables).
+// The maps of core/qmaps.cpp (values, midpoints and bucket tables), in MapId order.
 struct DevMaps {
-  QMap map[4];
+  QMap map[kNumMaps];
 };
 static_assert(sizeof(QMap) % 4 == 0, "maps are copied to shared memory as 32-bit words");
 
@@ -127,7 +131,7 @@ struct ShapedArgs {
   const DevShaped* shaped;   // mid / finish: one CUDA block each
   double* partials;
   const int32_t* skip_flag;
-  const QMap* maps;  // the four maps of DevMaps (global memory)
+  const QMap* maps;  // the maps of DevMaps (global memory)
 };
 
 // Before the step, the scalars and rounding key of every parameter with a

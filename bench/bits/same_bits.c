@@ -240,7 +240,8 @@ static void fused_all(void) {
                                       LOWBIT_ALGORITHM_SGD, LOWBIT_ALGORITHM_SGD};
   const lowbit_state_format_t fmts[][2] = {{LOWBIT_STATE_FP32, LOWBIT_STATE_FP32}, {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16},
                                            {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
-                                           {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT}};
+                                           {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
+                                           {LOWBIT_STATE_4BIT_DYN, LOWBIT_STATE_4BIT_DYN}};
   const lowbit_normalization_t norms[][2] = {{LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_BLOCK},
                                              {LOWBIT_NORMALIZATION_RANK1, LOWBIT_NORMALIZATION_RANK1},
                                              {LOWBIT_NORMALIZATION_BLOCK, LOWBIT_NORMALIZATION_FACTORED},
@@ -255,7 +256,8 @@ static void fused_all(void) {
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; ++f)
       for (size_t nm = 0; nm < sizeof norms / sizeof norms[0]; ++nm)
         for (size_t w = 0; w < sizeof weights / sizeof weights[0]; ++w) {
-          const int quantized = fmts[f][0] == LOWBIT_STATE_8BIT || fmts[f][0] == LOWBIT_STATE_4BIT;
+          const int quantized = fmts[f][0] == LOWBIT_STATE_8BIT || fmts[f][0] == LOWBIT_STATE_4BIT ||
+                                fmts[f][0] == LOWBIT_STATE_4BIT_DYN;
           const int adam = algos[a] == LOWBIT_ALGORITHM_ADAMW || algos[a] == LOWBIT_ALGORITHM_ADAM;
           if (nm > 0 && !quantized) continue;
           if (norms[nm][1] == LOWBIT_NORMALIZATION_FACTORED && !adam) continue;

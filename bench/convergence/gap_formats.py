@@ -13,6 +13,9 @@ differs.
   4bit-m8bit-v  m 4-bit, v 8-bit (about 1.6 B/param)
   4bit-sr       m 4BIT_SR (4-bit codes rounded stochastically), v 4-bit: the preset of issue 37
   4bit-sr-mv    both moments 4BIT_SR
+  4bit-dyn      m 4-bit, v 4BIT_DYN (the unsigned dynamic 4-bit map: issue 50)
+  4bit-sr-dyn   m 4BIT_SR, v 4BIT_DYN
+  4bit-rank1-dyn  the lpmm preset with v's rank-1 codes on the dynamic map
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ FORMATS = {
     "4bit-m8bit-v": _lowbit("4bit", second_state="8bit"),
     "4bit-sr": _lowbit("4bit-sr", second_state="4bit"),
     "4bit-sr-mv": _lowbit("4bit-sr"),
+    "4bit-dyn": _lowbit("4bit", second_state="4bit-dyn"),
+    "4bit-sr-dyn": _lowbit("4bit-sr", second_state="4bit-dyn"),
+    "4bit-rank1-dyn": _lowbit("4bit-rank1", second_state="4bit-dyn"),
 }
 
 
@@ -70,6 +76,8 @@ def _candidates():
         "sim-v-sr": (m4, replace(v4, stochastic=True)),
         "sim-v-sqrt": (m4, replace(v4, transform="sqrt")),
         "sim-v-dyn": (m4, s.Store(s.dynamic_map(3, unsigned=True), keep_positive=True)),
+        # 4bit-sr's m (stochastic codes) with v on the unsigned dynamic map (issue 50, item 3)
+        "sim-sr-v-dyn": (replace(m4, stochastic=True), s.Store(s.dynamic_map(3, unsigned=True), keep_positive=True)),
         "sim-v-sqrt-dyn": (m4, s.Store(s.dynamic_map(3, unsigned=True), transform="sqrt", keep_positive=True)),
         "sim-v-pow2": (m4, s.Store(s.power_map(0.5))),
         "sim-v-sqrt-pow": (m4, s.Store(s.power_map(0.7), transform="sqrt")),

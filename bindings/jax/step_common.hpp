@@ -104,7 +104,7 @@ inline void check_status(lowbit_status_t status, const char* message) {
 
 constexpr int kLayoutColumns = LOWBIT_STATE_RECORD_INT32;
 constexpr int kMaxDims = LOWBIT_MAX_DIMS;
-constexpr int32_t kLastStateFormat = LOWBIT_STATE_4BIT_SR;
+constexpr int32_t kLastStateFormat = LOWBIT_STATE_4BIT_DYN;
 
 inline const char* format_name(int32_t f) { return lowbit_state_format_name(lowbit_state_format_t(f)); }
 

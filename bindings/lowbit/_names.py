@@ -188,6 +188,7 @@ STATE_FORMATS = {
     "e4m3": StateFormat.FP8,
     "4bit-sr": StateFormat.BIT4_SR,  # 4bit with stochastically rounded codes (issue 37)
     "int4-sr": StateFormat.BIT4_SR,
+    "4bit-dyn": StateFormat.BIT4_DYN,  # 4bit, an unsigned moment on the dynamic-exponent map (issue 50)
 }
 STATE_FORMAT_NAMES = {
     StateFormat.DEFAULT: "default",
@@ -197,6 +198,7 @@ STATE_FORMAT_NAMES = {
     StateFormat.BIT4: "4bit",
     StateFormat.FP8: "fp8",
     StateFormat.BIT4_SR: "4bit-sr",
+    StateFormat.BIT4_DYN: "4bit-dyn",
 }
 # How a moment's quantized values are scaled (lowbit.h, "Shaped parameters").
 NORMALIZATIONS = {

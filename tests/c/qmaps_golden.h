@@ -109,4 +109,13 @@ static const uint32_t golden_unsigned_linear_nozero_4bit[16] = {
   0x3f500000u, 0x3f600000u, 0x3f700000u, 0x3f800000u,
 };
 
+/* The unsigned dynamic 4-bit map of LOWBIT_STATE_4BIT_DYN (0.8): the same
+ * formula with 3 exponents, unsigned (not in shared/golden/qmaps.json, which
+ * predates it). */
+static const uint32_t golden_unsigned_dynamic_4bit[16] = {
+  0x00000000u, 0x3b54fdf4u, 0x3bfdf3b6u, 0x3cae147bu, 0x3d333333u, 0x3d87ae14u,
+  0x3db5c28fu, 0x3e200000u, 0x3e89999au, 0x3ec33333u, 0x3efccccdu, 0x3f1b3333u,
+  0x3f380000u, 0x3f54cccdu, 0x3f71999au, 0x3f800000u,
+};
+
 #endif

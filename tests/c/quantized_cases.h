@@ -29,8 +29,9 @@ static const qformat_t kFormats[] = {
     {"4bit", LOWBIT_STATE_4BIT, LOWBIT_STATE_DEFAULT},
     {"fp8", LOWBIT_STATE_FP8, LOWBIT_STATE_DEFAULT},
     {"8bit-m/4bit-v", LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
+    {"4bit-dyn", LOWBIT_STATE_4BIT_DYN, LOWBIT_STATE_DEFAULT},
 };
-#define NUM_QFORMATS 4
+#define NUM_QFORMATS 5
 
 static void qalgo_hparams(const qalgo_t* a, rng_t* r, lowbit_hparams_t* h) {
   random_hparams(a->algo, r, h);
@@ -40,7 +41,8 @@ static void qalgo_hparams(const qalgo_t* a, rng_t* r, lowbit_hparams_t* h) {
   }
 }
 
-static int has_4bit(const hcfg_t* cfg) { return cfg->fmt == LOWBIT_STATE_4BIT || cfg->fmt2 == LOWBIT_STATE_4BIT; }
+static int is_4bit(lowbit_state_format_t f) { return f == LOWBIT_STATE_4BIT || f == LOWBIT_STATE_4BIT_DYN; }
+static int has_4bit(const hcfg_t* cfg) { return is_4bit(cfg->fmt) || is_4bit(cfg->fmt2); }
 
 static void check_free_quantized(const hcfg_t* cfg, const hres_t* res) {
   double drift_limit = 1e-2;

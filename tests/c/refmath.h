@@ -260,24 +260,32 @@ static inline void qmap_build_mids(qmap_t* m) {
   for (int k = 0; k < 256; ++k) m->mid[k] = k + 1 < m->n ? 0.5 * (m->v[k] + m->v[k + 1]) : INFINITY;
 }
 
-enum { QMAP_S8 = 0, QMAP_U8 = 1, QMAP_S4 = 2, QMAP_U4 = 3 };
+enum { QMAP_S8 = 0, QMAP_U8 = 1, QMAP_S4 = 2, QMAP_U4 = 3, QMAP_U4D = 4, NUM_QMAPS = 5 };
 /* Defined once in harness.c; built by ref_tables_init(). */
-extern qmap_t g_qmaps[4];
+extern qmap_t g_qmaps[NUM_QMAPS];
 extern double g_e4m3[127];
 extern double g_e4m3_mid[128];
 
-/* Builds the four maps; returns the number of values that differ from the
+/* The map of an 8BIT, 4BIT or 4BIT_DYN moment (second: of the unsigned kind). */
+static inline const qmap_t* ref_map(lowbit_state_format_t f, int second) {
+  if (f == LOWBIT_STATE_8BIT) return &g_qmaps[second ? QMAP_U8 : QMAP_S8];
+  return &g_qmaps[second ? (f == LOWBIT_STATE_4BIT_DYN ? QMAP_U4D : QMAP_U4) : QMAP_S4];
+}
+
+/* Builds the maps; returns the number of values that differ from the
  * golden float32 patterns (must be 0). */
 static inline int qmaps_init(void) {
   qmap_build_dynamic(&g_qmaps[QMAP_S8], 7, 1);
   qmap_build_dynamic(&g_qmaps[QMAP_U8], 7, 0);
   qmap_build_dynamic(&g_qmaps[QMAP_S4], 3, 1);
   qmap_build_linear_nozero4(&g_qmaps[QMAP_U4]);
-  for (int k = 0; k < 4; ++k) qmap_build_mids(&g_qmaps[k]);
-  const uint32_t* gold[4] = {golden_signed_dynamic_8bit, golden_unsigned_dynamic_8bit, golden_signed_dynamic_4bit,
-                             golden_unsigned_linear_nozero_4bit};
-  int want_n[4] = {256, 256, 16, 16}, bad = 0;
-  for (int k = 0; k < 4; ++k) {
+  qmap_build_dynamic(&g_qmaps[QMAP_U4D], 3, 0);
+  for (int k = 0; k < NUM_QMAPS; ++k) qmap_build_mids(&g_qmaps[k]);
+  const uint32_t* gold[NUM_QMAPS] = {golden_signed_dynamic_8bit, golden_unsigned_dynamic_8bit,
+                                     golden_signed_dynamic_4bit, golden_unsigned_linear_nozero_4bit,
+                                     golden_unsigned_dynamic_4bit};
+  int want_n[NUM_QMAPS] = {256, 256, 16, 16, 16}, bad = 0;
+  for (int k = 0; k < NUM_QMAPS; ++k) {
     if (g_qmaps[k].n != want_n[k]) {
       printf("qmap %d: %d values, expected %d\n", k, g_qmaps[k].n, want_n[k]);
       ++bad;
@@ -381,10 +389,12 @@ static inline int e4m3_round_code(double x, double* dist) {
 }
 
 static inline int format_block(lowbit_state_format_t f) {
-  return f == LOWBIT_STATE_4BIT ? 128 : (f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_FP8) ? 256 : 1;
+  return f == LOWBIT_STATE_4BIT || f == LOWBIT_STATE_4BIT_DYN ? 128
+         : (f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_FP8) ? 256
+                                                            : 1;
 }
 static inline int format_is_quantized(lowbit_state_format_t f) {
-  return f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT || f == LOWBIT_STATE_FP8;
+  return f == LOWBIT_STATE_8BIT || f == LOWBIT_STATE_4BIT || f == LOWBIT_STATE_FP8 || f == LOWBIT_STATE_4BIT_DYN;
 }
 static inline const char* format_name(lowbit_state_format_t f) {
   switch (f) {
@@ -393,6 +403,7 @@ static inline const char* format_name(lowbit_state_format_t f) {
     case LOWBIT_STATE_8BIT: return "8bit";
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
+    case LOWBIT_STATE_4BIT_DYN: return "4bit-dyn";
     default: return "default";
   }
 }
@@ -408,9 +419,10 @@ static inline double ref_quant_value(lowbit_state_format_t fmt, int second, floa
     case LOWBIT_STATE_FP32: return in;
     case LOWBIT_STATE_BF16: return round_bf16(in);
     case LOWBIT_STATE_8BIT:
-    case LOWBIT_STATE_4BIT: {
+    case LOWBIT_STATE_4BIT:
+    case LOWBIT_STATE_4BIT_DYN: {
       if (absmax == 0.f) return 0.0;
-      const qmap_t* map = &g_qmaps[fmt == LOWBIT_STATE_8BIT ? (second ? QMAP_U8 : QMAP_S8) : (second ? QMAP_U4 : QMAP_S4)];
+      const qmap_t* map = ref_map(fmt, second);
       float x = (float)in / absmax;
       int k = qmap_nearest_fast(map, x);
       if (second && map->v[k] == 0.0 && x > 0.f) ++k; /* a positive second moment never stores as 0 */
@@ -460,7 +472,8 @@ static inline int64_t format_bytes(lowbit_state_format_t f, int64_t n) {
     case LOWBIT_STATE_BF16: return 2 * n;
     case LOWBIT_STATE_8BIT:
     case LOWBIT_STATE_FP8: return n + 4 * ((n + 255) / 256);
-    case LOWBIT_STATE_4BIT: return (n + 1) / 2 + 4 * ((n + 127) / 128);
+    case LOWBIT_STATE_4BIT:
+    case LOWBIT_STATE_4BIT_DYN: return (n + 1) / 2 + 4 * ((n + 127) / 128);
     default: return 0;
   }
 }

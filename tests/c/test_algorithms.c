@@ -193,7 +193,7 @@ static const struct {
   lowbit_state_format_t fmt;
 } kStateFormats[] = {
     {"fp32", LOWBIT_STATE_FP32}, {"bf16", LOWBIT_STATE_BF16}, {"8bit", LOWBIT_STATE_8BIT},
-    {"4bit", LOWBIT_STATE_4BIT}, {"fp8", LOWBIT_STATE_FP8},
+    {"4bit", LOWBIT_STATE_4BIT}, {"fp8", LOWBIT_STATE_FP8}, {"4bit-dyn", LOWBIT_STATE_4BIT_DYN},
 };
 
 static void test_against_float64(void** state) {

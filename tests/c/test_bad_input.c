@@ -136,7 +136,7 @@ static void test_create(void** state) {
     CASE_C(oc.algorithm = (lowbit_algorithm_t)42, LOWBIT_ERROR_INVALID_ARGUMENT, "algorithm");
     CASE_C(oc.device = (lowbit_device_t)0, LOWBIT_ERROR_INVALID_ARGUMENT, "device");
     CASE_C(oc.device = (lowbit_device_t)9, LOWBIT_ERROR_INVALID_ARGUMENT, "device");
-    CASE_C(oc.state_format = (lowbit_state_format_t)7, LOWBIT_ERROR_INVALID_ARGUMENT, "state_format");  /* past 4BIT_SR */
+    CASE_C(oc.state_format = (lowbit_state_format_t)8, LOWBIT_ERROR_INVALID_ARGUMENT, "state_format");  /* past 4BIT_DYN */
     CASE_C(oc.state_format = (lowbit_state_format_t)-1, LOWBIT_ERROR_INVALID_ARGUMENT, "state_format");
     CASE_C(oc.second_state_format = (lowbit_state_format_t)99, LOWBIT_ERROR_INVALID_ARGUMENT, "state_format");
     CASE_C(h.lr = -1e-3f, LOWBIT_ERROR_INVALID_ARGUMENT, "lr");

@@ -308,7 +308,8 @@ static const lowbit_state_format_t kFormats[][2] = {
     {LOWBIT_STATE_FP32, LOWBIT_STATE_FP32}, {LOWBIT_STATE_BF16, LOWBIT_STATE_BF16},
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},
-    {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
+    {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT}, {LOWBIT_STATE_4BIT_DYN, LOWBIT_STATE_4BIT_DYN},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_DYN},
 };
 static const struct {
   lowbit_dtype_t pdt, gdt;
@@ -324,13 +325,17 @@ static void sweep(lowbit_algorithm_t algo, float momentum, int32_t nesterov) {
   const int two = algo == LOWBIT_ALGORITHM_ADAMW || algo == LOWBIT_ALGORITHM_ADAM;
   int cases = 0;
   for (size_t f = 0; f < sizeof kFormats / sizeof kFormats[0]; ++f) {
-    if (!two && kFormats[f][1] != kFormats[f][0] && kFormats[f][0] != LOWBIT_STATE_4BIT_SR) continue;
+    if (!two && kFormats[f][1] != kFormats[f][0] &&
+        (kFormats[f][0] != LOWBIT_STATE_4BIT_SR || kFormats[f][1] != LOWBIT_STATE_4BIT))
+      continue;
     for (int norm = 0; norm < 3; ++norm) {
       /* norm 1: rank-1 for every 8BIT / 4BIT moment; 2: factored v (AdamW / Adam) */
       lowbit_normalization_t n0 = LOWBIT_NORMALIZATION_BLOCK, n1 = LOWBIT_NORMALIZATION_BLOCK;
       if (norm == 1) {
-        const int q0 = kFormats[f][0] == LOWBIT_STATE_8BIT || kFormats[f][0] == LOWBIT_STATE_4BIT;
-        const int q1 = kFormats[f][1] == LOWBIT_STATE_8BIT || kFormats[f][1] == LOWBIT_STATE_4BIT;
+        const int q0 = kFormats[f][0] == LOWBIT_STATE_8BIT || kFormats[f][0] == LOWBIT_STATE_4BIT ||
+                       kFormats[f][0] == LOWBIT_STATE_4BIT_DYN;
+        const int q1 = kFormats[f][1] == LOWBIT_STATE_8BIT || kFormats[f][1] == LOWBIT_STATE_4BIT ||
+                       kFormats[f][1] == LOWBIT_STATE_4BIT_DYN;
         if (!q0 && !(two && q1)) continue;
         n0 = q0 ? LOWBIT_NORMALIZATION_RANK1 : n0;
         n1 = q1 ? LOWBIT_NORMALIZATION_RANK1 : n1;

@@ -84,9 +84,7 @@ static void test_maps_match_golden(void** state) {
 static int64_t craft_values(rng_t* r, lowbit_state_format_t fmt, int second, float* out, int64_t cap) {
   int64_t n = 0;
   int block = format_block(fmt);
-  const qmap_t* map = fmt == LOWBIT_STATE_8BIT   ? &g_qmaps[second ? QMAP_U8 : QMAP_S8]
-                      : fmt == LOWBIT_STATE_4BIT ? &g_qmaps[second ? QMAP_U4 : QMAP_S4]
-                                                 : NULL;
+  const qmap_t* map = fmt == LOWBIT_STATE_FP8 ? NULL : ref_map(fmt, second);
   double sign_lo = second ? 0.0 : -1.0;
 #define PUT(x)                       \
   do {                               \
@@ -157,14 +155,14 @@ static int64_t craft_values(rng_t* r, lowbit_state_format_t fmt, int second, flo
 static void test_quantizer_exact(void** state) {
   (void)state;
   rng_t r = test_rng("quantizer_exact");
-  const lowbit_state_format_t fmts[3] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8};
+  const lowbit_state_format_t fmts[4] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8, LOWBIT_STATE_4BIT_DYN};
   enum { CAP = 256 * 64 };
   float* vals = calloc(CAP, 4);
   float* got = calloc(CAP, 4);
   double* in = calloc(CAP, 8);
   double* want = calloc(CAP, 8);
   int64_t total = 0, ties = 0;
-  for (int fi = 0; fi < 3; ++fi) {
+  for (int fi = 0; fi < 4; ++fi) {
     for (int second = 0; second < 2; ++second) {
       int64_t n = craft_values(&r, fmts[fi], second, vals, CAP);
       /* the grads: g itself (first moment) or sqrt of the wanted v, as the
@@ -220,8 +218,7 @@ static void test_quantizer_exact(void** state) {
         if (fmts[fi] == LOWBIT_STATE_FP8)
           e4m3_round_code(in[i], &d);
         else
-          qmap_nearest(&g_qmaps[fmts[fi] == LOWBIT_STATE_8BIT ? (second ? QMAP_U8 : QMAP_S8) : (second ? QMAP_U4 : QMAP_S4)],
-                       in[i], &d);
+          qmap_nearest(ref_map(fmts[fi], second), in[i], &d);
         ties += d == 0.0 && i / format_block(fmts[fi]) == 16; /* the tie block follows 16 random ones */
       }
       total += n;

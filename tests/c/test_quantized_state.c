@@ -136,7 +136,8 @@ static void test_zero_blocks(void** state) {
           fail_msg("%s %s: param element %lld with zero grads changed %.9g -> %.9g", a->name, kFormats[fi].name,
                    (long long)e, p0[e], p[e]);
       }
-      assert_int_equal(info.state_format, kFormats[fi].m);
+      /* these algorithms' first moment is signed: 4BIT_DYN plans it 4BIT */
+      assert_int_equal(info.state_format, kFormats[fi].m == LOWBIT_STATE_4BIT_DYN ? LOWBIT_STATE_4BIT : kFormats[fi].m);
       CHECK_OK(opt, lowbit_optimizer_destroy(opt));
       free(p);
       free(p0);

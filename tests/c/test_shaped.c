@@ -59,7 +59,7 @@ typedef struct {
 } shaped_res_t;
 
 static const qmap_t* map_of(lowbit_state_format_t f, int second) {
-  return &g_qmaps[f == LOWBIT_STATE_8BIT ? (second ? QMAP_U8 : QMAP_S8) : (second ? QMAP_U4 : QMAP_S4)];
+  return ref_map(f, second);
 }
 
 /* Checks the library's stored moment `lib` (dequantized) against the

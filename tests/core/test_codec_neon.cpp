@@ -176,7 +176,7 @@ void compare_decoded(const MomentView& mv, int moment) {
 void compare_codes(const Moment& portable, const Moment& neon, const float* x, lowbit_state_format_t format, int moment) {
   for (size_t i = 0; i < portable.data.size(); ++i)
     if (portable.data[i] != neon.data[i]) {
-      const int64_t e = int64_t(i) * (format == LOWBIT_STATE_4BIT ? 2 : 1);
+      const int64_t e = int64_t(i) * (storage_format(format) == LOWBIT_STATE_4BIT ? 2 : 1);
       fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, NEON 0x%02x), input element %lld = %a (next %a)",
                format_name(format), moment, i, portable.data[i], neon.data[i], (long long)e, double(x[size_t(e)]),
                double(x[size_t(e + 1)]));
@@ -232,6 +232,8 @@ void test_4bit(void**) {
   check_format(LOWBIT_STATE_4BIT, 1);
   check_every_code(LOWBIT_STATE_4BIT, 0);
   check_every_code(LOWBIT_STATE_4BIT, 1);
+  check_format(LOWBIT_STATE_4BIT_DYN, 1);  // v on the unsigned dynamic map (its search, zero code and floor)
+  check_every_code(LOWBIT_STATE_4BIT_DYN, 1);
 }
 
 void test_fp8(void**) {
@@ -339,7 +341,7 @@ void fill_rank1(const QMap* map, int n, float* x, float* s) {
 
 void check_rank1(lowbit_state_format_t format, int moment) {
   constexpr int64_t numel = 4 * kTile;
-  const bool four = format == LOWBIT_STATE_4BIT;
+  const bool four = storage_format(format) == LOWBIT_STATE_4BIT;
   const size_t count = static_cast<size_t>(numel);
   std::vector<float> x(count), s(count), a(count), b(count);
   std::vector<uint8_t> ref(size_t(moment_data_bytes(format, numel))), got(ref.size());
@@ -382,6 +384,7 @@ void test_rank1(void**) {
   check_rank1(LOWBIT_STATE_8BIT, 1);
   check_rank1(LOWBIT_STATE_4BIT, 0);
   check_rank1(LOWBIT_STATE_4BIT, 1);
+  check_rank1(LOWBIT_STATE_4BIT_DYN, 1);
 }
 
 // ---- every float -------------------------------------------------------------------
@@ -440,7 +443,7 @@ void check_every_float(lowbit_state_format_t format, int moment, uint32_t top, u
   for (size_t i = 0; i < pa.data.size(); ++i)
     if (pa.data[i] != pb.data[i])
       fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, NEON 0x%02x), input %a", format_name(format), moment,
-               i, pa.data[i], pb.data[i], double(x[format == LOWBIT_STATE_4BIT ? 2 * i : i]));
+               i, pa.data[i], pb.data[i], double(x[storage_format(format) == LOWBIT_STATE_4BIT ? 2 * i : i]));
   fail_msg("%s moment %d: scales differ in chunk %lld", format_name(format), moment, (long long)bad_chunk);
 }
 

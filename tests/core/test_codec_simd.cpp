@@ -140,7 +140,7 @@ void check_format(lowbit_state_format_t format, int moment) {
     portable_then_level([&](bool s) { encode_moment((s ? simd : portable).view, kNumel, x.data()); });
     for (size_t i = 0; i < portable.data.size(); ++i)
       if (portable.data[i] != simd.data[i]) {
-        const int per_byte = format == LOWBIT_STATE_4BIT ? 2 : 1;
+        const int per_byte = storage_format(format) == LOWBIT_STATE_4BIT ? 2 : 1;
         const int64_t e = int64_t(i) * per_byte;
         fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, %s 0x%02x), input element %lld = %a",
                  format_name(format), moment, i, portable.data[i], level_name(), simd.data[i], (long long)e,
@@ -168,7 +168,7 @@ void check_every_code(lowbit_state_format_t format, int moment) {
   for (int64_t i = 0; i < kNumel; ++i)
     if (!same_decoded(a[size_t(i)], b[size_t(i)]))
       fail_msg("%s moment %d: code 0x%02x, scale %a decodes to %08x (portable) and %08x (%s)", format_name(format),
-               moment, m.data[size_t(format == LOWBIT_STATE_4BIT ? i / 2 : i)], double(m.scales[size_t(i / block_size(format))]),
+               moment, m.data[size_t(storage_format(format) == LOWBIT_STATE_4BIT ? i / 2 : i)], double(m.scales[size_t(i / block_size(format))]),
                float_bits(a[size_t(i)]), float_bits(b[size_t(i)]), level_name());
 }
 
@@ -195,6 +195,8 @@ void test_4bit(void** state) {
   check_format(LOWBIT_STATE_4BIT, 1);
   check_every_code(LOWBIT_STATE_4BIT, 0);
   check_every_code(LOWBIT_STATE_4BIT, 1);
+  check_format(LOWBIT_STATE_4BIT_DYN, 1);  // v on the unsigned dynamic map (its search, zero code and floor)
+  check_every_code(LOWBIT_STATE_4BIT_DYN, 1);
 }
 
 // Every float of magnitude <= `top` (bits, sign alternating) as element 1..
@@ -223,7 +225,7 @@ void check_every_float(lowbit_state_format_t format, int moment, uint32_t top, u
       for (size_t i = 0; i < a.size(); ++i)
         if (a[i] != b[i])
           fail_msg("%s moment %d: code byte %zu differs (portable 0x%02x, %s 0x%02x), input %a", format_name(format),
-                   moment, i, a[i], level_name(), b[i], double(x[format == LOWBIT_STATE_4BIT ? 2 * i : i]));
+                   moment, i, a[i], level_name(), b[i], double(x[storage_format(format) == LOWBIT_STATE_4BIT ? 2 * i : i]));
   }
 }
 
@@ -232,6 +234,7 @@ void test_every_float(void** state) {
   check_every_float(LOWBIT_STATE_FP8, 1, float_bits(kFp8Max));
   check_every_float(LOWBIT_STATE_4BIT, 1, float_bits(1.f));  // the linear map
   check_every_float(LOWBIT_STATE_4BIT, 0, float_bits(1.f));  // the signed map's search by per-step tables
+  check_every_float(LOWBIT_STATE_4BIT_DYN, 1, float_bits(1.f));  // the unsigned dynamic map
 }
 
 // The direct form of the 8-bit codes (a line per level, no search) on every
@@ -301,6 +304,7 @@ void test_rank1(void** state) {
   set_level(state);
   for (lowbit_state_format_t f : {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT})
     for (int moment = 0; moment < 2; ++moment) check_rank1(f, moment);
+  check_rank1(LOWBIT_STATE_4BIT_DYN, 1);
 }
 
 }  // namespace

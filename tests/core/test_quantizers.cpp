@@ -55,6 +55,7 @@ void test_maps_match_golden(void**) {
   check_map(MapId::UnsignedDynamic8, golden_unsigned_dynamic_8bit, 256);
   check_map(MapId::SignedDynamic4, golden_signed_dynamic_4bit, 16);
   check_map(MapId::UnsignedLinear4, golden_unsigned_linear_nozero_4bit, 16);
+  check_map(MapId::UnsignedDynamic4, golden_unsigned_dynamic_4bit, 16);
 }
 
 std::vector<float> interesting_inputs(const QMap& map) {
@@ -77,7 +78,7 @@ std::vector<float> interesting_inputs(const QMap& map) {
 }
 
 void test_nearest_code_is_brute_force(void**) {
-  for (int id = 0; id < 4; ++id) {
+  for (int id = 0; id < kNumMaps; ++id) {
     const QMap& map = qmap(MapId(id));
     int ties = 0;
     for (float x : interesting_inputs(map)) {
@@ -115,7 +116,7 @@ std::vector<float> random_block(int n, int kind) {
 // edges and on random bit patterns (NaN included).
 void test_bucket_search_everywhere(void**) {
   std::uniform_int_distribution<uint32_t> bits;
-  for (int id = 0; id < 4; ++id) {
+  for (int id = 0; id < kNumMaps; ++id) {
     const QMap& map = qmap(MapId(id));
     for (int i = 0; i < 2000000; ++i) {
       float x = from_bits(bits(rng));
@@ -151,7 +152,7 @@ void test_bucket_search_everywhere(void**) {
 // floor_positive_fast (the map's zero_code) is floor_positive, for every code
 // and sign; zero_code is the index of the value 0.
 void test_floor_positive_fast(void**) {
-  for (int id = 0; id < 4; ++id) {
+  for (int id = 0; id < kNumMaps; ++id) {
     const QMap& map = qmap(MapId(id));
     int zeros = 0;
     for (int c = 0; c < map.n; ++c) {
@@ -215,7 +216,7 @@ void test_block_divisor_is_ieee(void**) {
   const BlockDivisor one = block_divisor(1.f);
   assert_true(divides_exactly(one, -0.f) && divides_exactly(one, 0.f));
   assert_int_equal(float_bits(divide(one, 0.f)), 0u);
-  for (int id = 0; id < 4; ++id)  // +0 for -0: the same code
+  for (int id = 0; id < kNumMaps; ++id)  // +0 for -0: the same code
     assert_int_equal(bucket_code(qmap(MapId(id)), divide(one, -0.f)), bucket_code(qmap(MapId(id)), -0.f));
   print_message("block divisor: %ld quotients exact, %ld refused\n", exact, refused);
   assert_true(exact > 2000000);

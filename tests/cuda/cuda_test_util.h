@@ -270,7 +270,8 @@ static inline int64_t ct_code_distance(uint32_t format, const uint8_t* a, const 
     }
     case LOWBIT_STATE_8BIT: return llabs((int64_t)a[i] - (int64_t)b[i]);
     case LOWBIT_STATE_4BIT:
-    case LOWBIT_STATE_4BIT_SR: {
+    case LOWBIT_STATE_4BIT_SR:
+    case LOWBIT_STATE_4BIT_DYN: {
       int sh = 4 * (int)(i & 1);
       return llabs((int64_t)((a[i / 2] >> sh) & 0xF) - (int64_t)((b[i / 2] >> sh) & 0xF));
     }

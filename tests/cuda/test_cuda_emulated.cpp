@@ -122,6 +122,7 @@ const lowbit_state_format_t kFormats[][2] = {
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
     {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},  // LOWBIT_PRESET_ADAMW_4BIT_SR
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_DYN}, {LOWBIT_STATE_4BIT_DYN, LOWBIT_STATE_4BIT_DYN},
 };
 
 struct ParamSpec {
@@ -426,6 +427,7 @@ void test_shaped(void**) {
       {3, Norm::Rank1, Norm::Block, LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT},     // SGD momentum
       {7, Norm::Rank1, Norm::Rank1, LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},     // RMSprop momentum: an unsigned slot 0
       {9, Norm::Rank1, Norm::Block, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},     // Adagrad
+      {0, Norm::Block, Norm::Rank1, LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT_DYN},  // rank-1 v on the dynamic map
   };
   for (const ShapedCase& c : shaped_cases) {
     g_norm[0] = c.m;

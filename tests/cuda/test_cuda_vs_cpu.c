@@ -80,7 +80,7 @@ static const fcase_t FORMATS[] = {
     {LOWBIT_STATE_8BIT, LOWBIT_STATE_8BIT}, {LOWBIT_STATE_4BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_FP8},   {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT},
     {LOWBIT_STATE_FP8, LOWBIT_STATE_BF16},  {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT},
-    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR},
+    {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_SR}, {LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_DYN},
 };
 #define NFORMATS (int)(sizeof FORMATS / sizeof FORMATS[0])
 
@@ -92,6 +92,7 @@ static const char* fmt_name(lowbit_state_format_t f) {
     case LOWBIT_STATE_4BIT: return "4bit";
     case LOWBIT_STATE_FP8: return "fp8";
     case LOWBIT_STATE_4BIT_SR: return "4bit-sr";
+    case LOWBIT_STATE_4BIT_DYN: return "4bit-dyn";
     default: return "?";
   }
 }
@@ -246,7 +247,7 @@ static int quick_skip(int fi, int di) {
   if (!getenv("LOWBIT_TEST_QUICK")) return 0;
   const lowbit_state_format_t m = FORMATS[fi].m;
   const int quantized = m == LOWBIT_STATE_8BIT || m == LOWBIT_STATE_4BIT || m == LOWBIT_STATE_FP8 || fi == 0 ||
-                        (m == LOWBIT_STATE_4BIT_SR && FORMATS[fi].v == LOWBIT_STATE_4BIT);
+                        (m == LOWBIT_STATE_4BIT_SR && FORMATS[fi].v != LOWBIT_STATE_4BIT_SR);
   return !quantized || !(di == 1 || di == 3 || di == 8);
 }
 

@@ -98,6 +98,7 @@ pub mod sys {
     pub const LOWBIT_STATE_4BIT: lowbit_state_format_t = 4;
     pub const LOWBIT_STATE_FP8: lowbit_state_format_t = 5;
     pub const LOWBIT_STATE_4BIT_SR: lowbit_state_format_t = 6;
+    pub const LOWBIT_STATE_4BIT_DYN: lowbit_state_format_t = 7;
 
     pub const LOWBIT_MAX_DIMS: usize = 8;
 
