@@ -18,7 +18,10 @@ groups' ``betas`` become torch's names).
 * What means something else is refused, naming it, and changes nothing:
   momentum (bitsandbytes ignores it and keeps no buffer), max_unorm, a
   second state, another optimizer's betas, a wrong absmax count, a missing
-  state1. Seed: LOWBIT_TEST_SEED."""
+  state1.
+* A plain torch.optim.RMSprop / Adagrad state dict loads too (RMSprop
+  without momentum keeps square_avg alone), and training goes on as torch's.
+Seed: LOWBIT_TEST_SEED."""
 
 import pytest
 
@@ -261,3 +264,33 @@ def test_a_wrong_absmax_count_or_a_missing_state_is_refused_and_changes_nothing(
     sd = peer.state_dict()
     del sd["state"][0]["__bnb_optimizer_quant_state__"]["absmax1"]
     _refused(rms, sd, r"param 0: bitsandbytes state1 has codes but no absmax1")
+
+
+TORCH = [("RMSprop", lt.RMSprop, dict(lr=1e-2, alpha=0.9)), ("RMSprop", lt.RMSprop, dict(lr=5e-3, momentum=0.9)),
+         ("RMSprop", lt.RMSprop, dict(lr=5e-3, centered=True, weight_decay=0.01)),
+         ("Adagrad", lt.Adagrad, dict(lr=5e-2, lr_decay=1e-2, initial_accumulator_value=0.1))]
+
+
+@pytest.mark.parametrize("name,cls,kw", TORCH, ids=["rmsprop", "rmsprop-momentum", "rmsprop-centered", "adagrad"])
+def test_a_plain_torch_state_dict_loads_and_training_goes_on_as_torch(name, cls, kw, seed):
+    """torch.optim.RMSprop / Adagrad state dicts (square_avg alone without
+    momentum or centring; momentum_buffer or grad_avg beside it) load into
+    fp32 state exactly, and 10 more steps equal torch's within 1e-5."""
+    params = _params(seed)
+    peer = getattr(torch.optim, name)(params, **kw)
+    _train(peer, params, _grads(seed, params, 4))
+    mine = _twins(params)
+    opt = cls(mine, state="fp32")
+    opt.load_state_dict(peer.state_dict())
+    for p, q in zip(params, mine):
+        theirs = {k: v for k, v in peer.state[p].items() if k != "step"}
+        assert sorted(opt.state[q]) == sorted(["step"] + list(theirs)), (sorted(opt.state[q]), sorted(theirs))
+        for key, value in theirs.items():
+            assert torch.equal(opt.state[q][key], value), key
+        assert opt.param_info(q).step == 4
+    more = _grads(seed + 3, params, 10)
+    _train(peer, params, more)
+    _train(opt, mine, more)
+    for i, (p, q) in enumerate(zip(params, mine)):
+        rel = float((p.detach() - q.detach()).abs().max() / p.detach().abs().max())
+        assert rel <= 1e-5, f"param {i}: {rel:.3g}"
