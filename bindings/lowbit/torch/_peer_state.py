@@ -196,9 +196,9 @@ def bnb_param_groups(algorithm: str, groups) -> list:
     for i, g in enumerate(groups):
         betas = g.get("betas")
         if betas is None or len(betas) != 2:
-            pair = "(alpha, momentum)" if algorithm == "rmsprop" else "(0, 0)"
+            pair = "RMSprop keeps (alpha, momentum)" if algorithm == "rmsprop" else "Adagrad keeps (0, 0)"
             raise ValueError(f"param group {i} of this bitsandbytes state dict has betas={betas!r}; bitsandbytes' "
-                             f"{algorithm} keeps the pair {pair} there")
+                             f"{pair} there")
         b0, b1 = (float(b) for b in betas)
         ng = {k: v for k, v in g.items() if k != "betas"}
         if algorithm == "rmsprop":
