@@ -38,6 +38,8 @@ from ._names import (  # noqa: F401  (re-exported: lowbit._optimizer's names bef
 from ._options import (  # noqa: F401
     HPARAM_NAMES,
     ONEBIT_OPTION_NAMES,
+    check_hparam_keywords,
+    hparam_keywords,
     OneBitStatus,
     ParamInfo,
     as_real,
@@ -94,6 +96,16 @@ class Optimizer(Handle):
         g = opt.add_group(algorithm="adamw", lr=3e-4)   # AdamW's defaults
         opt.add_param(b, grad=gb, group=g)              # a bias
 
+    Hyper-parameters: every field of the algorithm's descriptor
+    (lowbit_hparam_info; ``lowbit._options.hparam_keywords(algorithm)``
+    lists them) is a keyword, ``betas`` being torch's pair for ``beta1`` /
+    ``beta2``; a field not given (or None) takes the algorithm's default. So
+    ``Optimizer("rmsprop", lr=1e-2, alpha=0.9, centered=True)`` and
+    ``Optimizer("adagrad", lr_decay=1e-3, initial_accumulator_value=0.1)``.
+    A field of other algorithms only (``alpha`` for AdamW, ``ns_steps`` for
+    SGD) raises InvalidArgumentError naming it and who takes it; a name no
+    algorithm has, TypeError.
+
     Arrays are used in place and never copied; the optimizer keeps references
     to registered arrays so their memory stays valid. Free the handle with
     :meth:`close` or a ``with`` block (garbage collection also frees it).
@@ -127,18 +139,6 @@ class Optimizer(Handle):
         self,
         algorithm="adamw",
         *,
-        lr=None,
-        betas=None,
-        eps=None,
-        weight_decay=None,
-        momentum=None,
-        dampening=None,
-        nesterov=None,
-        bias_correction=None,
-        ns_steps=None,
-        ns_coefficients=None,
-        adjust_lr=None,
-        ns_precision=None,
         state="fp32",
         second_state=None,
         first_normalization=None,
@@ -153,12 +153,14 @@ class Optimizer(Handle):
         device="cpu",
         device_index=None,
         stream=None,
+        **hparams,
     ):
         super().__init__()
         self._comm = None
         self._params: list[ArrayRef] = []
         self._grads: list[ArrayRef | None] = []
         self.algorithm = parse_algorithm(algorithm)
+        hparams = check_hparam_keywords(self.algorithm, hparams)
         self.device, self.device_index = parse_device(device, device_index)
         self.stream = stream_pointer(stream)
 
@@ -182,16 +184,8 @@ class Optimizer(Handle):
         if freeze_step is not None:
             cfg.freeze_step = c_int(freeze_step, "freeze_step")
 
-        muon_options = dict(ns_steps=ns_steps, ns_coefficients=ns_coefficients, adjust_lr=adjust_lr,
-                            ns_precision=ns_precision)
-        given = sorted(k for k, v in muon_options.items() if v is not None)
-        if given and self.algorithm != getattr(Algorithm, "MUON", None):
-            raise InvalidArgumentError(f"{', '.join(given)}: options of Muon (algorithm='muon'); this optimizer is "
-                                       f"{self.algorithm.name.lower()}")
         hp = new_hparams(self.algorithm)
-        fill_hparams(hp, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                               dampening=dampening, nesterov=nesterov, bias_correction=bias_correction,
-                               **muon_options))
+        fill_hparams(hp, hparams)
         out = ffi.new("lowbit_optimizer_t *")
         call("lowbit_optimizer_create", out, cfg, hp)
         self._open(out[0], _destroy, int(ffi.cast("uintptr_t", out[0])))

@@ -83,6 +83,53 @@ _HPARAM_REALS += tuple(n for n, t in _DESCRIBED.items() if t == "real")
 _HPARAM_INTS = tuple(n for n, t in _DESCRIBED.items() if t in ("int", "enum"))
 
 
+def hparam_keywords(algorithm) -> tuple | None:
+    """The hyper-parameter keywords `algorithm` takes: its descriptor's
+    fields (lowbit_hparam_info), in its order, with ``betas`` beside
+    ``beta1`` / ``beta2`` (torch's pair). None for a library without
+    descriptors (before 0.8: every field is taken)."""
+    try:
+        from ._algorithms import algorithm_spec
+
+        names = [h.name for h in algorithm_spec(algorithm).hparams]
+    except Exception:  # a library before 0.8: no descriptors
+        return None
+    if "beta1" in names and "beta2" in names:
+        names.insert(names.index("beta1"), "betas")
+    return tuple(names)
+
+
+def check_hparam_keywords(algorithm, kw: dict) -> dict:
+    """The hyper-parameters given by keyword to an optimizer of `algorithm`
+    (None: not given, dropped), checked against its descriptor: a field of
+    other algorithms only is InvalidArgumentError naming it and who takes
+    it; a name no algorithm has, TypeError (as Python's own for an
+    unexpected keyword)."""
+    given = {k: v for k, v in kw.items() if v is not None}
+    mine = hparam_keywords(algorithm)
+    known = set(HPARAM_NAMES) - {"algorithm"}
+    for name in given:
+        if name not in known:
+            raise TypeError(f"lowbit.Optimizer() got an unexpected keyword argument {name!r} (hyper-parameters of "
+                            f"{algorithm_name(algorithm)}: {', '.join(mine or sorted(known))})")
+    if mine is None:
+        return given
+    foreign = [n for n in given if n not in mine]
+    if foreign:
+        from ._algorithms import algorithm_specs
+
+        takers = {}
+        for spec in algorithm_specs().values():
+            names = set(hparam_keywords(spec.algorithm) or ())
+            for n in foreign:
+                if n in names:
+                    takers.setdefault(n, []).append(spec.title)
+        said = "; ".join(f"{n} is {', '.join(t + chr(39) + 's' for t in takers.get(n, []))}" for n in foreign)
+        raise InvalidArgumentError(f"not hyper-parameters of {algorithm_name(algorithm)}: {', '.join(foreign)} "
+                                   f"({said}); {algorithm_name(algorithm)} takes {', '.join(mine)}")
+    return given
+
+
 def new_hparams(algorithm):
     """A cffi lowbit_hparams_t, the whole struct as declared, with the
     algorithm's defaults (a group of another algorithm in a Muon optimizer:

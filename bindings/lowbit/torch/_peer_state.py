@@ -28,7 +28,38 @@ rules, without importing the library that wrote it:
 
 Moments map to torch's names: a first moment (bitsandbytes' ``state1``,
 torchao's ``exp_avg``) to ``exp_avg``, a second to ``exp_avg_sq``; for
-Lion the first is lowbit's ``exp_avg`` too."""
+Lion the first is lowbit's ``exp_avg`` too.
+
+bitsandbytes' one-state RMSprop and Adagrad (``RMSprop8bit`` /
+``RMSprop32bit`` / ``RMSprop``, ``Adagrad8bit`` / ``Adagrad32bit`` /
+``Adagrad``; 8-bit state is always blockwise in the versions that write
+``__bnb_optimizer_quant_state__``) load into lowbit.torch.RMSprop /
+Adagrad: their state dict does not say which optimizer wrote it, so the
+loading optimizer's algorithm tells (:func:`to_torch_layout`'s
+`algorithm`). Their rules (bitsandbytes 0.50's CPU backend,
+``optimizer_update_32bit`` / ``optimizer_update_8bit_blockwise``), with
+``g = grad + weight_decay * p`` (L2, as torch's):
+
+* RMSprop: ``state1 = alpha state1 + (1 - alpha) g^2``, ``p -= lr g /
+  (sqrt(state1) + eps)``: torch.optim.RMSprop's without momentum and not
+  centred, eps outside the sqrt as torch's. ``state1`` is torch's
+  ``square_avg``; the param groups keep ``betas = (alpha, momentum)``.
+  bitsandbytes refuses ``centered=True`` and ``alpha=0``, and takes a
+  ``momentum`` that its rule ignores (no buffer is kept): a state dict saved
+  with ``momentum != 0`` is refused here, since lowbit's RMSprop with
+  momentum needs the buffer bitsandbytes never had (:func:`bnb_param_groups`).
+* Adagrad: ``state1 += g^2``, ``p -= lr g / (sqrt(state1) + eps)``:
+  torch.optim.Adagrad's with ``lr_decay = 0`` and
+  ``initial_accumulator_value = 0``, the only values bitsandbytes takes
+  (its constructor refuses others). ``state1`` is torch's ``sum``; the
+  groups keep ``betas = (0, 0)``, and a group with other betas is another
+  optimizer's state (Lion's, SGD's, RMSprop's) and refused.
+
+Either keeps one state: a ``state2`` is refused, as is a ``unorm_vec``
+(saved with ``max_unorm > 0``, an update-norm clip lowbit's RMSprop and
+Adagrad do not have). bitsandbytes quantizes this one state on its signed
+dynamic map (``qmap1``) though it is never negative; decoding is the same
+``qmap[code] * absmax`` and lowbit re-encodes it on its unsigned map."""
 
 from __future__ import annotations
 
@@ -37,6 +68,10 @@ import torch
 _BNB_KEY = "__bnb_optimizer_quant_state__"
 _BNB_BLOCK = 256  # elements per absmax of bitsandbytes' blockwise 8-bit optimizer state
 _TORCHAO_TYPES = {"OptimState8bit": 8, "OptimState4bit": 4, "OptimStateFp8": "fp8"}
+# torch's names of bitsandbytes' state1 (and state2), by the lowbit algorithm
+# that loads them (the others: a first and a second moment, Adam's names).
+_BNB_NAMES = {"rmsprop": ("square_avg",), "adagrad": ("sum",)}
+_BNB_ADAM_NAMES = ("exp_avg", "exp_avg_sq")
 
 
 def _blocks(scale: torch.Tensor, numel: int, block: int | None = None) -> torch.Tensor:
@@ -134,13 +169,69 @@ def peer_kind(state: dict, param_groups=None) -> str | None:
     return None
 
 
-def to_torch_layout(state: dict, shapes: dict, kind: str | None = None) -> dict:
+def _bnb_one_state_check(q: dict, idx: int, algorithm: str) -> None:
+    """Refuse what bitsandbytes' RMSprop / Adagrad state of one param holds
+    beyond their one state (see the module's notes)."""
+    title = {"rmsprop": "RMSprop", "adagrad": "Adagrad"}[algorithm]
+    if "state2" in q:
+        raise ValueError(f"param {idx}: this bitsandbytes state has two moments (state1 and state2), bitsandbytes' "
+                         f"{title} keeps one (state1): a state dict of another optimizer (Adam's?), not loadable "
+                         f"into lowbit.torch.{title}")
+    if "unorm_vec" in q:
+        raise ValueError(f"param {idx}: this bitsandbytes {title} state was saved with max_unorm > 0 (it holds "
+                         f"unorm_vec); lowbit's {title} has no update-norm clipping, so it cannot go on as saved")
+
+
+def bnb_param_groups(algorithm: str, groups) -> list:
+    """bitsandbytes' param groups in torch.optim's names for the lowbit
+    algorithm that loads them (its name: "rmsprop", "adagrad"; the others'
+    groups are returned as they are): RMSprop's ``betas = (alpha,
+    momentum)`` become ``alpha`` (and ``momentum = 0``, ``centered =
+    False``), Adagrad's ``betas = (0, 0)`` become ``lr_decay = 0`` and
+    ``initial_accumulator_value = 0`` (bitsandbytes' rules: the module's
+    notes). ValueError naming the group for what they cannot mean."""
+    if algorithm not in _BNB_NAMES:
+        return list(groups)
+    out = []
+    for i, g in enumerate(groups):
+        betas = g.get("betas")
+        if betas is None or len(betas) != 2:
+            pair = "RMSprop keeps (alpha, momentum)" if algorithm == "rmsprop" else "Adagrad keeps (0, 0)"
+            raise ValueError(f"param group {i} of this bitsandbytes state dict has betas={betas!r}; bitsandbytes' "
+                             f"{pair} there")
+        b0, b1 = (float(b) for b in betas)
+        ng = {k: v for k, v in g.items() if k != "betas"}
+        if algorithm == "rmsprop":
+            if b0 == 0.0:
+                raise ValueError(f"param group {i} has betas={tuple(betas)}: alpha = betas[0] = 0, which "
+                                 "bitsandbytes' RMSprop refuses; a state dict of another optimizer (Adagrad's?)")
+            if b1 != 0.0:
+                raise ValueError(f"param group {i} of this bitsandbytes RMSprop state dict has momentum={b1} "
+                                 "(betas[1]), which bitsandbytes' rule ignores (it keeps no momentum buffer: state1 "
+                                 "is the square average alone); lowbit's RMSprop would apply it and needs that buffer. "
+                                 "Set the saved groups' betas[1] to 0 to load it as the RMSprop bitsandbytes ran")
+            ng.update(alpha=b0, momentum=0.0, centered=False)
+        else:
+            if (b0, b1) != (0.0, 0.0):
+                raise ValueError(f"param group {i} has betas={tuple(betas)}; bitsandbytes' Adagrad keeps (0, 0): "
+                                 "a state dict of another bitsandbytes optimizer (Lion, SGD, RMSprop?), not "
+                                 "Adagrad's")
+            ng.update(lr_decay=0.0, initial_accumulator_value=0.0)
+        out.append(ng)
+    return out
+
+
+def to_torch_layout(state: dict, shapes: dict, kind: str | None = None, algorithm: str | None = None) -> dict:
     """A bitsandbytes, torchao or torch.optim.Muon optimizer state in the
     layout the lowbit.torch optimizers import: per param index, ``step`` and
     float32 ``exp_avg`` (and ``exp_avg_sq``), or Muon's ``momentum_buffer``,
     shaped like the param (``shapes[idx]``). `kind`: peer_kind's answer
-    (found from `state` when not given)."""
+    (found from `state` when not given). `algorithm`: the name of the lowbit
+    algorithm that loads it (bitsandbytes' state does not say whose it is):
+    "rmsprop" names bitsandbytes' state1 ``square_avg``, "adagrad" ``sum``
+    (one state only); any other, or None, Adam's names."""
     kind = kind or peer_kind(state)
+    bnb_names = _BNB_NAMES.get(algorithm, _BNB_ADAM_NAMES)
     out = {}
     for idx, s in state.items():
         if not s:
@@ -156,8 +247,12 @@ def to_torch_layout(state: dict, shapes: dict, kind: str | None = None) -> dict:
             q = s.get(_BNB_KEY, s)
             if shape is None:
                 raise ValueError(f"the state dict has state for param index {idx}, which no group holds")
+            if algorithm in _BNB_NAMES:
+                _bnb_one_state_check(q, idx, algorithm)
+                if "state1" not in q:
+                    raise ValueError(f"param {idx}: this bitsandbytes state lacks state1 (has {sorted(q)})")
             entry = {"step": s.get("step", q.get("step", 1))}
-            for k, name in ((1, "exp_avg"), (2, "exp_avg_sq")):
+            for k, name in enumerate(bnb_names, start=1):
                 m = _bnb_moment(q, k, idx, shape)
                 if m is not None:
                     entry[name] = m

@@ -14,7 +14,7 @@ import torch
 
 from .._ffi import Algorithm
 from .._errors import StateMismatchError
-from ._peer_state import peer_kind, to_torch_layout
+from ._peer_state import bnb_param_groups, peer_kind, to_torch_layout
 from ._tensors import _device_key, _is_dtensor, _local
 
 _STATE_DICT_VERSION = 1
@@ -151,8 +151,16 @@ class StateDicts:
         state dict of the same algorithm (fp32 moments; plain tensors or
         DTensors), or one of bitsandbytes' 8-bit optimizers (blockwise) or
         torchao's AdamW8bit / AdamW4bit / AdamWFp8 (_peer_state.py: each
-        decoded by its own format's rules, then re-encoded)."""
+        decoded by its own format's rules, then re-encoded). Into RMSprop and
+        Adagrad: bitsandbytes' RMSprop8bit / Adagrad8bit (and their 32-bit
+        forms), whose param groups are read in torch's names
+        (_peer_state.bnb_param_groups)."""
         saved_groups = state_dict["param_groups"]
+        lowbit = state_dict.get("lowbit")
+        kind = None
+        if lowbit is None or lowbit.get("materialized"):
+            kind = peer_kind(state_dict.get("state", {}), saved_groups if lowbit is None else None)
+        algorithm = self._algorithm.name.lower()
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this optimizer "
                              f"{len(self.param_groups)}")
@@ -164,6 +172,14 @@ class StateDicts:
         for g, sg in zip(self.param_groups, saved_groups):
             for p, idx in zip(g["params"], sg["params"]):
                 by_index[idx] = p
+        state = state_dict.get("state", {})
+        if kind == "torch_muon" and self._algorithm != getattr(Algorithm, "MUON", None):
+            raise StateMismatchError(f"this is a torch.optim.Muon state dict; load it into lowbit.torch.Muon, "
+                                     f"not {type(self).__name__}")
+        if kind is not None:  # bitsandbytes, torchao, torch.optim.Muon: decoded into torch's layout
+            state = to_torch_layout(state, {i: tuple(p.shape) for i, p in by_index.items()}, kind, algorithm)
+        if kind == "bitsandbytes":  # its groups in torch's names (RMSprop's, Adagrad's)
+            saved_groups = bnb_param_groups(algorithm, saved_groups)
         new_groups = []
         for g, sg in zip(self.param_groups, saved_groups):
             ng = dict(g)
@@ -176,7 +192,6 @@ class StateDicts:
             self._hparams(ng)  # validates
             new_groups.append(ng)
 
-        lowbit = state_dict.get("lowbit")
         empty = {}
         if lowbit is not None:
             if lowbit.get("version") != _STATE_DICT_VERSION:
@@ -191,14 +206,7 @@ class StateDicts:
             plan = [([by_index[i] for i in h["params"]], _loader(bytes(h["checkpoint"].cpu().numpy().tobytes())))
                     for h in lowbit["handles"]]
         else:
-            state = state_dict.get("state", {})
-            kind = peer_kind(state, saved_groups if lowbit is None else None)
-            if kind == "torch_muon" and self._algorithm != getattr(Algorithm, "MUON", None):
-                raise StateMismatchError(f"this is a torch.optim.Muon state dict; load it into lowbit.torch.Muon, "
-                                         f"not {type(self).__name__}")
-            if kind is not None:  # bitsandbytes, torchao, torch.optim.Muon: decoded into torch's layout
-                state = to_torch_layout(state, {i: tuple(p.shape) for i, p in by_index.items()}, kind)
-            plan, empty = self._plan_torch_import(state, by_index, saved_groups)
+            plan, empty = self._plan_torch_import(state, by_index, new_groups)
 
         # Build the new handles aside; swap them in only when all loaded.
         old = (self._devices, self._where, self.param_groups, self.state, self._empty_shards)
@@ -234,17 +242,20 @@ class StateDicts:
         for dev in self._devices.values():
             dev.pushed = [None] * len(self.param_groups)
 
-    def _plan_torch_import(self, state: dict, by_index: dict, saved_groups) -> tuple:
+    def _plan_torch_import(self, state: dict, by_index: dict, new_groups) -> tuple:
         """Plan for a torch-layout state dict (a plain torch.optim one, or
         lowbit's materialised one): register the params that have state, then
         hand each moment (fp32; for a DTensor param, this rank's shard) and
         step count to the library, which encodes them into this optimizer's
-        formats and checks them. Returns the plan and the step counts of the
+        formats and checks them. A param keeps the moments its group (of
+        `new_groups`: this optimizer's groups with the loaded
+        hyper-parameters) uses: RMSprop without momentum and not centred its
+        square average alone. Returns the plan and the step counts of the
         DTensor params whose shard on this rank is empty."""
         per_device: dict = {}
         empty: dict = {}
         group_of = {}
-        for g in self.param_groups:
+        for g in new_groups:
             for p in g["params"]:
                 group_of.setdefault(p, g)
         for idx, s in sorted(state.items(), key=lambda kv: kv[0]):
@@ -254,9 +265,10 @@ class StateDicts:
                 continue
             if "max_exp_avg_sq" in s:
                 raise ValueError("amsgrad state (max_exp_avg_sq) cannot be imported: lowbit has no amsgrad")
-            names = self._moment_names_for(group_of[by_index[idx]])
+            group = group_of[by_index[idx]]
+            names = self._moment_names_for(group)[:self._num_moments(group)]
             moments = [s.get(n) for n in names]
-            if self._algorithm == Algorithm.SGD and moments[0] is None:
+            if not names or (self._algorithm == Algorithm.SGD and moments[0] is None):
                 continue  # SGD without momentum keeps no state
             missing = [n for n, m in zip(names, moments) if m is None]
             if missing:
