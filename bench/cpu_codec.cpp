@@ -63,9 +63,9 @@ int main() {
   for (CpuIsa l : levels) std::printf(" %9s %-6s", "dec", cpu_isa_name(l));
   std::printf("\n");
   const lowbit_state_format_t formats[] = {LOWBIT_STATE_8BIT, LOWBIT_STATE_4BIT, LOWBIT_STATE_FP8, LOWBIT_STATE_BF16,
-                                           LOWBIT_STATE_4BIT_SR};
+                                           LOWBIT_STATE_4BIT_SR, LOWBIT_STATE_4BIT_DYN};
   for (lowbit_state_format_t f : formats)
-    for (int moment = 0; moment < 2; ++moment) {
+    for (int moment = f == LOWBIT_STATE_4BIT_DYN; moment < 2; ++moment) {  // 4BIT_DYN: only v differs from 4BIT
       std::vector<uint8_t> data(size_t(moment_data_bytes(f, kElements)));
       std::vector<float> scales(size_t(std::max<int64_t>(1, num_blocks(f, kElements))));
       const MomentView mv = adam_moment_view(f, moment, data.data(), scales.data());

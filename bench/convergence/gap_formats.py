@@ -16,6 +16,8 @@ differs.
   4bit-dyn      m 4-bit, v 4BIT_DYN (the unsigned dynamic 4-bit map: issue 50)
   4bit-sr-dyn   m 4BIT_SR, v 4BIT_DYN
   4bit-rank1-dyn  the lpmm preset with v's rank-1 codes on the dynamic map
+  4bit-rank1-sr-dyn  m 4BIT_SR, v rank-1 on the dynamic map
+  4bit-factor-sr  m 4BIT_SR, v factored (lpmm's Factor with stochastic m codes)
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ FORMATS = {
     "4bit-dyn": _lowbit("4bit", second_state="4bit-dyn"),
     "4bit-sr-dyn": _lowbit("4bit-sr", second_state="4bit-dyn"),
     "4bit-rank1-dyn": _lowbit("4bit-rank1", second_state="4bit-dyn"),
+    "4bit-rank1-sr-dyn": _lowbit("4bit-sr", second_state="4bit-dyn", second_normalization="rank1"),
+    "4bit-factor-sr": _lowbit("4bit-sr", second_state="4bit", second_normalization="factored"),
 }
 
 
