@@ -513,11 +513,16 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_config_init(lowbit_optimizer_config_
  *                     params with fewer than 2 dims).
  *   ADAMW_4BIT_SR:    (since 0.5) m 4BIT_SR, v 4BIT, both in blocks: the
  *                     4-bit preset that keeps fp32's loss over long runs
- *                     (bench/NOTES.md, issue 37; about 1.06 B/param). */
+ *                     (bench/NOTES.md, issue 37; about 1.06 B/param).
+ *   ADAMW_4BIT_SR_DYN: (since 0.8) m 4BIT_SR, v 4BIT_DYN, both in blocks: as
+ *                     ADAMW_4BIT_SR with v on the dynamic map, which holds v
+ *                     that spread over decades within a block (a CNN's:
+ *                     bench/NOTES.md, issue 50; about 1.06 B/param). */
 typedef enum lowbit_preset {
   LOWBIT_PRESET_LPMM_ADAMW_4BIT = 1,
   LOWBIT_PRESET_ADAMW_4BIT_FACTOR = 2,
   LOWBIT_PRESET_ADAMW_4BIT_SR = 3,
+  LOWBIT_PRESET_ADAMW_4BIT_SR_DYN = 4,
   LOWBIT_PRESET_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_PRESET_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_preset_t;

@@ -12,11 +12,12 @@ namespace {
 
 lowbit_optimizer_config_t preset_config(lowbit_preset_t preset) {
   LOWBIT_REQUIRE(preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT || preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR ||
-                     preset == LOWBIT_PRESET_ADAMW_4BIT_SR,
+                     preset == LOWBIT_PRESET_ADAMW_4BIT_SR || preset == LOWBIT_PRESET_ADAMW_4BIT_SR_DYN,
                  LOWBIT_ERROR_INVALID_ARGUMENT, "preset = ", int(preset), " is not a lowbit_preset_t value");
+  const bool sr = preset == LOWBIT_PRESET_ADAMW_4BIT_SR || preset == LOWBIT_PRESET_ADAMW_4BIT_SR_DYN;
   lowbit_optimizer_config_t out = lowbit::default_config(LOWBIT_ALGORITHM_ADAMW);
-  out.state_format = preset == LOWBIT_PRESET_ADAMW_4BIT_SR ? LOWBIT_STATE_4BIT_SR : LOWBIT_STATE_4BIT;
-  out.second_state_format = LOWBIT_STATE_4BIT;
+  out.state_format = sr ? LOWBIT_STATE_4BIT_SR : LOWBIT_STATE_4BIT;
+  out.second_state_format = preset == LOWBIT_PRESET_ADAMW_4BIT_SR_DYN ? LOWBIT_STATE_4BIT_DYN : LOWBIT_STATE_4BIT;
   out.first_normalization = LOWBIT_NORMALIZATION_BLOCK;
   out.second_normalization = preset == LOWBIT_PRESET_LPMM_ADAMW_4BIT     ? LOWBIT_NORMALIZATION_RANK1
                              : preset == LOWBIT_PRESET_ADAMW_4BIT_FACTOR ? LOWBIT_NORMALIZATION_FACTORED

@@ -53,7 +53,7 @@ FORMATS = {
     "4bit-sr": _lowbit("4bit-sr", second_state="4bit"),
     "4bit-sr-mv": _lowbit("4bit-sr"),
     "4bit-dyn": _lowbit("4bit", second_state="4bit-dyn"),
-    "4bit-sr-dyn": _lowbit("4bit-sr", second_state="4bit-dyn"),
+    "4bit-sr-dyn": _lowbit("4bit-sr-dyn"),  # the preset: m 4BIT_SR, v 4BIT_DYN
     "4bit-rank1-dyn": _lowbit("4bit-rank1", second_state="4bit-dyn"),
     "4bit-rank1-sr-dyn": _lowbit("4bit-sr", second_state="4bit-dyn", second_normalization="rank1"),
     "4bit-factor-sr": _lowbit("4bit-sr", second_state="4bit", second_normalization="factored"),

@@ -19,7 +19,7 @@ from ._errors import InvalidArgumentError
 from ._ffi import ENUMS, Algorithm, CheckpointMode, Device, Normalization, StateFormat, ffi
 from ._lib import call
 
-Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR, ADAMW_4BIT_SR
+Preset = ENUMS["lowbit_preset_t"]  # LPMM_ADAMW_4BIT, ADAMW_4BIT_FACTOR, ADAMW_4BIT_SR, ADAMW_4BIT_SR_DYN
 # Muon's enums (since 0.7; absent from an older library's declarations)
 MuonLrAdjust = ENUMS.get("lowbit_muon_lr_adjust_t")  # ORIGINAL, MATCH_RMS_ADAMW, SPECTRAL_UNCLAMPED, NONE
 NsPrecision = ENUMS.get("lowbit_ns_precision_t")  # DEFAULT, FP32, BF16
@@ -221,6 +221,7 @@ STATE_PRESETS = {
     "lpmm-4bit": Preset.LPMM_ADAMW_4BIT,
     "4bit-factor": Preset.ADAMW_4BIT_FACTOR,  # lpmm's 4-bit Factor: m 4-bit blocks, v factored
     "4bit-sr": Preset.ADAMW_4BIT_SR,  # m 4bit-sr (stochastic codes), v 4-bit blocks (issue 37)
+    "4bit-sr-dyn": Preset.ADAMW_4BIT_SR_DYN,  # m 4bit-sr, v 4bit-dyn (v on the dynamic map: issue 50)
 }
 
 

@@ -181,6 +181,10 @@ static void test_init_defaults(void** state) {
   lowbit_optimizer_config_t oc;
   OK(lowbit_optimizer_config_preset(&oc, LOWBIT_PRESET_ADAMW_4BIT_FACTOR));
   assert_true(oc.state_format == LOWBIT_STATE_4BIT && oc.second_normalization == LOWBIT_NORMALIZATION_FACTORED);
+  OK(lowbit_optimizer_config_preset(&oc, LOWBIT_PRESET_ADAMW_4BIT_SR_DYN));
+  assert_true(oc.state_format == LOWBIT_STATE_4BIT_SR && oc.second_state_format == LOWBIT_STATE_4BIT_DYN &&
+              oc.first_normalization == LOWBIT_NORMALIZATION_BLOCK && oc.second_normalization == LOWBIT_NORMALIZATION_BLOCK);
+  assert_int_equal(lowbit_optimizer_config_preset(&oc, (lowbit_preset_t)5), LOWBIT_ERROR_INVALID_ARGUMENT);
   /* An older struct gets what it has room for. */
   unsigned char buf[BUF];
   memset(buf, GUARD, sizeof buf);

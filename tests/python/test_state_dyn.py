@@ -166,3 +166,14 @@ def test_jax_steps_4bit_dyn(rng):
         for _ in range(3):
             o.step([g])
     np.testing.assert_array_equal(np.asarray(x), q)
+
+
+def test_the_preset(rng):
+    p, _ = _data(rng)
+    with lowbit.Optimizer("adamw", state="4bit-sr-dyn") as opt:
+        opt.add_param(p.copy())
+        info = opt.param_info(0)
+        assert (info.state_format, info.second_state_format) == ("4bit-sr", "4bit-dyn")
+        assert (info.first_normalization, info.second_normalization) == ("block", "block")
+    with pytest.raises(lowbit.LowbitError, match="preset"):
+        lowbit.Optimizer("lion", state="4bit-sr-dyn")

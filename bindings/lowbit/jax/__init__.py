@@ -147,13 +147,15 @@ def _num_threads(num_threads) -> int:
 
 
 _COMMON_DOC = """
-    state_format: "fp32" (default), "bf16", "8bit", "4bit", "fp8" or
-        "4bit-sr" (4bit with stochastically rounded codes), of both moments
+    state_format: "fp32" (default), "bf16", "8bit", "4bit", "fp8",
+        "4bit-sr" (4bit with stochastically rounded codes) or "4bit-dyn"
+        (4bit with an unsigned moment on the dynamic map), of both moments
         unless ``second_state_format`` is given. AdamW / Adam also take the
         presets of the C API (lowbit_preset_t): "4bit-rank1" (alias
         "lpmm-4bit": m 4-bit blocks, v 4-bit rank-1), "4bit-factor" (m 4-bit
-        blocks, v factored) and "4bit-sr" (m 4bit-sr, v 4bit: the 4-bit
-        state that keeps fp32's loss over long runs); explicit formats and
+        blocks, v factored), "4bit-sr" (m 4bit-sr, v 4bit: the 4-bit
+        state that keeps fp32's loss over long runs on language models) and
+        "4bit-sr-dyn" (m 4bit-sr, v 4bit-dyn); explicit formats and
         normalisations given with a preset win over its own.
     first_normalization / second_normalization: "block" (default), "rank1"
         (8bit / 4bit moments of leaves with >= 2 dims: one max vector per dim)

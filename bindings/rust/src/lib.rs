@@ -117,6 +117,7 @@ pub mod sys {
     pub const LOWBIT_PRESET_LPMM_ADAMW_4BIT: lowbit_preset_t = 1;
     pub const LOWBIT_PRESET_ADAMW_4BIT_FACTOR: lowbit_preset_t = 2;
     pub const LOWBIT_PRESET_ADAMW_4BIT_SR: lowbit_preset_t = 3;
+    pub const LOWBIT_PRESET_ADAMW_4BIT_SR_DYN: lowbit_preset_t = 4;
 
     pub const LOWBIT_STATE_RECORD_INT32: usize = 14;
 
