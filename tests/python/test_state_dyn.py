@@ -177,3 +177,19 @@ def test_the_preset(rng):
         assert (info.first_normalization, info.second_normalization) == ("block", "block")
     with pytest.raises(lowbit.LowbitError, match="preset"):
         lowbit.Optimizer("lion", state="4bit-sr-dyn")
+
+
+def test_same_bits_at_any_thread_count(rng):
+    p, g = _data(rng)
+    out = []
+    for threads in (1, 2, 3):
+        q = p.copy()
+        with lowbit.Optimizer("adamw", state="4bit-sr-dyn", seed=7, num_threads=threads) as opt:
+            opt.add_param(q)
+            for _ in range(3):
+                opt.step([g])
+            out.append((q, opt.read_moment(0, 0), opt.read_moment(0, 1)))
+    for q, m, v in out[1:]:
+        np.testing.assert_array_equal(q, out[0][0])
+        np.testing.assert_array_equal(m, out[0][1])
+        np.testing.assert_array_equal(v, out[0][2])
