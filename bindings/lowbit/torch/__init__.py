@@ -103,6 +103,7 @@ from ._adam import Adam, AdamW
 from ._base import LowbitOptimizer
 from ._described import DESCRIBED_CLASSES, DescribedOptimizer
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
+from ._fsdp_onebit import FSDPOneBitAdam
 from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
 from ._muon import Muon
@@ -111,7 +112,7 @@ from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "DescribedOptimizer", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
-           "LowbitOptimizer",
+           "FSDPOneBitAdam", "LowbitOptimizer",
            "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
            "StepInBackward", "CPUOffload", "memory_report", "default_host_threads"]
 

@@ -1,0 +1,118 @@
+"""lowbit.torch.FSDPOneBitAdam (design (b) of docs/ONEBIT_SHARDED.md: FSDP2's
+gradient reduce-scatter compressed after a warm-up, the shards stepped with
+a frozen variance), under torchrun on the CPU with gloo, 2 ranks
+(torch_fsdp_onebit_worker.py does the work).
+
+- Warm-up: bit for bit FSDP2 + lowbit AdamW, and torch AdamW to 1e-7.
+- After the freeze: every compressed reduce-scatter output (one group
+  padded from 66 to 72 elements per rank) equals a float64 simulation of its
+  rule with per-group worker error feedback, and a fresh Communicator's own
+  result, bit for bit; the bytes are the library's count; each shard update
+  is the frozen-variance Adam of a float64 reference, and v does not move.
+- A short run: the loss falls and ends within 5% of FSDP2 + lowbit AdamW for
+  every error_format; the error bytes per element (4, 2, about 1 + 1/64, plus
+  the server error the communicator allocates, 1/W of that).
+- Refusals by name, nothing installed; DCP save / load at 2 ranks, the
+  errors restarting at zero unless error_state() is loaded.
+
+One launch of 2 ranks, about 25 s on 2 cores."""
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip(f"torch {torch.__version__} was built without torch.distributed / gloo", allow_module_level=True)
+try:
+    from torch.distributed.fsdp import FSDPModule  # noqa: F401  (FSDP2)
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # noqa: F401
+except ImportError as e:
+    pytest.skip(f"torch {torch.__version__} has no FSDP2 set_custom_reduce_scatter: {e}", allow_module_level=True)
+
+from torchrun_launch import launch  # noqa: E402
+
+WORKER = Path(__file__).with_name("torch_fsdp_onebit_worker.py")
+TIMEOUT = 240
+CASES = "exact,train,refusals,dcp"
+_runs = {}
+
+
+def result(nproc, seed):
+    key = (nproc, seed)
+    if key not in _runs:
+        try:
+            _runs[key] = launch(WORKER, nproc, CASES, seed, TIMEOUT)
+        except BaseException as e:  # pytest.fail() included
+            _runs[key] = e
+            raise
+    if isinstance(_runs[key], BaseException):
+        pytest.fail(f"the launch on {nproc} ranks failed (see the first of its tests)")
+    return _runs[key]
+
+
+def test_warmup_is_fsdp2_adamw_bit_for_bit(seed):
+    out = result(2, seed)["exact"]
+    assert out["warmup_bitwise"] == [True, True, True], out
+    assert max(out["warmup_vs_torch"]) < 1e-6, out
+    assert out["compressed_flags"] == [False] * 3 + [True] * 4, out
+    assert out["fp32_calls"] == [3, 3] and out["calls"] == [4, 4] and out["steps"] == 7, out
+
+
+def test_compressed_reduce_scatter_matches_its_rule_with_feedback(seed):
+    out = result(2, seed)["exact"]
+    assert out["padded"] == [[272, 272], [66, 72]], out  # the second group's shards padded to a multiple of 8
+    assert out["sim_worst"] == 0.0, out  # the float64 simulation, bit for bit
+    assert out["replay_equal"], out  # a fresh Communicator given the same inputs
+    assert out["lowbit_bytes"] == out["expected_bytes"] > 0, out
+
+
+def test_frozen_variance_update(seed):
+    out = result(2, seed)["exact"]
+    assert len(out["update_vs_f64"]) == 4 and max(out["update_vs_f64"]) < 1e-5, out
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8"])
+def test_short_run_ends_near_fsdp2_adamw(fmt, seed):
+    out = result(2, seed)["train"]
+    ref, r = out["ref"], out[fmt]
+    assert r["compressed"] and r["calls"] == [130, 130], r
+    assert r["final"] < 0.7 * r["first"], r  # it learns
+    assert r["final"] < 1.05 * ref["final"], (r, ref)
+    assert r["compressed_bytes"] == r["expected_bytes"], r
+    W, n = result(2, seed)["world_size"], r["input_numel"]
+    per_element = r["error_bytes"] / (n * (1 + 1 / W))  # worker error + the (unused) server error of 1/W
+    want = {"fp32": (4, 4), "bf16": (2, 2), "int8": (1, 1.05)}[fmt]
+    assert want[0] <= per_element <= want[1], (fmt, per_element)
+    # the bytes the communicators really keep: their error blobs, a 64-byte header each besides
+    assert sum(r["blob_bytes"]) == r["error_bytes"] + 64 * len(r["blob_bytes"]), r
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("not_fsdp", "holds no FSDP2 module with params"),
+    ("not_module", "takes the FSDP2 module"),
+    ("unmanaged", "param '2.weight' (shape (4, 32)) is not managed by an FSDP2 module"),
+    ("freeze0", "freeze_step=0 is not an int >= 1"),
+    ("format", "error_format='int4'"),
+    ("bf16_reduce", "MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)"),
+    ("twice", "already has a custom reduce-scatter"),
+    ("hsdp", "2-D mesh (1, 2) (HSDP"),
+])
+def test_refusals(what, needle, seed):
+    out = result(2, seed)["refusals"]
+    err = out[what]
+    assert err is not None and needle in err, (what, err)
+    if what not in ("not_module", "freeze0", "format"):
+        assert "nothing was changed" in err, err
+    assert out["unmanaged_untouched"] and out["hsdp_untouched"], out
+
+
+def test_dcp_checkpoint_and_worker_errors(seed):
+    out = result(2, seed)["dcp"]
+    # a warm-up checkpoint resumes bit for bit (across the freeze after it)
+    assert out["warmup/steps_after_load/False"] == 2 and out["warmup/equal/False"], out
+    # a compressed-stage one: bit for bit with the per-rank errors loaded;
+    # without them the errors restart at zero and the run departs
+    assert out["compressed/steps_after_load/True"] == 5 and out["compressed/equal/True"], out
+    assert not out["compressed/equal/False"] and out["compressed/diff/False"] > 0, out
+    assert "saved by rank" in out["wrong_rank"] and "nothing was changed" in out["wrong_rank"], out

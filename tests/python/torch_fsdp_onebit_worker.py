@@ -1,0 +1,319 @@
+"""Run by torchrun (tests/python/test_torch_fsdp_onebit.py):
+lowbit.torch.FSDPOneBitAdam, design (b) of docs/ONEBIT_SHARDED.md, on the
+CPU with gloo. Rank 0 prints one line ``RESULT <json>``.
+
+    torchrun --nproc-per-node N torch_fsdp_onebit_worker.py <case>[,<case>...] <seed>
+
+case:
+- ``exact``: a small MLP (two fully_shard groups: one whose shard numel is a
+  multiple of 8, one that is not, so padded) against FSDP2 + lowbit AdamW
+  (bit for bit through the warm-up) and torch AdamW; after the freeze, every
+  compressed reduce-scatter's output against a float64 simulation of its
+  rule with per-group worker error feedback (all ranks' inputs gathered) and
+  against a fresh Communicator's own result (bit for bit), and every shard
+  update against a float64 frozen-variance Adam.
+- ``train``: a short run; the held-out loss against FSDP2 + lowbit AdamW,
+  for each error_format, with the error bytes per element.
+- ``refusals``: what is refused, by name, nothing changed.
+- ``dcp``: the state through torch.distributed.checkpoint (and the per-rank
+  worker errors through error_state()).
+"""
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+import lowbit.torch as lt
+from lowbit.torch import process_group_communicator
+
+LR, WD, BETAS, EPS = 1e-2, 0.01, (0.9, 0.999), 1e-8
+
+
+def mlp(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+
+
+def shard(model, mesh):
+    fully_shard(model[0], mesh=mesh)  # 32x16 + 32: 272 per rank at W = 2 (a multiple of 8)
+    fully_shard(model[2], mesh=mesh)  # 4x32 + 4: 66 at W = 2 (padded to 72)
+    fully_shard(model, mesh=mesh)  # the root: no params of its own
+    return model
+
+
+def batch(seed, rank, step, n=8):
+    g = torch.Generator().manual_seed(seed * 1000 + 17 * rank + step)
+    x = torch.randn(n, 16, generator=g)
+    return x, torch.tanh(x[:, :4] * 2) + 0.1 * torch.randn(n, 4, generator=g)
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def full(model):
+    return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+
+def simulate(inputs, W):
+    """The compressed reduce-scatter's rule (docs/COMMUNICATOR.md 2b), in
+    float64 with each fp32 step rounded to fp32: inputs[t][j] is rank j's
+    (padded) input of call t; returns the full averaged vector of each call
+    (rank r's output is chunk r of it)."""
+    f32 = np.float32
+    n = inputs[0][0].size
+    e = [np.zeros(n, f32) for _ in range(W)]
+    outs = []
+    for call in inputs:
+        acc = np.zeros(n, f32)
+        for j in range(W):
+            x = (call[j].astype(np.float64) + e[j].astype(np.float64)).astype(f32)
+            s = f32(math.sqrt(float(np.sum(x.astype(np.float64) ** 2)) / n))
+            q = np.where(x >= 0, s, -s).astype(f32)
+            e[j] = (x.astype(np.float64) - q.astype(np.float64)).astype(f32)
+            acc = (acc.astype(np.float64) + q.astype(np.float64)).astype(f32)
+        outs.append((acc.astype(np.float64) / W).astype(f32))
+    return outs
+
+
+def case_exact(seed):
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    F, STEPS = 3, 7
+    a = shard(mlp(seed), mesh)
+    b = shard(mlp(seed), mesh)
+    c = mlp(seed)  # torch AdamW on the whole model, gradients averaged by hand
+    opt_a = lt.FSDPOneBitAdam(a, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, freeze_step=F)
+    opt_b = lt.AdamW(b.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    opt_c = torch.optim.AdamW(c.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    for rs in opt_a.reduce_scatters:
+        rs.record = []
+    out = {"warmup_bitwise": [], "warmup_vs_torch": [], "compressed_flags": [], "update_vs_f64": []}
+    for step in range(1, STEPS + 1):
+        x, y = batch(seed, rank, step)
+        out["compressed_flags"].append(opt_a.compressed)
+        before = [(p.to_local().detach().clone(),
+                   opt_a.state[p]["exp_avg"].to_local().clone() if p in opt_a.state else None,
+                   opt_a.state[p]["exp_avg_sq"].to_local().clone() if p in opt_a.state else None)
+                  for p in a.parameters()]
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+        grads = [p.grad.to_local().detach().clone() for p in a.parameters()]
+        opt_a.step()
+        if step <= F:
+            opt_b.step()
+            opt_c.zero_grad()
+            nn.functional.mse_loss(c(x), y).backward()
+            for p in c.parameters():
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+            opt_c.step()
+            out["warmup_bitwise"].append(all(torch.equal(p.to_local(), q.to_local())
+                                             for p, q in zip(a.parameters(), b.parameters())))
+            out["warmup_vs_torch"].append(max(float((u - v.detach()).abs().max())
+                                              for u, v in zip(full(a), c.parameters())))
+        else:
+            # the shard update against a float64 frozen-variance Adam (the
+            # hyper-parameters as the library holds them: fp32 values)
+            b1, b2, lr, wd, eps = (float(np.float32(v)) for v in (*BETAS, LR, WD, EPS))
+            worst = 0.0
+            for p, (x0, m0, v0), g in zip(a.parameters(), before, grads):
+                if x0.numel() == 0:
+                    continue
+                d = lambda t: t.double()  # noqa: E731
+                m = b1 * d(m0) + (1 - b1) * d(g)
+                denom = d(v0).sqrt() / math.sqrt(1 - b2 ** F) + eps
+                ref = d(x0) * (1 - lr * wd) - lr / (1 - b1 ** step) * m / denom
+                got = d(p.to_local().detach())
+                # relative to the update's size
+                worst = max(worst, float((got - ref).abs().max() / (ref - d(x0) * (1 - lr * wd)).abs().max()))
+                assert torch.equal(opt_a.state[p]["exp_avg_sq"].to_local(), v0), "the variance moved after the freeze"
+            out["update_vs_f64"].append(worst)
+    # every compressed reduce-scatter: a float64 simulation, and a fresh communicator's bits
+    sim_worst, replay_equal, calls, padded = 0.0, True, [], []
+    for rs in opt_a.reduce_scatters:
+        rec = rs.record
+        calls.append(len(rec))
+        every = [None] * W
+        dist.all_gather_object(every, [i.numpy() for i, _ in rec])
+        inputs = [[every[j][t] for j in range(W)] for t in range(len(rec))]
+        sims = simulate(inputs, W)
+        n = inputs[0][0].size
+        Sp = n // W
+        S = rec[0][1].numel()
+        padded.append([S, Sp])
+        for (inp, got), sim in zip(rec, sims):
+            want = sim[rank * Sp: rank * Sp + S]
+            sim_worst = max(sim_worst, float(np.max(np.abs(got.numpy() - want)) / np.max(np.abs(want))))
+        fresh = process_group_communicator(rs.process_group)
+        for inp, got in rec:
+            o = np.empty(Sp, np.float32)
+            fresh.compressed_reduce_scatter(inp.numpy().copy(), o)
+            replay_equal &= bool(np.array_equal(o[:S], got.numpy()))
+        fresh.close()
+    out.update(sim_worst=sim_worst, replay_equal=replay_equal, calls=calls, padded=padded,
+               fp32_calls=[rs.fp32_calls for rs in opt_a.reduce_scatters], steps=opt_a.steps_taken(),
+               lowbit_bytes=opt_a.compressed_bytes_sent(),
+               expected_bytes=sum((W - 1) * (4 + (Sp // 8)) * k for (S, Sp), k in zip(padded, calls)))
+    return out
+
+
+def labelled(seed, rank, step, n):
+    """A classification batch: x normal, the label drawn from a fixed random
+    linear teacher's softmax (so the loss has a floor above zero)."""
+    teacher = torch.randn(16, 4, generator=torch.Generator().manual_seed(seed + 5))
+    g = torch.Generator().manual_seed(seed * 1000 + 17 * rank + step)
+    x = torch.randn(n, 16, generator=g)
+    return x, torch.multinomial(torch.softmax(x @ teacher, 1), 1, generator=g).squeeze(1)
+
+
+def train_run(seed, make_opt, steps):
+    """FSDP2 on the MLP, cross-entropy on labelled(); the held-out loss
+    after the first step and the mean of the last 10 evaluations."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    model = shard(mlp(seed), mesh)
+    opt = make_opt(model)
+    hx, hy = labelled(seed, W + 1000, 0, 512)  # held out: a stream no rank trains on
+    losses = []
+    for step in range(1, steps + 1):
+        x, y = labelled(seed, rank, step, 32)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        with torch.no_grad():
+            if step == 1:
+                first = float(nn.functional.cross_entropy(model(hx), hy))
+            if step > steps - 10:
+                losses.append(float(nn.functional.cross_entropy(model(hx), hy)))
+    return {"first": first, "final": sum(losses) / len(losses)}, opt
+
+
+def case_train(seed):
+    steps, warmup = 150, 20
+    W = dist.get_world_size()
+    out = {"ref": train_run(seed, lambda m: lt.AdamW(m.parameters(), lr=LR, weight_decay=WD), steps)[0]}
+    for fmt in ("fp32", "bf16", "int8"):
+        r, opt = train_run(seed, lambda m: lt.FSDPOneBitAdam(m, lr=LR, weight_decay=WD, freeze_step=warmup,
+                                                             error_format=fmt), steps)
+        n = sum(rs.comm.error_numel()[0] for rs in opt.reduce_scatters)
+        r.update(error_bytes=opt.error_bytes(), input_numel=n,
+                 blob_bytes=[len(rs.comm.save_errors()) for rs in opt.reduce_scatters],
+                 compressed_bytes=opt.compressed_bytes_sent(), compressed=opt.compressed,
+                 calls=[rs.compressed_calls for rs in opt.reduce_scatters],
+                 expected_bytes=sum((W - 1) * (4 + rs.comm.error_numel()[1] // 8) * rs.compressed_calls
+                                    for rs in opt.reduce_scatters))
+        out[fmt] = r
+    return out
+
+
+def case_refusals(seed):
+    W = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    out = {}
+    good = lambda: shard(mlp(seed), mesh)  # noqa: E731
+    out["not_fsdp"] = error_of(lambda: lt.FSDPOneBitAdam(mlp(seed), freeze_step=2))
+    out["not_module"] = error_of(lambda: lt.FSDPOneBitAdam(list(good().parameters()), freeze_step=2))
+    part = mlp(seed)
+    fully_shard(part[0], mesh=mesh)
+    out["unmanaged"] = error_of(lambda: lt.FSDPOneBitAdam(part, freeze_step=2))
+    out["unmanaged_untouched"] = isinstance(part[0]._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm,
+                                            DefaultReduceScatter)
+    out["freeze0"] = error_of(lambda: lt.FSDPOneBitAdam(good(), freeze_step=0))
+    out["format"] = error_of(lambda: lt.FSDPOneBitAdam(good(), freeze_step=2, error_format="int4"))
+    bf = mlp(seed)
+    for m in (bf[0], bf[2], bf):
+        fully_shard(m, mesh=mesh, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
+    out["bf16_reduce"] = error_of(lambda: lt.FSDPOneBitAdam(bf, freeze_step=2))
+    twice = good()
+    lt.FSDPOneBitAdam(twice, freeze_step=2)
+    out["twice"] = error_of(lambda: lt.FSDPOneBitAdam(twice, freeze_step=2))
+    if W % 2 == 0:
+        hmesh = init_device_mesh("cpu", (W // 2, 2), mesh_dim_names=("rep", "shard"))
+        h = mlp(seed)
+        for m in (h[0], h[2], h):
+            fully_shard(m, mesh=hmesh)
+        out["hsdp"] = error_of(lambda: lt.FSDPOneBitAdam(h, freeze_step=2))
+        out["hsdp_untouched"] = isinstance(h[0]._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm,
+                                           DefaultReduceScatter)
+    return out
+
+
+def case_dcp(seed):
+    import torch.distributed.checkpoint as dcp
+
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    F, SAVE, MORE = 3, 5, 3
+
+    def make():
+        m = shard(mlp(seed), mesh)
+        return m, lt.FSDPOneBitAdam(m, lr=LR, weight_decay=WD, freeze_step=F)
+
+    def train(m, o, first, last):
+        for step in range(first, last + 1):
+            x, y = batch(seed, rank, step)
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+
+    path = [tempfile.mkdtemp(prefix="lowbit_fsdp_onebit_") if rank == 0 else None]
+    dist.broadcast_object_list(path, 0)
+    out = {}
+    for tag, save_at in (("warmup", F - 1), ("compressed", SAVE)):
+        m, o = make()
+        train(m, o, 1, save_at)
+        ckpt = os.path.join(path[0], tag)
+        dcp.save({"model": m.state_dict(), "optim": o.state_dict()}, checkpoint_id=ckpt)
+        errors = o.error_state()
+        train(m, o, save_at + 1, save_at + MORE)
+        want = full(m)
+        for with_errors in (True, False):
+            m2, o2 = make()
+            sd = {"model": m2.state_dict(), "optim": o2.state_dict()}  # a fresh optimizer's: the template
+            dcp.load(sd, checkpoint_id=ckpt)
+            m2.load_state_dict(sd["model"])
+            o2.load_state_dict(sd["optim"])
+            if with_errors:
+                o2.load_error_state(errors)
+            out[f"{tag}/steps_after_load/{with_errors}"] = o2.steps_taken()
+            train(m2, o2, save_at + 1, save_at + MORE)
+            got = full(m2)
+            out[f"{tag}/equal/{with_errors}"] = all(torch.equal(u, v) for u, v in zip(want, got))
+            out[f"{tag}/diff/{with_errors}"] = max(float((u - v).abs().max()) for u, v in zip(want, got))
+    errors = o.error_state()
+    errors["rank"] = 1 - rank if W == 2 else errors["rank"] + 1
+    out["wrong_rank"] = error_of(lambda: o.load_error_state(errors))
+    return out
+
+
+def main():
+    cases, seed = sys.argv[1].split(","), int(sys.argv[2])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    torch.set_num_threads(1)
+    run = {"exact": case_exact, "train": case_train, "refusals": case_refusals, "dcp": case_dcp}
+    out = {case: run[case](seed) for case in cases}
+    out["world_size"] = dist.get_world_size()
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    sys.stdout.flush()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
