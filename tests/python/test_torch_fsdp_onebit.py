@@ -13,9 +13,10 @@ a frozen variance), under torchrun on the CPU with gloo, 2 ranks
   every error_format; the error bytes per element (4, 2, about 1 + 1/64, plus
   the server error the communicator allocates, 1/W of that).
 - Refusals by name, nothing installed; DCP save / load at 2 ranks, the
-  errors restarting at zero unless error_state() is loaded.
+  errors restarting at zero unless error_state() is loaded; resharded from
+  2 to 3 ranks (marked exhaustive: two more launches, about 20 s).
 
-One launch of 2 ranks, about 25 s on 2 cores."""
+One launch of 2 ranks, about 20 s on 2 cores."""
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,17 @@ def test_dcp_checkpoint_and_worker_errors(seed):
     assert out["compressed/steps_after_load/True"] == 5 and out["compressed/equal/True"], out
     assert not out["compressed/equal/False"] and out["compressed/diff/False"] > 0, out
     assert "saved by rank" in out["wrong_rank"] and "nothing was changed" in out["wrong_rank"], out
+
+
+@pytest.mark.exhaustive
+def test_dcp_reshard_from_2_to_3_ranks(seed, tmp_path):
+    """A checkpoint after the freeze, saved at 2 ranks, loaded at 3: the
+    params and moments equal what was saved; the worker errors start at zero
+    (the per-group error blobs are per rank and layout: none carried); the
+    3-rank layout (shards padded 187 -> 192 and 66 -> 72) trains on."""
+    env = {"LOWBIT_FSDP_ONEBIT_DIR": str(tmp_path)}
+    assert launch(WORKER, 2, "reshard_save", seed, TIMEOUT, env=env)["reshard_save"]["steps"] == 5
+    out = launch(WORKER, 3, "reshard_load", seed, TIMEOUT, env=env)["reshard_load"]
+    assert out["equal"] and out["steps"] == 5 and out["compressed"], out
+    assert out["errors_before"] == [[0, 0], [0, 0]], out
+    assert out["steps_after"] == 7 and out["finite"] and out["padded"] == [[187, 192], [66, 72]], out

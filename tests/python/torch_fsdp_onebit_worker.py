@@ -17,6 +17,8 @@ case:
 - ``refusals``: what is refused, by name, nothing changed.
 - ``dcp``: the state through torch.distributed.checkpoint (and the per-rank
   worker errors through error_state()).
+- ``reshard_save`` (2 ranks) then ``reshard_load`` (3 ranks): a checkpoint
+  after the freeze resharded from 2 to 3 ranks ($LOWBIT_FSDP_ONEBIT_DIR).
 """
 import datetime
 import json
@@ -301,11 +303,75 @@ def case_dcp(seed):
     return out
 
 
+def _reshard_parts(seed):
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    m = shard(mlp(seed), mesh)
+    o = lt.FSDPOneBitAdam(m, lr=LR, weight_decay=WD, freeze_step=3)
+
+    def train(first, last):
+        for step in range(first, last + 1):
+            x, y = batch(seed, rank, step)
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+    return m, o, train
+
+
+def _full_state(m, o):
+    """Every param and moment as a full tensor (collective)."""
+    out = full(m)
+    for p in m.parameters():
+        out += [o.state[p][k].full_tensor().clone() for k in ("exp_avg", "exp_avg_sq")]
+    return out
+
+
+def case_reshard_save(seed):
+    """2 ranks: 5 steps (freeze 3), then a DCP checkpoint in
+    $LOWBIT_FSDP_ONEBIT_DIR, and the full tensors beside it (rank 0)."""
+    import torch.distributed.checkpoint as dcp
+
+    where = os.environ["LOWBIT_FSDP_ONEBIT_DIR"]
+    m, o, train = _reshard_parts(seed)
+    train(1, 5)
+    dcp.save({"model": m.state_dict(), "optim": o.state_dict()}, checkpoint_id=os.path.join(where, "ckpt"))
+    tensors = _full_state(m, o)
+    if dist.get_rank() == 0:
+        torch.save(tensors, os.path.join(where, "full.pt"))
+    return {"steps": o.steps_taken()}
+
+
+def case_reshard_load(seed):
+    """3 ranks: the 2-rank checkpoint loaded (the shards re-cut by DCP),
+    equal to the saved full tensors; the worker errors start at zero (none
+    allocated before the first compressed call); two more steps run on the
+    3-rank layout (shards padded 187 -> 192 and 66 -> 72)."""
+    import torch.distributed.checkpoint as dcp
+
+    where = os.environ["LOWBIT_FSDP_ONEBIT_DIR"]
+    m, o, train = _reshard_parts(seed)
+    sd = {"model": m.state_dict(), "optim": o.state_dict()}
+    dcp.load(sd, checkpoint_id=os.path.join(where, "ckpt"))
+    m.load_state_dict(sd["model"])
+    o.load_state_dict(sd["optim"])
+    saved = torch.load(os.path.join(where, "full.pt"))
+    got = _full_state(m, o)
+    out = {"equal": all(torch.equal(a, b) for a, b in zip(saved, got)), "steps": o.steps_taken(),
+           "compressed": o.compressed, "errors_before": [list(rs.comm.error_numel()) for rs in o.reduce_scatters]}
+    for rs in o.reduce_scatters:
+        rs.record = []
+    train(6, 7)
+    out.update(steps_after=o.steps_taken(), finite=all(bool(torch.isfinite(t).all()) for t in full(m)),
+               padded=[[rs.record[0][1].numel(), rs.record[0][0].numel() // 3] for rs in o.reduce_scatters])
+    return out
+
+
 def main():
     cases, seed = sys.argv[1].split(","), int(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
-    run = {"exact": case_exact, "train": case_train, "refusals": case_refusals, "dcp": case_dcp}
+    run = {"exact": case_exact, "train": case_train, "refusals": case_refusals, "dcp": case_dcp,
+           "reshard_save": case_reshard_save, "reshard_load": case_reshard_load}
     out = {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()
     if dist.get_rank() == 0:

@@ -279,6 +279,11 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
                 self._freeze()
             return loss
         t = self._schedule.steps + 1
+        for group in self.param_groups:  # checked before anything moves: a refused step changes nothing
+            for p in group["params"]:
+                if p.grad is None and p.to_local().numel():
+                    raise ValueError(f"FSDPOneBitAdam: a param (shape {tuple(p.shape)}) has no gradient at step "
+                                     f"{t}; after the freeze every param needs one; nothing was changed")
         for group in self.param_groups:
             b1, b2 = group["betas"]
             lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
@@ -293,9 +298,6 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
                 if x.numel() == 0:
                     st["step"] += 1
                     continue
-                if p.grad is None:
-                    raise ValueError(f"FSDPOneBitAdam: a param (shape {tuple(p.shape)}) has no gradient at step "
-                                     f"{t}; every param needs one after the freeze")
                 g = p.grad.to_local()
                 m, v = st["exp_avg"].to_local(), st["exp_avg_sq"].to_local()
                 m.mul_(float(b1f)).add_(g * one_minus_b1)
