@@ -12,6 +12,7 @@ a frozen variance), under torchrun on the CPU with gloo, 2 ranks
 - A short run: the loss falls and ends within 5% of FSDP2 + lowbit AdamW for
   every error_format; the error bytes per element (4, 2, about 1 + 1/64, plus
   the server error the communicator allocates, 1/W of that).
+- A NaN after the freeze: the step skipped on every rank, nothing changed.
 - Refusals by name, nothing installed; DCP save / load at 2 ranks, the
   errors restarting at zero unless error_state() is loaded; resharded from
   2 to 3 ranks (marked exhaustive: two more launches, about 20 s).
@@ -35,7 +36,7 @@ from torchrun_launch import launch  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_fsdp_onebit_worker.py")
 TIMEOUT = 240
-CASES = "exact,train,refusals,dcp"
+CASES = "exact,train,refusals,nonfinite,dcp"
 _runs = {}
 
 
@@ -131,3 +132,11 @@ def test_dcp_reshard_from_2_to_3_ranks(seed, tmp_path):
     assert out["equal"] and out["steps"] == 5 and out["compressed"], out
     assert out["errors_before"] == [[0, 0], [0, 0]], out
     assert out["steps_after"] == 7 and out["finite"] and out["padded"] == [[187, 192], [66, 72]], out
+
+
+def test_nonfinite_gradient_after_the_freeze_skips_the_step_on_every_rank(seed):
+    out = result(2, seed)["nonfinite"]
+    # freeze 2; the NaN is in step 4's batch of the last rank
+    assert out["skipped"] == [False, False, False, True, False, False, False], out
+    assert out["steps"] == [1, 2, 3, 3, 4, 5, 6], out
+    assert out["equal"], out  # nothing changed: bit for bit the twin that skipped that batch

@@ -15,6 +15,7 @@ case:
 - ``train``: a short run; the held-out loss against FSDP2 + lowbit AdamW,
   for each error_format, with the error bytes per element.
 - ``refusals``: what is refused, by name, nothing changed.
+- ``nonfinite``: a NaN after the freeze skips the step on every rank.
 - ``dcp``: the state through torch.distributed.checkpoint (and the per-rank
   worker errors through error_state()).
 - ``reshard_save`` (2 ranks) then ``reshard_load`` (3 ranks): a checkpoint
@@ -223,6 +224,35 @@ def case_train(seed):
     return out
 
 
+def case_nonfinite(seed):
+    """After the freeze, a NaN in rank 1's batch: the compressed
+    reduce-scatters refuse it on every rank, the step is skipped everywhere
+    (params, moments, worker errors, schedule unchanged), and training goes
+    on: bit for bit a twin that never saw that batch."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    models = [shard(mlp(seed), mesh) for _ in range(2)]
+    opts = [lt.FSDPOneBitAdam(m, lr=LR, weight_decay=WD, freeze_step=2) for m in models]
+    out = {"skipped": [], "steps": []}
+    for step in range(1, 8):
+        for k, (m, o) in enumerate(zip(models, opts)):
+            x, y = batch(seed, rank, step)
+            if step == 4:
+                if k == 1:
+                    continue  # the twin never sees it
+                if rank == W - 1:
+                    x = x.clone()
+                    x[0, 0] = float("nan")
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+            if k == 0:
+                out["skipped"].append(o.last_step_skipped)
+                out["steps"].append(o.steps_taken())
+    out["equal"] = all(torch.equal(a, b) for a, b in zip(full(models[0]), full(models[1])))
+    return out
+
+
 def case_refusals(seed):
     W = dist.get_world_size()
     mesh = init_device_mesh("cpu", (W,))
@@ -371,6 +401,7 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     run = {"exact": case_exact, "train": case_train, "refusals": case_refusals, "dcp": case_dcp,
+           "nonfinite": case_nonfinite,
            "reshard_save": case_reshard_save, "reshard_load": case_reshard_load}
     out = {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._errors import NonFiniteError
 from ._adam import AdamW
 from ._dist import process_group_communicator
 from ._tensors import _is_dtensor
@@ -47,6 +48,7 @@ class _Schedule:
     def __init__(self, freeze_step: int):
         self.freeze_step = freeze_step
         self.steps = 0
+        self.nonfinite = False  # a compressed reduce-scatter of this backward refused a NaN / Inf
 
     @property
     def compressed(self) -> bool:
@@ -111,7 +113,15 @@ def _make_reduce_scatter_class():
             src = src.contiguous().view(-1)
             off, c = self.comm.reduce_scatter_chunk(src.numel())
             assert c == Sp and off == group.rank() * Sp, (off, c, Sp)
-            self.comm.compressed_reduce_scatter(src.numpy(), dst.numpy())
+            try:
+                self.comm.compressed_reduce_scatter(src.numpy(), dst.numpy())
+            except NonFiniteError:
+                # refused on every rank alike (the communicator's agreement),
+                # nothing changed, its errors included: the step is skipped.
+                # Raising here would leave FSDP2's backward half done.
+                output_tensor.detach().fill_(float("nan"))
+                self.schedule.nonfinite = True
+                return None
             if dst is not output_tensor.detach():
                 output_tensor.detach().copy_(dst[:S])
             self.compressed_calls += 1
@@ -240,6 +250,7 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         self.freeze_step = freeze_step
         self.error_format = error_format
         self._schedule = _Schedule(freeze_step)
+        self._skipped = False
         cls = _make_reduce_scatter_class()
         self.reduce_scatters = []
         for name, m, pg in found:
@@ -257,7 +268,15 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         return self._schedule.compressed
 
     def steps_taken(self) -> int:
+        """Steps applied (skipped ones do not count)."""
         return self._schedule.steps
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last step was skipped, on every rank: a non-finite
+        gradient (the warm-up AdamW's skip_nonfinite, or the compressed
+        reduce-scatter's refusal of a NaN / Inf input on any rank)."""
+        return self._skipped
 
     def _sync_groups(self):
         for mine, theirs in zip(self.param_groups, self._adamw.param_groups):
@@ -273,10 +292,18 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         if self._adamw is not None:
             self._sync_groups()
             self._adamw.step()
-            if not self._adamw.last_step_skipped:
+            self._skipped = bool(self._adamw.last_step_skipped)
+            if not self._skipped:
                 self._schedule.steps += 1
             if self._schedule.steps == self.freeze_step:
                 self._freeze()
+            return loss
+        self._skipped = False
+        if self._schedule.nonfinite:
+            # a non-finite gradient on some rank: the reduce-scatter refused
+            # it on every rank; skipped everywhere, the schedule not advanced
+            self._schedule.nonfinite = False
+            self._skipped = True
             return loss
         t = self._schedule.steps + 1
         for group in self.param_groups:  # checked before anything moves: a refused step changes nothing
