@@ -12,6 +12,7 @@ a frozen variance), under torchrun on the CPU with gloo, 2 ranks
 - A short run: the loss falls and ends within 5% of FSDP2 + lowbit AdamW for
   every error_format; the error bytes per element (4, 2, about 1 + 1/64, plus
   the server error the communicator allocates, 1/W of that).
+- Param groups and an lr scheduler (read at every step, in both stages).
 - A NaN after the freeze: the step skipped on every rank, nothing changed.
 - Refusals by name, nothing installed; DCP save / load at 2 ranks, the
   errors restarting at zero unless error_state() is loaded; resharded from
@@ -36,7 +37,7 @@ from torchrun_launch import launch  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_fsdp_onebit_worker.py")
 TIMEOUT = 240
-CASES = "exact,train,refusals,nonfinite,dcp"
+CASES = "exact,train,refusals,nonfinite,groups,dcp"
 _runs = {}
 
 
@@ -140,3 +141,10 @@ def test_nonfinite_gradient_after_the_freeze_skips_the_step_on_every_rank(seed):
     assert out["skipped"] == [False, False, False, True, False, False, False], out
     assert out["steps"] == [1, 2, 3, 3, 4, 5, 6], out
     assert out["equal"], out  # nothing changed: bit for bit the twin that skipped that batch
+
+
+def test_param_groups_and_an_lr_scheduler(seed):
+    out = result(2, seed)["groups"]
+    assert out["wd"] == [0.01, 0.0], out
+    assert out["warmup_bitwise"] == [True] * 3, out  # FSDP2 + lowbit AdamW with the same groups and schedule
+    assert out["bias_still"] == [True] * 3 and out["weight_moved"] == [True] * 3, out  # lr 0 after the freeze

@@ -16,6 +16,7 @@ case:
   for each error_format, with the error bytes per element.
 - ``refusals``: what is refused, by name, nothing changed.
 - ``nonfinite``: a NaN after the freeze skips the step on every rank.
+- ``groups``: param groups and an lr scheduler.
 - ``dcp``: the state through torch.distributed.checkpoint (and the per-rank
   worker errors through error_state()).
 - ``reshard_save`` (2 ranks) then ``reshard_load`` (3 ranks): a checkpoint
@@ -253,6 +254,49 @@ def case_nonfinite(seed):
     return out
 
 
+def case_groups(seed):
+    """Two param groups (weights with decay, biases without) and an lr
+    scheduler: the warm-up is bit for bit FSDP2 + lowbit AdamW with the same
+    groups and scheduler; after the freeze the scheduler sets the biases' lr
+    to 0 and they stay put while the weights move."""
+    rank, W = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (W,))
+    F = 3
+
+    def groups(m):
+        return ({"params": (p for n, p in m.named_parameters() if n.endswith("weight"))},
+                {"params": [p for n, p in m.named_parameters() if n.endswith("bias")], "weight_decay": 0.0})
+
+    def lam_w(s):
+        return 1.0 / (1 + s)
+
+    def lam_b(s):
+        return 1.0 / (1 + s) if s < F else 0.0
+
+    a, b = shard(mlp(seed), mesh), shard(mlp(seed), mesh)
+    oa = lt.FSDPOneBitAdam(a, lr=LR, weight_decay=WD, freeze_step=F, params=groups(a))
+    ob = lt.AdamW(groups(b), lr=LR, weight_decay=WD)
+    sa = torch.optim.lr_scheduler.LambdaLR(oa, [lam_w, lam_b])
+    sb = torch.optim.lr_scheduler.LambdaLR(ob, [lam_w, lam_b])
+    out = {"warmup_bitwise": [], "bias_still": [], "weight_moved": []}
+    for step in range(1, 7):
+        x, y = batch(seed, rank, step)
+        before = full(a)
+        for m, o, s in ((a, oa, sa), (b, ob, sb)):
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+            s.step()
+        after = full(a)
+        if step <= F:
+            out["warmup_bitwise"].append(all(torch.equal(p, q) for p, q in zip(after, full(b))))
+        else:
+            out["bias_still"].append(all(torch.equal(u, v) for u, v in zip(before[1::2], after[1::2])))
+            out["weight_moved"].append(all(not torch.equal(u, v) for u, v in zip(before[0::2], after[0::2])))
+    out["wd"] = [g["weight_decay"] for g in oa.param_groups]
+    return out
+
+
 def case_refusals(seed):
     W = dist.get_world_size()
     mesh = init_device_mesh("cpu", (W,))
@@ -401,7 +445,7 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     run = {"exact": case_exact, "train": case_train, "refusals": case_refusals, "dcp": case_dcp,
-           "nonfinite": case_nonfinite,
+           "nonfinite": case_nonfinite, "groups": case_groups,
            "reshard_save": case_reshard_save, "reshard_load": case_reshard_load}
     out = {case: run[case](seed) for case in cases}
     out["world_size"] = dist.get_world_size()

@@ -235,16 +235,22 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         found = _fsdp_groups(module)
         managed = {id(fp.sharded_param) for _, _, pg in found for fp in pg.fsdp_params}
         named = dict((id(p), n) for n, p in module.named_parameters())
-        chosen = list(module.parameters()) if params is None else params
-        flat = []
-        for g in (chosen if chosen and isinstance(chosen[0], dict) else [{"params": chosen}]):
-            flat += list(g["params"]) if not isinstance(g["params"], torch.Tensor) else [g["params"]]
+        chosen = list(module.parameters() if params is None else params)
+        if chosen and isinstance(chosen[0], dict):
+            chosen = [dict(g, params=[g["params"]] if isinstance(g["params"], torch.Tensor) else list(g["params"]))
+                      for g in chosen]
+            flat = [p for g in chosen for p in g["params"]]
+        else:
+            flat = chosen
         for p in flat:
             if id(p) not in managed:
                 raise ValueError(f"FSDPOneBitAdam: param {named.get(id(p), '(not in the module)')!r} "
                                  f"(shape {tuple(p.shape)}) is not managed by an FSDP2 module of the module "
                                  f"given: its gradient would not be reduced; nothing was changed")
-        self._adamw = AdamW(chosen, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kwargs)
+        # the AdamW gets copies of the groups (torch's add_param_group fills
+        # and keeps the dicts it is given); _sync_groups copies the
+        # hyper-parameters over at every warm-up step
+        self._adamw = AdamW([dict(g) for g in chosen] if chosen and isinstance(chosen[0], dict) else chosen, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kwargs)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(chosen, defaults)
         self.freeze_step = freeze_step
