@@ -148,3 +148,18 @@ def test_param_groups_and_an_lr_scheduler(seed):
     assert out["wd"] == [0.01, 0.0], out
     assert out["warmup_bitwise"] == [True] * 3, out  # FSDP2 + lowbit AdamW with the same groups and schedule
     assert out["bias_still"] == [True] * 3 and out["weight_moved"] == [True] * 3, out  # lr 0 after the freeze
+
+
+@pytest.mark.exhaustive
+def test_three_ranks_padding_and_an_empty_shard(seed):
+    """3 ranks: the first group's shards (187 elements) padded to 192, the
+    second's to 72, with rank 2 holding no rows of the 4 x 32 weight (its
+    shard is FSDP2's padding only): the warm-up, the reduce-scatter against
+    its float64 simulation and the NaN skip, as at 2 ranks."""
+    out = launch(WORKER, 3, "exact,nonfinite", seed, TIMEOUT)
+    ex, nf = out["exact"], out["nonfinite"]
+    assert ex["padded"] == [[187, 192], [66, 72]], ex
+    assert ex["warmup_bitwise"] == [True] * 3 and max(ex["warmup_vs_torch"]) < 1e-6, ex
+    assert ex["sim_worst"] == 0.0 and ex["replay_equal"] and ex["lowbit_bytes"] == ex["expected_bytes"], ex
+    assert max(ex["update_vs_f64"]) < 1e-5, ex
+    assert nf["skipped"][3] and nf["steps"] == [1, 2, 3, 3, 4, 5, 6] and nf["equal"], nf
