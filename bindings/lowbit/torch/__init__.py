@@ -58,6 +58,14 @@ clipping by global norm and GradScaler cannot work in this mode.
 ``lowbit.jax`` has no backward hooks (JAX computes gradients as values, not
 by callbacks): step after ``jax.grad`` as usual.
 
+1-bit Adam under FSDP2: ``lowbit.torch.FSDPOneBitAdam(model, lr=...,
+freeze_step=..., error_format="int8")`` takes the model after ``fully_shard``
+and installs a reduce-scatter on each of its FSDP2 modules: torch's fp32 one
+during the warm-up (the step: lowbit AdamW on the shards), then lowbit's
+1-bit compressed reduce-scatter with worker error feedback (the step: 1-bit
+Adam's frozen-variance rule on the shards). CPU / gloo, fp32, a 1-D mesh
+(docs/ONEBIT_SHARDED.md section 5).
+
 Offloaded state: ``lowbit.torch.CPUOffload(AdamW, params, state="8bit", ...)``
 keeps the params on their device and the state in host memory beside a host
 copy of each param; each gradient is copied to the host as it is accumulated
