@@ -104,7 +104,8 @@ def _make_reduce_scatter_class():
             if S * W != n or output_tensor.numel() != S:
                 raise ValueError(f"{what}: input numel {n} is not {W} x output numel {output_tensor.numel()}")
             Sp = -(-S // 8) * 8
-            if Sp == S:
+            padded = Sp != S
+            if not padded:
                 src, dst = input_tensor.detach(), output_tensor.detach()
             else:
                 src = torch.zeros(W, Sp, dtype=torch.float32)
@@ -122,7 +123,7 @@ def _make_reduce_scatter_class():
                 output_tensor.detach().fill_(float("nan"))
                 self.schedule.nonfinite = True
                 return None
-            if dst is not output_tensor.detach():
+            if padded:
                 output_tensor.detach().copy_(dst[:S])
             self.compressed_calls += 1
             if self.record is not None:
