@@ -251,7 +251,8 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         # the AdamW gets copies of the groups (torch's add_param_group fills
         # and keeps the dicts it is given); _sync_groups copies the
         # hyper-parameters over at every warm-up step
-        self._adamw = AdamW([dict(g) for g in chosen] if chosen and isinstance(chosen[0], dict) else chosen, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kwargs)
+        copies = [dict(g) for g in chosen] if chosen and isinstance(chosen[0], dict) else chosen
+        self._adamw = AdamW(copies, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kwargs)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(chosen, defaults)
         self.freeze_step = freeze_step
