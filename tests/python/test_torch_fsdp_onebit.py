@@ -148,6 +148,9 @@ def test_param_groups_and_an_lr_scheduler(seed):
     assert out["wd"] == [0.01, 0.0], out
     assert out["warmup_bitwise"] == [True] * 3, out  # FSDP2 + lowbit AdamW with the same groups and schedule
     assert out["bias_still"] == [True] * 3 and out["weight_moved"] == [True] * 3, out  # lr 0 after the freeze
+    # bias_correction=False in both stages
+    assert out["nobc_warmup_bitwise"] == [True] * 3, out
+    assert len(out["nobc_update_vs_f64"]) == 2 and max(out["nobc_update_vs_f64"]) < 1e-5, out
 
 
 @pytest.mark.exhaustive

@@ -294,6 +294,37 @@ def case_groups(seed):
             out["bias_still"].append(all(torch.equal(u, v) for u, v in zip(before[1::2], after[1::2])))
             out["weight_moved"].append(all(not torch.equal(u, v) for u, v in zip(before[0::2], after[0::2])))
     out["wd"] = [g["weight_decay"] for g in oa.param_groups]
+    # bias_correction=False: the warm-up as lowbit AdamW's, then lr m / (sqrt(v) + eps)
+    c, d = shard(mlp(seed), mesh), shard(mlp(seed), mesh)
+    oc = lt.FSDPOneBitAdam(c, lr=LR, weight_decay=WD, freeze_step=F, bias_correction=False)
+    od = lt.AdamW(d.parameters(), lr=LR, weight_decay=WD, bias_correction=False)
+    out["nobc_warmup_bitwise"], out["nobc_update_vs_f64"] = [], []
+    b1, lr, wd, eps = (float(np.float32(v)) for v in (BETAS[0], LR, WD, EPS))
+    for step in range(1, F + 3):
+        x, y = batch(seed, rank, step)
+        before = [(p.to_local().detach().clone(), oc.state[p]["exp_avg"].to_local().clone(),
+                   oc.state[p]["exp_avg_sq"].to_local().clone()) if p in oc.state else None for p in c.parameters()]
+        for m, o in ((c, oc), (d, od)):
+            if step > F and o is od:
+                continue
+            o.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            if o is oc:
+                grads = [p.grad.to_local().detach().clone() for p in c.parameters()]
+            o.step()
+        if step <= F:
+            out["nobc_warmup_bitwise"].append(all(torch.equal(p.to_local(), q.to_local())
+                                                  for p, q in zip(c.parameters(), d.parameters())))
+            continue
+        worst = 0.0
+        for p, prev, g in zip(c.parameters(), before, grads):
+            x0, m0, v0 = (t.double() for t in prev)
+            if x0.numel() == 0:
+                continue
+            ref = x0 * (1 - lr * wd) - lr * (b1 * m0 + (1 - b1) * g.double()) / (v0.sqrt() + eps)
+            upd = (ref - x0 * (1 - lr * wd)).abs().max()
+            worst = max(worst, float((p.to_local().detach().double() - ref).abs().max() / upd))
+        out["nobc_update_vs_f64"].append(worst)
     return out
 
 

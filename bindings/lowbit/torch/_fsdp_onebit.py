@@ -24,6 +24,7 @@ from ._dist import process_group_communicator
 from ._tensors import _is_dtensor
 
 _ERROR_FORMATS = ("fp32", "bf16", "int8")
+_HYPER = ("lr", "betas", "eps", "weight_decay", "bias_correction")  # read from the param groups at every step
 
 
 def _fsdp2():
@@ -211,7 +212,8 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
       on every rank), and the step is 1-bit Adam's compressed-stage rule
       (docs/ALGORITHMS.md 3.1) with the exchange left out, since FSDP2 has
       averaged already: ``m = b1 m + (1 - b1) g``, ``p = p (1 - lr wd) -
-      (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^freeze_step) + eps)``, in
+      (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^freeze_step) + eps)``
+      (``bias_correction=False``: ``lr m / (sqrt(v) + eps)``), in
       fp32 in the library's order, written in torch (the C 1-bit Adam's step
       includes its exchange).
 
@@ -225,7 +227,7 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
     per rank on the same layout)."""
 
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, freeze_step=100,
-                 error_format="fp32", params=None, **adamw_kwargs):
+                 error_format="fp32", params=None, bias_correction=True, **adamw_kwargs):
         if isinstance(freeze_step, bool) or not isinstance(freeze_step, int) or freeze_step < 1:
             raise ValueError(f"FSDPOneBitAdam: freeze_step={freeze_step!r} is not an int >= 1 (the warm-up "
                              f"steps, whose fp32 variance is then frozen)")
@@ -252,8 +254,9 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         # and keeps the dicts it is given); _sync_groups copies the
         # hyper-parameters over at every warm-up step
         copies = [dict(g) for g in chosen] if chosen and isinstance(chosen[0], dict) else chosen
-        self._adamw = AdamW(copies, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kwargs)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self._adamw = AdamW(copies, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            bias_correction=bias_correction, **adamw_kwargs)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         super().__init__(chosen, defaults)
         self.freeze_step = freeze_step
         self.error_format = error_format
@@ -288,7 +291,7 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
 
     def _sync_groups(self):
         for mine, theirs in zip(self.param_groups, self._adamw.param_groups):
-            for k in ("lr", "betas", "eps", "weight_decay"):
+            for k in _HYPER:
                 theirs[k] = mine[k]
 
     @torch.no_grad()
@@ -322,11 +325,15 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
         for group in self.param_groups:
             b1, b2 = group["betas"]
             lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            bc = bool(group.get("bias_correction", True))
             b1f = np.float32(b1)
             one_minus_b1 = float(np.float32(1.0) - b1f)
             decay = _f32(1.0 - float(np.float64(np.float32(lr))) * float(np.float64(np.float32(wd))))
-            step_size = _f32(float(np.float32(lr)) / (1.0 - float(np.float64(b1f)) ** t))
-            inv_bc2 = _f32(1.0 / math.sqrt(1.0 - float(np.float64(np.float32(b2))) ** self.freeze_step))
+            # make_frozen_scalars (core/step_scalars.hpp): without bias
+            # correction step_size = lr and no variance correction
+            step_size = _f32(float(np.float32(lr)) / (1.0 - float(np.float64(b1f)) ** t)) if bc else _f32(lr)
+            inv_bc2 = (_f32(1.0 / math.sqrt(1.0 - float(np.float64(np.float32(b2))) ** self.freeze_step))
+                       if bc else 1.0)
             for p in group["params"]:
                 st = self.state[p]
                 x = p.to_local()
@@ -410,8 +417,9 @@ class FSDPOneBitAdam(torch.optim.Optimizer):
             if t > 0:
                 self._adamw.load_state_dict({"state": state_dict["state"], "param_groups": saved})
             for mine, theirs in zip(self.param_groups, saved):
-                for k in ("lr", "betas", "eps", "weight_decay"):
-                    mine[k] = theirs[k]
+                for k in _HYPER:
+                    if k in theirs:
+                        mine[k] = theirs[k]
             self._schedule.steps = t
             self._reset_errors()
             return
