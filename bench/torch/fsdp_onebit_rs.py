@@ -17,6 +17,8 @@ and the root), the same init, data and schedule for every row:
   1-bit RS + AdamW           compressed gradients, the variance still updated
   1-bit RS + frozen-v Adam   design (b)
   1-bit RS, no feedback      design (b) with the worker error reset before every call
+  FSDPOneBitAdam             design (b) as shipped (lowbit.torch.FSDPOneBitAdam, --product):
+                             lowbit AdamW in the warm-up, then the frozen-variance step
 
 Printed (rank 0): the loss on a held-out batch at the end (mean of the last 10
 evaluations), its ratio to the reference, and the reduce-scatter bytes this
@@ -45,7 +47,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
-from lowbit.torch import process_group_communicator
+from lowbit.torch import FSDPOneBitAdam, process_group_communicator
 
 VOCAB, D, LAYERS, SEQ, BATCH = 64, 64, 2, 32, 16
 
@@ -160,7 +162,8 @@ def sample(probs, n, g):
     return out
 
 
-def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True, error_format=None) -> dict:
+def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True, error_format=None,
+        product: bool = False) -> dict:
     rank, W = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (W,))
     torch.manual_seed(args.seed)
@@ -173,13 +176,18 @@ def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True, error_fo
     fully_shard(model, mesh=mesh)
     gathers = []
     for module in list(model.layers) + [model]:
-        comm = LowbitReduceScatter(phase, error_format)
-        module.set_custom_reduce_scatter(comm)
-        comms.append(comm)
+        if not product:
+            comm = LowbitReduceScatter(phase, error_format)
+            module.set_custom_reduce_scatter(comm)
+            comms.append(comm)
         gathers.append(CountingAllGather())
         module.set_custom_all_gather(gathers[-1])
-    opt = FrozenVarianceAdam(model.parameters(), lr=args.lr, weight_decay=0.01,
-                             freeze_step=args.warmup if freeze else None)
+    if product:
+        opt = FSDPOneBitAdam(model, lr=args.lr, weight_decay=0.01, freeze_step=args.warmup,
+                             error_format=error_format or "fp32")
+    else:
+        opt = FrozenVarianceAdam(model.parameters(), lr=args.lr, weight_decay=0.01,
+                                 freeze_step=args.warmup if freeze else None)
     probs = bigram_data(args.seed)
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)
     held = sample(probs, 64, torch.Generator().manual_seed(args.seed + 12345))
@@ -205,6 +213,10 @@ def run(args, rs_compressed: bool, freeze: bool, feedback: bool = True, error_fo
                 x.bytes = c
             losses.append(ev.item())
     after = args.steps - args.warmup
+    if product:  # every reduce-scatter after the warm-up is the compressed one
+        return {"loss": sum(losses) / len(losses), "bytes_per_step": opt.compressed_bytes_sent() / after,
+                "rs_elements_per_step": None, "ag_bytes_per_step": sum(a.bytes for a in gathers) / after,
+                "error_bytes_per_rank": opt.error_bytes()}
     lowbit_bytes = sum(c.comm.stats()["compressed_bytes_sent"] for c in comms if c.comm is not None)
     elements = sum(c.comm.stats()["compressed_elements"] for c in comms if c.comm is not None)
     return {"loss": sum(losses) / len(losses),
@@ -225,6 +237,8 @@ def main():
                          "(bf16, int8; issue 48, item 3)")
     ap.add_argument("--only-design-b", action="store_true",
                     help="only the reference and design (b) rows (with --error-formats: those too)")
+    ap.add_argument("--product", action="store_true",
+                    help="also lowbit.torch.FSDPOneBitAdam (design (b) as shipped), with each --error-formats too")
     args = ap.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     torch.set_num_threads(1)
@@ -235,6 +249,10 @@ def main():
     rows["1-bit RS + frozen-v Adam"] = run(args, True, True)
     for fmt in filter(None, args.error_formats.split(",")):
         rows[f"1-bit RS + frozen-v, {fmt} err"] = run(args, True, True, error_format=fmt)
+    if args.product:
+        rows["FSDPOneBitAdam"] = run(args, True, True, product=True)
+        for fmt in filter(None, args.error_formats.split(",")):
+            rows[f"FSDPOneBitAdam, {fmt} err"] = run(args, True, True, error_format=fmt, product=True)
     if not args.only_design_b:
         rows["1-bit RS, no feedback"] = run(args, True, True, feedback=False)
     if dist.get_rank() == 0:

@@ -58,6 +58,14 @@ clipping by global norm and GradScaler cannot work in this mode.
 ``lowbit.jax`` has no backward hooks (JAX computes gradients as values, not
 by callbacks): step after ``jax.grad`` as usual.
 
+1-bit Adam under FSDP2: ``lowbit.torch.FSDPOneBitAdam(model, lr=...,
+freeze_step=..., error_format="int8")`` takes the model after ``fully_shard``
+and installs a reduce-scatter on each of its FSDP2 modules: torch's fp32 one
+during the warm-up (the step: lowbit AdamW on the shards), then lowbit's
+1-bit compressed reduce-scatter with worker error feedback (the step: 1-bit
+Adam's frozen-variance rule on the shards). CPU / gloo, fp32, a 1-D mesh
+(docs/ONEBIT_SHARDED.md section 5).
+
 Offloaded state: ``lowbit.torch.CPUOffload(AdamW, params, state="8bit", ...)``
 keeps the params on their device and the state in host memory beside a host
 copy of each param; each gradient is copied to the host as it is accumulated
@@ -103,6 +111,7 @@ from ._adam import Adam, AdamW
 from ._base import LowbitOptimizer
 from ._described import DESCRIBED_CLASSES, DescribedOptimizer
 from ._dist import ProcessGroupTransport, onebit_ddp_comm_hook, process_group_communicator
+from ._fsdp_onebit import FSDPOneBitAdam
 from ._in_backward import StepInBackward, step_in_backward
 from ._lion_sgd import SGD, Lion
 from ._muon import Muon
@@ -111,7 +120,7 @@ from ._onebit import OneBitAdam, OneBitLamb, ZeroOneAdam
 from ._tensors import _DeviceState  # noqa: F401  (the per-device state, for tests that watch its paths)
 
 __all__ = ["AdamW", "Adam", "Lion", "SGD", "Muon", "DescribedOptimizer", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
-           "LowbitOptimizer",
+           "FSDPOneBitAdam", "LowbitOptimizer",
            "process_group_communicator", "onebit_ddp_comm_hook", "ProcessGroupTransport", "step_in_backward",
            "StepInBackward", "CPUOffload", "memory_report", "default_host_threads"]
 
