@@ -420,41 +420,53 @@ struct BlockBits {
 };
 
 // stochastic_code16() of one block with a finite absmax (its decoded values
-// sorted): the count of decoded values <= x by a binary search over 8-entry
-// permutes (count 16 only past decoded[15]), the neighbours a, b from the
-// count, and the code lo + (u (b - a) < x - a) inside the range.
+// d sorted, no NaN or Inf among x). pos = min(count of d <= x, 15) comes from a
+// branch-free binary search probing d7, d[pos + 3], d[pos + 1], d[pos]; its
+// path is kept as t = -(pos >> level shift), each level t = 2 t + mask (a
+// compare's all-ones mask is -1), whose low 3 bits index 8-entry permutes
+// without a shift or an and. x's bracket is the last probe and its neighbour
+// on the other side: with v = pos >> 1 before the last level, whose probe is
+// d[2v], x >= d[2v] gives a = d[2v], b = d[2v + 1], otherwise a = d[2v - 1],
+// b = d[2v]. The code is pos - 1 + (u (b - a) < x - a or b <= x), b <= x only
+// past d15 (a count of 16); the -1 of an x below every decoded value is
+// stored as code 0 by the pack's unsigned saturation (store_nibbles64).
 template <bool kFloor>
 void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, uint8_t* packed, float* scale,
                       uint64_t key, int64_t first) {
   *scale = absmax;
-  alignas(32) float decoded[16];
-  decoded_values16(map, absmax, decoded);
-  alignas(32) float t4[8] = {}, t2[8] = {}, t1[8];
-  for (int j = 0; j < 2; ++j) t4[j] = decoded[8 * j + 3];
-  for (int j = 0; j < 4; ++j) t2[j] = decoded[4 * j + 1];
-  for (int j = 0; j < 8; ++j) t1[j] = decoded[2 * j];
-  const V d7 = set1f(decoded[7]), d15 = set1f(decoded[15]);
-  const V s4 = _mm256_load_ps(t4), s2 = _mm256_load_ps(t2), s1 = _mm256_load_ps(t1);
-  const V dec_lo = _mm256_load_ps(decoded), dec_hi = _mm256_load_ps(decoded + 8);
+  const V s = set1f(absmax);
+  const V dec_lo = _mm256_mul_ps(_mm256_loadu_ps(map.values), s);  // decoded_values16's products
+  const V dec_hi = _mm256_mul_ps(_mm256_loadu_ps(map.values + 8), s);
+  // lane L of a level's table is read at t = -k with (-k) & 7 = L: lane 0 for k = 0, lane 7 for k = 1 ...
+  auto table = [&](int l0, int l1, int l2, int l3, int l4, int l5, int l6, int l7) {
+    return lookup16(dec_lo, dec_hi, _mm256_setr_epi32(l0, l1, l2, l3, l4, l5, l6, l7));
+  };
+  const V t2 = table(3, 0, 0, 0, 0, 0, 0, 11);            // k = 0, 1: d[8k + 3]
+  const V t3 = table(1, 0, 0, 0, 0, 13, 9, 5);            // k = 0..3: d[4k + 1]
+  const V t4 = table(0, 14, 12, 10, 8, 6, 4, 2);          // v = 0..7: d[2v]
+  const V above = table(1, 15, 13, 11, 9, 7, 5, 3);       // d[2v + 1]
+  const V below = table(0, 13, 11, 9, 7, 5, 3, 1);        // d[2v - 1] (v = 0: count 0, code 0 whatever a is)
+  const V d7 = _mm256_permutevar8x32_ps(dec_lo, set1(7));
   const BlockBits bits(key, first);
-  const I one = set1(1), fifteen = set1(15);
   for (int i = 0; i < kBlock4; i += 64) {
     I code[8];
+#pragma GCC unroll 8  // eight independent chains of dependent permutes
     for (int k = 0; k < 8; ++k) {
       const V xv = _mm256_loadu_ps(x + i + 8 * k);
-      auto le = [&](V d) { return as_int(_mm256_cmp_ps(d, xv, _CMP_LE_OQ)); };
-      I pos = _mm256_and_si256(le(d7), set1(8));
-      pos = _mm256_add_epi32(pos, _mm256_and_si256(le(_mm256_permutevar8x32_ps(s4, _mm256_srli_epi32(pos, 3))), set1(4)));
-      pos = _mm256_add_epi32(pos, _mm256_and_si256(le(_mm256_permutevar8x32_ps(s2, _mm256_srli_epi32(pos, 2))), set1(2)));
-      pos = _mm256_add_epi32(pos, _mm256_and_si256(le(_mm256_permutevar8x32_ps(s1, _mm256_srli_epi32(pos, 1))), one));
-      // pos is min(count, 15); count is 16 where decoded[15] <= x as well
-      const I count = _mm256_sub_epi32(pos, _mm256_and_si256(_mm256_cmpeq_epi32(pos, fifteen), le(d15)));
-      const I lo = _mm256_max_epi32(_mm256_sub_epi32(count, one), _mm256_setzero_si256());
-      const V a = lookup16(dec_lo, dec_hi, lo), b = lookup16(dec_lo, dec_hi, _mm256_min_epi32(count, fifteen));
-      const I inside = _mm256_andnot_si256(_mm256_cmpeq_epi32(count, set1(16)), _mm256_cmpgt_epi32(count, _mm256_setzero_si256()));
+      auto le = [&](V d) { return _mm256_cmp_ps(d, xv, _CMP_LE_OQ); };
+      I t = as_int(le(d7));
+      t = _mm256_add_epi32(_mm256_add_epi32(t, t), as_int(le(_mm256_permutevar8x32_ps(t2, t))));
+      t = _mm256_add_epi32(_mm256_add_epi32(t, t), as_int(le(_mm256_permutevar8x32_ps(t3, t))));
+      const V probe = _mm256_permutevar8x32_ps(t4, t);
+      const V last = le(probe);
+      const V a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(below, t), probe, last);
+      const V b = _mm256_blendv_ps(probe, _mm256_permutevar8x32_ps(above, t), last);
+      // pos - 1 = -(2 t + last) - 1 = ~(2 t + last)
+      const I lo = _mm256_xor_si256(_mm256_add_epi32(_mm256_add_epi32(t, t), as_int(last)), set1(-1));
       const V u = _mm256_mul_ps(_mm256_cvtepi32_ps(bits.top24(i / 8 + k)), set1f(5.9604644775390625e-8f));
-      const I up = _mm256_and_si256(inside, as_int(_mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(b, a)), _mm256_sub_ps(xv, a), _CMP_LT_OQ)));
-      I c = _mm256_sub_epi32(lo, up);
+      const V up = _mm256_or_ps(_mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(b, a)), _mm256_sub_ps(xv, a), _CMP_LT_OQ),
+                                le(b));
+      I c = _mm256_sub_epi32(lo, as_int(up));
       if constexpr (kFloor)
         c = _mm256_sub_epi32(c, _mm256_and_si256(_mm256_cmpeq_epi32(c, set1(zero)),
                                                  as_int(_mm256_cmp_ps(xv, _mm256_setzero_ps(), _CMP_GT_OQ))));

@@ -177,11 +177,12 @@ void test_block_encoder(void**) {
 // Whole tiles take the SIMD form of every level the CPU runs (AVX2, AVX-512,
 // NEON: core/cpu_features.hpp): the same bytes and scales as the portable rule, for ordinary blocks and for blocks with zeros
 // only, a NaN, an Inf, denormal magnitudes, a negative extreme, negative
-// values under the unsigned map, elements exactly on decoded values, and
-// element indices on both sides of a multiple of 2^32.
+// values under the unsigned map, elements exactly on decoded values or one
+// ulp either side of them, and element indices on both sides of a multiple
+// of 2^32.
 void check_simd_tiles(CpuIsa level) {
   std::normal_distribution<float> normal(0.f, 1.f);
-  constexpr int kCases = 8;
+  constexpr int kCases = 9;
   for (int moment = 0; moment < 2; ++moment)
     for (int t = 0; t < 30 * kCases; ++t) {
       std::vector<float> x(kTile);
@@ -197,14 +198,20 @@ void check_simd_tiles(CpuIsa level) {
         case 6:
           for (int i = 0; i < kTile; i += 3) x[size_t(i)] = -x[size_t(i)];
           break;
-        case 7: {
+        case 7:
+        case 8: {
           const QMap& map = *adam_moment_view(LOWBIT_STATE_4BIT_SR, moment, nullptr, nullptr).map;
           for (int b = 0; b < kTile; b += kBlock4) {
             float absmax = 0.f;
             for (int i = b; i < b + kBlock4; ++i) absmax = std::max(absmax, std::fabs(x[size_t(i)]));
             float decoded[16];
             decoded_values16(map, absmax, decoded);
-            for (int i = b; i < b + kBlock4; i += 2) x[size_t(i)] = decoded[rng() % 16];
+            for (int i = b; i < b + kBlock4; i += 2) {
+              float v = decoded[rng() % 16];
+              if (t % kCases == 8 && std::fabs(v) < absmax)  // the block's absmax stays its largest |x|
+                v = std::nextafter(v, rng() % 2 ? INFINITY : -INFINITY);
+              x[size_t(i)] = v;
+            }
           }
           break;
         }
