@@ -55,6 +55,8 @@ inline I set1(int v) { return _mm256_set1_epi32(v); }
 inline V set1f(float v) { return _mm256_set1_ps(v); }
 inline I as_int(V v) { return _mm256_castps_si256(v); }
 inline V as_float(I v) { return _mm256_castsi256_ps(v); }
+// 2 t + mask: one level of a binary search's path kept as t = -(pos >> shift).
+inline I twice_plus(I t, I mask) { return _mm256_add_epi32(_mm256_add_epi32(t, t), mask); }
 // mask ? b : a, the mask a vector of all-ones / all-zeros lanes.
 inline I select(I mask, I a, I b) { return _mm256_blendv_epi8(a, b, mask); }
 inline V select(V mask, V a, V b) { return _mm256_blendv_ps(a, b, mask); }
@@ -340,21 +342,23 @@ void encode_fp8_block(bool second, const float* x, uint8_t* codes, float* scale)
 
 // The 4-bit code search in registers: the linear map's computed codes, or a
 // binary search whose levels' candidates (mid[pos + step - 1] at pos a
-// multiple of 2 step) fit in one 8-entry permute each.
+// multiple of 2 step) fit in one 8-entry permute each. The search keeps its
+// path as t = -(pos >> level shift), each level t = 2 t + mask (a compare's
+// all-ones mask is -1), so t's low 3 bits index a level's permute directly:
+// its lane L holds the candidate of the path k with (-k) & 7 = L.
 struct Search4Regs {
   bool linear;
   V first;    // mid[7]
-  V step4;    // [j] = mid[8 j + 3], j < 2
-  V step2;    // [j] = mid[4 j + 1], j < 4
-  V step1;    // [j] = mid[2 j], j < 8
+  V step4;    // k = 0, 1: mid[8 k + 3]
+  V step2;    // k < 4: mid[4 k + 1]
+  V step1;    // k < 8: mid[2 k]
   V values_lo, values_hi;
   explicit Search4Regs(const Search4& s) : linear(s.linear) {
-    alignas(32) float t4[8] = {}, t2[8] = {}, t1[8];
-    for (int j = 0; j < 2; ++j) t4[j] = s.mid[8 * j + 3];
-    for (int j = 0; j < 4; ++j) t2[j] = s.mid[4 * j + 1];
-    for (int j = 0; j < 8; ++j) t1[j] = s.mid[2 * j];
-    first = set1f(s.mid[7]);
-    step4 = _mm256_load_ps(t4), step2 = _mm256_load_ps(t2), step1 = _mm256_load_ps(t1);
+    const float* m = s.mid;
+    first = set1f(m[7]);
+    step4 = _mm256_setr_ps(m[3], 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, m[11]);
+    step2 = _mm256_setr_ps(m[1], 0.f, 0.f, 0.f, 0.f, m[13], m[9], m[5]);
+    step1 = _mm256_setr_ps(m[0], m[14], m[12], m[10], m[8], m[6], m[4], m[2]);
     values_lo = _mm256_loadu_ps(s.values), values_hi = _mm256_loadu_ps(s.values + 8);
   }
 };
@@ -375,10 +379,11 @@ inline I codes4(const Search4Regs& r, int zero_code, bool second, V xn) {
     pos = linear4_codes8(xn);
   } else {
     auto gt = [&](V candidate) { return as_int(_mm256_cmp_ps(xn, candidate, _CMP_GT_OQ)); };
-    pos = _mm256_and_si256(gt(r.first), set1(8));
-    pos = _mm256_add_epi32(pos, _mm256_and_si256(gt(_mm256_permutevar8x32_ps(r.step4, _mm256_srli_epi32(pos, 3))), set1(4)));
-    pos = _mm256_add_epi32(pos, _mm256_and_si256(gt(_mm256_permutevar8x32_ps(r.step2, _mm256_srli_epi32(pos, 2))), set1(2)));
-    pos = _mm256_add_epi32(pos, _mm256_and_si256(gt(_mm256_permutevar8x32_ps(r.step1, _mm256_srli_epi32(pos, 1))), set1(1)));
+    I t = gt(r.first);
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step4, t)));
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step2, t)));
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step1, t)));
+    pos = _mm256_sub_epi32(_mm256_setzero_si256(), t);
   }
   return second ? floor_positive8(pos, xn, zero_code) : pos;
 }
@@ -455,14 +460,14 @@ void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, u
       const V xv = _mm256_loadu_ps(x + i + 8 * k);
       auto le = [&](V d) { return _mm256_cmp_ps(d, xv, _CMP_LE_OQ); };
       I t = as_int(le(d7));
-      t = _mm256_add_epi32(_mm256_add_epi32(t, t), as_int(le(_mm256_permutevar8x32_ps(t2, t))));
-      t = _mm256_add_epi32(_mm256_add_epi32(t, t), as_int(le(_mm256_permutevar8x32_ps(t3, t))));
+      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(t2, t))));
+      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(t3, t))));
       const V probe = _mm256_permutevar8x32_ps(t4, t);
       const V last = le(probe);
       const V a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(below, t), probe, last);
       const V b = _mm256_blendv_ps(probe, _mm256_permutevar8x32_ps(above, t), last);
       // pos - 1 = -(2 t + last) - 1 = ~(2 t + last)
-      const I lo = _mm256_xor_si256(_mm256_add_epi32(_mm256_add_epi32(t, t), as_int(last)), set1(-1));
+      const I lo = _mm256_xor_si256(twice_plus(t, as_int(last)), set1(-1));
       const V u = _mm256_mul_ps(_mm256_cvtepi32_ps(bits.top24(i / 8 + k)), set1f(5.9604644775390625e-8f));
       const V up = _mm256_or_ps(_mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(b, a)), _mm256_sub_ps(xv, a), _CMP_LT_OQ),
                                 le(b));
