@@ -472,7 +472,7 @@ void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, u
       const V up = _mm256_or_ps(_mm256_cmp_ps(_mm256_mul_ps(u, _mm256_sub_ps(b, a)), _mm256_sub_ps(xv, a), _CMP_LT_OQ),
                                 le(b));
       I c = _mm256_sub_epi32(lo, as_int(up));
-      if constexpr (kFloor)
+      if constexpr (kFloor)  // the zero code decodes to 0 <= any x > 0, so such an x never has code -1
         c = _mm256_sub_epi32(c, _mm256_and_si256(_mm256_cmpeq_epi32(c, set1(zero)),
                                                  as_int(_mm256_cmp_ps(xv, _mm256_setzero_ps(), _CMP_GT_OQ))));
       code[k] = c;
