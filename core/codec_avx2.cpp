@@ -340,27 +340,29 @@ void encode_fp8_block(bool second, const float* x, uint8_t* codes, float* scale)
 
 // ---- 4-bit codes -------------------------------------------------------------
 
+// A 4-bit binary search's permute tables over 16 sorted values in two
+// registers (the 15 midpoints of a map, or a block's decoded values). The
+// search keeps its path as t = -(pos >> level shift), each level t = 2 t +
+// mask (twice_plus), so t's low 3 bits index a level's table directly: its
+// lane L holds the candidate of the path k with (-k) & 7 = L.
+struct SearchTables {
+  V step4;  // k = 0, 1: s[8 k + 3]
+  V step2;  // k < 4: s[4 k + 1]
+  V step1;  // k < 8: s[2 k]
+  SearchTables(V lo, V hi)
+      : step4(lookup16(lo, hi, _mm256_setr_epi32(3, 0, 0, 0, 0, 0, 0, 11))),
+        step2(lookup16(lo, hi, _mm256_setr_epi32(1, 0, 0, 0, 0, 13, 9, 5))),
+        step1(lookup16(lo, hi, _mm256_setr_epi32(0, 14, 12, 10, 8, 6, 4, 2))) {}
+};
+
 // The 4-bit code search in registers: the linear map's computed codes, or a
-// binary search whose levels' candidates (mid[pos + step - 1] at pos a
-// multiple of 2 step) fit in one 8-entry permute each. The search keeps its
-// path as t = -(pos >> level shift), each level t = 2 t + mask (a compare's
-// all-ones mask is -1), so t's low 3 bits index a level's permute directly:
-// its lane L holds the candidate of the path k with (-k) & 7 = L.
+// binary search (mid[7], then mid[pos + step - 1] at pos a multiple of 2 step).
 struct Search4Regs {
   bool linear;
-  V first;    // mid[7]
-  V step4;    // k = 0, 1: mid[8 k + 3]
-  V step2;    // k < 4: mid[4 k + 1]
-  V step1;    // k < 8: mid[2 k]
-  V values_lo, values_hi;
-  explicit Search4Regs(const Search4& s) : linear(s.linear) {
-    const float* m = s.mid;
-    first = set1f(m[7]);
-    step4 = _mm256_setr_ps(m[3], 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, m[11]);
-    step2 = _mm256_setr_ps(m[1], 0.f, 0.f, 0.f, 0.f, m[13], m[9], m[5]);
-    step1 = _mm256_setr_ps(m[0], m[14], m[12], m[10], m[8], m[6], m[4], m[2]);
-    values_lo = _mm256_loadu_ps(s.values), values_hi = _mm256_loadu_ps(s.values + 8);
-  }
+  V first;  // mid[7]
+  SearchTables at;
+  explicit Search4Regs(const Search4& s)
+      : linear(s.linear), first(set1f(s.mid[7])), at(_mm256_loadu_ps(s.mid), _mm256_loadu_ps(s.mid + 8)) {}
 };
 
 // linear16_code(): ceil(16 q - 1.5) clamped to [0, 15]; max(NaN, 0) is 0.
@@ -380,9 +382,9 @@ inline I codes4(const Search4Regs& r, int zero_code, bool second, V xn) {
   } else {
     auto gt = [&](V candidate) { return as_int(_mm256_cmp_ps(xn, candidate, _CMP_GT_OQ)); };
     I t = gt(r.first);
-    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step4, t)));
-    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step2, t)));
-    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.step1, t)));
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.at.step4, t)));
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.at.step2, t)));
+    t = twice_plus(t, gt(_mm256_permutevar8x32_ps(r.at.step1, t)));
     pos = _mm256_sub_epi32(_mm256_setzero_si256(), t);
   }
   return second ? floor_positive8(pos, xn, zero_code) : pos;
@@ -426,10 +428,8 @@ struct BlockBits {
 
 // stochastic_code16() of one block with a finite absmax (its decoded values
 // d sorted, no NaN or Inf among x). pos = min(count of d <= x, 15) comes from a
-// branch-free binary search probing d7, d[pos + 3], d[pos + 1], d[pos]; its
-// path is kept as t = -(pos >> level shift), each level t = 2 t + mask (a
-// compare's all-ones mask is -1), whose low 3 bits index 8-entry permutes
-// without a shift or an and. x's bracket is the last probe and its neighbour
+// branch-free binary search probing d7, d[pos + 3], d[pos + 1], d[pos]
+// (SearchTables over d). x's bracket is the last probe and its neighbour
 // on the other side: with v = pos >> 1 before the last level, whose probe is
 // d[2v], x >= d[2v] gives a = d[2v], b = d[2v + 1], otherwise a = d[2v - 1],
 // b = d[2v]. The code is pos - 1 + (u (b - a) < x - a or b <= x), b <= x only
@@ -439,19 +439,14 @@ template <bool kFloor>
 void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, uint8_t* packed, float* scale,
                       uint64_t key, int64_t first) {
   *scale = absmax;
-  const V s = set1f(absmax);
-  const V dec_lo = _mm256_mul_ps(_mm256_loadu_ps(map.values), s);  // decoded_values16's products
-  const V dec_hi = _mm256_mul_ps(_mm256_loadu_ps(map.values + 8), s);
-  // lane L of a level's table is read at t = -k with (-k) & 7 = L: lane 0 for k = 0, lane 7 for k = 1 ...
-  auto table = [&](int l0, int l1, int l2, int l3, int l4, int l5, int l6, int l7) {
-    return lookup16(dec_lo, dec_hi, _mm256_setr_epi32(l0, l1, l2, l3, l4, l5, l6, l7));
-  };
-  const V t2 = table(3, 0, 0, 0, 0, 0, 0, 11);            // k = 0, 1: d[8k + 3]
-  const V t3 = table(1, 0, 0, 0, 0, 13, 9, 5);            // k = 0..3: d[4k + 1]
-  const V t4 = table(0, 14, 12, 10, 8, 6, 4, 2);          // v = 0..7: d[2v]
-  const V above = table(1, 15, 13, 11, 9, 7, 5, 3);       // d[2v + 1]
-  const V below = table(0, 13, 11, 9, 7, 5, 3, 1);        // d[2v - 1] (v = 0: count 0, code 0 whatever a is)
-  const V d7 = _mm256_permutevar8x32_ps(dec_lo, set1(7));
+  alignas(32) float decoded[16];
+  decoded_values16(map, absmax, decoded);
+  const V dec_lo = _mm256_load_ps(decoded), dec_hi = _mm256_load_ps(decoded + 8);
+  const SearchTables at(dec_lo, dec_hi);
+  // the last probe's neighbours, read at the same t as at.step1 (lane 0: v = 0, lane 7: v = 1 ...)
+  const V above = lookup16(dec_lo, dec_hi, _mm256_setr_epi32(1, 15, 13, 11, 9, 7, 5, 3));  // d[2v + 1]
+  const V below = lookup16(dec_lo, dec_hi, _mm256_setr_epi32(0, 13, 11, 9, 7, 5, 3, 1));  // d[2v - 1] (v = 0: count 0)
+  const V d7 = set1f(decoded[7]);
   const BlockBits bits(key, first);
   for (int i = 0; i < kBlock4; i += 64) {
     I code[8];
@@ -460,9 +455,9 @@ void encode4_sr_block(const QMap& map, int zero, const float* x, float absmax, u
       const V xv = _mm256_loadu_ps(x + i + 8 * k);
       auto le = [&](V d) { return _mm256_cmp_ps(d, xv, _CMP_LE_OQ); };
       I t = as_int(le(d7));
-      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(t2, t))));
-      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(t3, t))));
-      const V probe = _mm256_permutevar8x32_ps(t4, t);
+      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(at.step4, t))));
+      t = twice_plus(t, as_int(le(_mm256_permutevar8x32_ps(at.step2, t))));
+      const V probe = _mm256_permutevar8x32_ps(at.step1, t);
       const V last = le(probe);
       const V a = _mm256_blendv_ps(_mm256_permutevar8x32_ps(below, t), probe, last);
       const V b = _mm256_blendv_ps(probe, _mm256_permutevar8x32_ps(above, t), last);
