@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
       {LOWBIT_ALGORITHM_RMSPROP, "rmsp", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
       {LOWBIT_ALGORITHM_ADAGRAD, "adagr", LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0},
       {LOWBIT_ALGORITHM_ADAGRAD, "adagr", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
+      {LOWBIT_ALGORITHM_LAMB, "lamb", LOWBIT_STATE_FP32, LOWBIT_DTYPE_FLOAT32, 0, 0},
+      {LOWBIT_ALGORITHM_LAMB, "lamb", LOWBIT_STATE_8BIT, LOWBIT_DTYPE_BFLOAT16, 0, 0},
   };
   const char* fmt_names[] = {"", "fp32", "bf16", "8bit", "4bit", "fp8", "4b-sr2"};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {

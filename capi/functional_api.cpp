@@ -13,6 +13,7 @@
 #include "core/state.hpp"
 #include "core/validation.hpp"
 #include "muon/muon_functional.hpp"
+#include "trust/trust_optimizer.hpp"
 #include "struct_abi.hpp"
 
 struct lowbit_step_context {
@@ -108,6 +109,7 @@ LOWBIT_API lowbit_status_t lowbit_step_context_create(lowbit_step_context_t* out
     auto ctx = std::make_unique<lowbit_step_context>();
     ctx->impl = std::make_unique<lowbit::FunctionalStepper>(full);
     if (full.algorithm == LOWBIT_ALGORITHM_MUON) lowbit::muon::install_functional_driver(*ctx->impl, full);
+    lowbit::trust::install_functional_driver(*ctx->impl, full);
     *out = ctx.release();
   });
 }

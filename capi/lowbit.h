@@ -232,6 +232,8 @@ typedef enum lowbit_algorithm {
   LOWBIT_ALGORITHM_MUON = 8,         /* Muon (since 0.7): see "Muon" below */
   LOWBIT_ALGORITHM_RMSPROP = 9,      /* RMSprop as torch.optim.RMSprop (since 0.8) */
   LOWBIT_ALGORITHM_ADAGRAD = 10,     /* Adagrad as torch.optim.Adagrad (since 0.8) */
+  LOWBIT_ALGORITHM_LAMB = 11,        /* LAMB as optax.lamb: Adam's direction plus decoupled decay, scaled by
+                                        the per-tensor trust ratio ||p|| / ||update|| (since 0.8) */
   LOWBIT_ALGORITHM_FORCE_INT32 = 0x7FFFFFFF,
   LOWBIT_ALGORITHM_FORCE_INT32_MIN = -0x7FFFFFFF
 } lowbit_algorithm_t;

@@ -21,6 +21,7 @@
 #include "core/validation.hpp"
 #include "distributed/onebit_optimizer.hpp"
 #include "muon/muon_optimizer.hpp"
+#include "trust/trust_optimizer.hpp"
 #include "struct_abi.hpp"
 
 struct lowbit_optimizer {
@@ -62,8 +63,10 @@ LOWBIT_API lowbit_status_t lowbit_optimizer_create(lowbit_optimizer_t* out, cons
     const lowbit_optimizer_config_t full = read_config(config, "config");
     auto handle = std::make_unique<lowbit_optimizer>();
     const lowbit_hparams_t h = read_hparams(hparams, full.algorithm);
-    handle->impl = full.algorithm == LOWBIT_ALGORITHM_MUON ? lowbit::muon::make_optimizer(full, h)
-                                                           : lowbit::distributed::make_optimizer(full, h);
+    handle->impl = lowbit::trust::make_optimizer(full, h);
+    if (!handle->impl)
+      handle->impl = full.algorithm == LOWBIT_ALGORITHM_MUON ? lowbit::muon::make_optimizer(full, h)
+                                                             : lowbit::distributed::make_optimizer(full, h);
     *out = handle.release();
   });
 }

@@ -54,6 +54,9 @@ struct AlgorithmDesc {
   // buffer divides by the new square average): a shaped param's first pass
   // can serve a rank-1 slot 1 only with a rank-1 slot 0.
   bool momentum_reads_first = false;
+  // Its step is the fused step to a workspace, then the per-tensor trust
+  // ratio's passes (trust/): LAMB.
+  bool trust_ratio = false;
 };
 
 namespace desc {
@@ -130,6 +133,12 @@ LOWBIT_HD constexpr AlgorithmDesc describe(lowbit_algorithm_t a) {
     case LOWBIT_ALGORITHM_ADAGRAD:
       return with_slots(simple(a, "adagrad", "Adagrad", Algo::Adagrad, true), 1,
                         MomentSlot{"sum", LOWBIT_MOMENT_UNSIGNED, SlotWhen::Always});
+    case LOWBIT_ALGORITHM_LAMB: {
+      AlgorithmDesc d = adam_like(a, "lamb", "LAMB", Algo::Lamb, false, false);
+      d.factored_second = false;
+      d.trust_ratio = true;
+      return d;
+    }
     default: return AlgorithmDesc{};
   }
 }

@@ -299,6 +299,10 @@ void FunctionalStepper::step(const lowbit_param_buffers_t* params, const lowbit_
     driver_(*engine_, params, grads_.data(), num_params, hparams, ctl, stream);
     return;
   }
+  if (driver_) {  // a trust-ratio algorithm's (trust/): its passes read the step's scalars, not host hparams
+    driver_(*engine_, params, grads_.data(), num_params, hparams, ctl, stream);
+    return;
+  }
   engine_->step(engine_algo(config_.algorithm), grads_.data(), num_params, ctl, stream);
 }
 

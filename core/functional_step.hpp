@@ -49,10 +49,12 @@ class FunctionalStepper {
 
   bool last_step_skipped() const { return engine_->last_step_skipped(); }
 
-  // Muon's step (muon/), which is not one fused call: run on the engine once
-  // the call's buffers are checked and bound, with the call's params, their
-  // grads, the groups' host hparams and the StepControl a fused step would
-  // take. A Muon stepper without one refuses to step.
+  // The step of Muon (muon/) or of a trust-ratio algorithm (trust/), which
+  // is not one fused call: run on the engine once the call's buffers are
+  // checked and bound, with the call's params, their grads, the groups' host
+  // hparams (nullptr when they are in engine memory; Muon refuses that) and
+  // the StepControl a fused step would take. A Muon stepper without one
+  // refuses to step.
   using StepDriver = std::function<void(Engine&, const lowbit_param_buffers_t*, const GradView*, int64_t,
                                         const lowbit_hparams_t*, const StepControl&, void*)>;
   void set_step_driver(StepDriver driver) { driver_ = std::move(driver); }

@@ -150,6 +150,13 @@ LOWBIT_HD void walk_hparams(lowbit_algorithm_t algorithm, V& v) {
              "the sum of squares' start", kSince08);
       specs::eps(v, 1e-10f, "added to the denominator's sqrt");
       return;
+    case LOWBIT_ALGORITHM_LAMB:  // optax.lamb's
+      specs::lr(v, 1e-3f);
+      specs::betas(v, 0.9f, 0.999f, "first-moment decay", "second-moment decay");
+      specs::eps(v, 1e-6f, "added to the denominator's sqrt(v)");
+      specs::weight_decay(v, 0.f, "decoupled weight decay, inside the trust-ratio update");
+      v.flag("bias_correction", &lowbit_hparams_t::bias_correction, 1, "Adam's bias correction", kSince02);
+      return;
     default: return;
   }
 }

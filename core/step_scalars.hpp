@@ -29,18 +29,6 @@ LOWBIT_HD bool hparams_valid(const lowbit_hparams_t& h, Algo algo, int num_momen
   return v.ok && moments_in_use(describe(a), h) == num_moments;
 }
 
-// b^n for n >= 0 by repeated squaring: a fixed sequence of IEEE double
-// multiplications (relative error below 2 log2(n) ulps of double).
-LOWBIT_HD double powi(double b, int64_t n) {
-  double r = 1.0;
-  while (n > 0) {
-    if (n & 1) r *= b;
-    b *= b;
-    n >>= 1;
-  }
-  return r;
-}
-
 // 1 / sqrt(1 - beta2^t): Adam's second-moment bias correction.
 LOWBIT_HD float inv_sqrt_bias_correction(float beta2, int64_t t) {
   return float(1.0 / sqrt(1.0 - powi(double(beta2), t)));

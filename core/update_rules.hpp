@@ -38,7 +38,8 @@ struct StepScalars {
   X(Sgd, LOWBIT_ALGORITHM_SGD)             \
   X(Muon, LOWBIT_ALGORITHM_MUON)           \
   X(RmsProp, LOWBIT_ALGORITHM_RMSPROP)     \
-  X(Adagrad, LOWBIT_ALGORITHM_ADAGRAD)
+  X(Adagrad, LOWBIT_ALGORITHM_ADAGRAD)      \
+  X(Lamb, LOWBIT_ALGORITHM_LAMB)
 
 enum class Algo {
 #define LOWBIT_RULE_ENUM(rule, algorithm) rule,
@@ -91,6 +92,18 @@ LOWBIT_HD float l2_decayed_grad(const StepScalars& s, float p, float g) { return
 
 template <Algo A>
 LOWBIT_HD void update_element(const StepScalars& s, float& p, float g, float& m, float& v);
+
+// b^n for n >= 0 by repeated squaring: a fixed sequence of IEEE double
+// multiplications (relative error below 2 log2(n) ulps of double).
+LOWBIT_HD double powi(double b, int64_t n) {
+  double r = 1.0;
+  while (n > 0) {
+    if (n & 1) r *= b;
+    b *= b;
+    n >>= 1;
+  }
+  return r;
+}
 
 // A rule's own scalars, beyond make_step_scalars' common ones
 // (core/step_scalars.hpp), for the step t = step + 1 of a param: none by
@@ -205,6 +218,30 @@ LOWBIT_HD void update_element<Algo::Adagrad>(const StepScalars& s, float& p, flo
   p -= s.step_size * (g / (sqrtf(sum) + s.eps));
 }
 
+// LAMB (You et al. 2020) as optax.lamb: Adam's moments and bias-corrected
+// direction m^ / (sqrt(v^) + eps), which the step writes to a workspace
+// (StepControl::flat_out) instead of the param; the trust ratio's passes
+// (trust/trust_rules.hpp) add the decoupled decay, scale it by
+// ||p|| / ||update|| and apply it. step_size is the first moment's bias
+// correction alone (no lr: the passes apply it).
+template <>
+LOWBIT_HD void rule_scalars<Algo::Lamb>(const lowbit_hparams_t& h, int64_t t, StepScalars& s) {
+  s.step_size = float(h.bias_correction ? 1.0 / (1.0 - powi(double(h.beta1), t)) : 1.0);
+}
+template <>
+LOWBIT_HD void update_element<Algo::Lamb>(const StepScalars& s, float& p, float g, float& m, float& v) {
+  m = adam_first_moment(s, m, g);
+  v = adam_second_moment(s, v, g);
+  const float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
+  p = s.step_size * m / denom;
+}
+
+// Whether A's step writes its result to StepControl::flat_out instead of the
+// param, which it neither reads nor changes (the param's update follows in
+// passes: Muon's orthogonalisation, LAMB's trust ratio).
+template <Algo A>
+constexpr bool kFlatOut = A == Algo::Muon || A == Algo::Lamb;
+
 // Whether A's moments depend on the param (L2 decay adds it to the grad).
 template <Algo A>
 constexpr bool kMomentsReadParam = A == Algo::Adam || A == Algo::Sgd || A == Algo::RmsProp || A == Algo::Adagrad;
@@ -220,7 +257,7 @@ constexpr bool kFastLoops = A == Algo::AdamW || A == Algo::Adam || A == Algo::Li
 template <Algo A, bool kFirst, bool kSecond>
 LOWBIT_HD void update_moments(const StepScalars& s, float p, float g, float& m, float& v) {
   if (kMomentsReadParam<A>) g = l2_decayed_grad(s, p, g);
-  if (A == Algo::AdamW || A == Algo::Adam) {
+  if (A == Algo::AdamW || A == Algo::Adam || A == Algo::Lamb) {
     if (kFirst) m = adam_first_moment(s, m, g);
     if (kSecond) v = adam_second_moment(s, v, g);
   } else if (A == Algo::Lion) {

@@ -584,8 +584,10 @@ void CudaEngine::step(Algo algo, const GradView* grads, int64_t num_params, cons
   a.skip_flag = flag_;
   a.out = ctl.flat_out;
   a.flat = flat_;
-  LOWBIT_REQUIRE((algo == Algo::Muon) == (ctl.flat_out != nullptr), LOWBIT_ERROR_INTERNAL,
-                 "step: flat_out is Muon's (and Muon's step needs it)");
+  bool flat_out_rule = false;
+  with_rule(algo, [&](auto rule) { flat_out_rule = kFlatOut<decltype(rule)::value>; });
+  LOWBIT_REQUIRE(flat_out_rule == (ctl.flat_out != nullptr), LOWBIT_ERROR_INTERNAL,
+                 "step: flat_out is for the rules that write to it (Muon's, LAMB's), and they need it");
   launch_shaped(algo, 0, stream);
   with_rule(algo, [&](auto rule) { launch_step<decltype(rule)::value>(a, num_chunks, stream); });
   check(cudaGetLastError(), "launching the step kernel");

@@ -823,7 +823,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     zero(praw);
     zero(eraw);
     load_elems(graw, dyn.grad, dyn.gdtype == kF32, e0, n, dyn.grad_al16);
-    if constexpr (A != Algo::Muon) {  // Muon's step reads no param (its p is an output)
+    if constexpr (!kFlatOut<A>) {  // Muon's and LAMB's steps read no param (their p is an output)
       load_elems(praw, P.param, P.pdtype == kF32, e0, n, P.param_al16);
       if (ecc && n > 0) load_bytes(eraw, P.ecc + e0, n, 8);
     }
@@ -867,7 +867,7 @@ __global__ void __launch_bounds__(kThreads, LOWBIT_STEP_MIN_BLOCKS) step_kernel(
     else
       encode_store_moment(mom1, smap[1], second1, v, e0, tile_off, n, lane, (P.coding[1] & kCodeStochastic) != 0,
                           state_rounding_key(key, 1));
-    if constexpr (A == Algo::Muon) {
+    if constexpr (kFlatOut<A>) {
       float* out = args.out + args.flat[ch.param].offset;
 #pragma unroll
       for (int j = 0; j < 8; ++j)

@@ -119,7 +119,7 @@ struct StepArgs {
   const DevChunk* chunks;
   const DevMaps* maps;
   const int32_t* skip_flag;    // non-null: the step does nothing when *skip_flag != 0
-  float* out;                  // StepControl::flat_out (Algo::Muon): the new values go to out + flat offset
+  float* out;                  // StepControl::flat_out (kFlatOut rules): the new values go to out + flat offset
   const struct DevFlat* flat;
 };
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The layers of docs/ARCHITECTURE.md point down only:
-#   capi -> distributed -> core, comm;  capi -> muon -> core;  cuda implements core's engine;
-#   core knows nothing of comm, distributed, muon, cuda or the C boundary;
+#   capi -> distributed -> core, comm;  capi -> muon -> core;  capi -> trust -> core;
+#   cuda implements core's engine;
+#   core knows nothing of comm, distributed, muon, trust, cuda or the C boundary;
 #   comm names no optimizer algorithm and knows nothing of distributed or capi;
 #   cuda knows nothing of comm, distributed or capi;
-#   distributed and muon know nothing of capi or of each other;
+#   distributed, muon and trust know nothing of capi or of each other;
 #   bindings/ includes the public headers only.
 # Checked on the sources (#include lines; comm's code for optimizer names)
 # and on the built objects (no undefined symbol of a lower layer's objects
@@ -28,18 +29,19 @@ includes() {
 }
 # capi/ headers other than the public ones (and the generated version header).
 capi_private='capi/|"(boundary|comm_handle|struct_abi)\.hpp"'
-includes core "comm/|distributed/|muon/|cuda/|$capi_private" "includes comm/, distributed/, muon/, cuda/ or capi/ internals"
-includes cuda "comm/|distributed/|muon/|$capi_private" "includes comm/, distributed/, muon/ or capi/ internals"
+includes core "comm/|distributed/|muon/|trust/|cuda/|$capi_private" "includes comm/, distributed/, muon/, trust/, cuda/ or capi/ internals"
+includes cuda "comm/|distributed/|muon/|trust/|$capi_private" "includes comm/, distributed/, muon/, trust/ or capi/ internals"
 includes comm "distributed/|core/optimizer|core/engine|core/pass|$capi_private" \
   "includes distributed/, core's optimizer or engine, or capi/ internals"
-includes distributed "muon/|$capi_private" "includes muon/ or capi/ internals"
-includes muon "comm/|distributed/|$capi_private" "includes comm/, distributed/ or capi/ internals"
+includes distributed "muon/|trust/|$capi_private" "includes muon/, trust/ or capi/ internals"
+includes muon "comm/|distributed/|trust/|$capi_private" "includes comm/, distributed/, trust/ or capi/ internals"
+includes trust "comm/|distributed/|muon/|$capi_private" "includes comm/, distributed/, muon/ or capi/ internals"
 
 # bindings/ (the JAX handlers, the Rust crate, any other caller) uses the
 # public headers only: what another framework's custom call could do.
 bad=$(grep -rnE '^\s*#\s*include\s*[<"]' "$src/bindings" --include='*.cpp' --include='*.hpp' --include='*.h' \
   --include='*.c' --include='*.cc' 2>/dev/null | grep -vE '/lowbit_cdef\.h:' |
-  grep -E '[<"](\.\./)*(core|cuda|comm|distributed|muon)/|"(boundary|comm_handle|struct_abi)\.hpp"' || true)
+  grep -E '[<"](\.\./)*(core|cuda|comm|distributed|muon|trust)/|"(boundary|comm_handle|struct_abi)\.hpp"' || true)
 if [ -n "$bad" ]; then
   echo "bindings/ includes library internals (core/, cuda/, comm/, distributed/ or capi/'s private headers):"
   echo "$bad" | sed "s|$src/||"
@@ -72,12 +74,13 @@ calls_up() {  # calls_up NAME LOWER_SYMBOLS HIGHER_DIR...
   fi
 }
 core_undefined=$(undefined "$core_lib")
-calls_up "core/" "$core_undefined" capi comm distributed muon
+calls_up "core/" "$core_undefined" capi comm distributed muon trust
 calls_up "comm/" "$(undefined "$objs"/comm/*.o)" capi distributed
-calls_up "distributed/" "$(undefined "$objs"/distributed/*.o)" capi muon
-calls_up "muon/" "$(undefined "$objs"/muon/*.o)" capi distributed comm
+calls_up "distributed/" "$(undefined "$objs"/distributed/*.o)" capi muon trust
+calls_up "muon/" "$(undefined "$objs"/muon/*.o)" capi distributed comm trust
+calls_up "trust/" "$(undefined "$objs"/trust/*.o)" capi distributed comm muon
 
 if [ "$status" -eq 0 ]; then
-  echo "layers point down: core, cuda, comm, distributed and muon include and call nothing above them, comm names no optimizer, bindings/ includes the public headers only"
+  echo "layers point down: core, cuda, comm, distributed, muon and trust include and call nothing above them, comm names no optimizer, bindings/ includes the public headers only"
 fi
 exit "$status"

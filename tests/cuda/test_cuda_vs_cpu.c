@@ -27,6 +27,9 @@
  *   - step counts: identical.
  * Totals of what was not bit-identical are printed at the end of each test.
  *
+ * LAMB (test_lamb): params, codes and scales as above, its trust ratio's
+ * per-tensor sums in the same order on both engines.
+ *
  * Muon (test_muon): the momentum's codes and scales (run_muon_case says why
  * not the params).
  *
@@ -257,7 +260,7 @@ static void run_algo(const acase_t* a, int all_formats) {
   memset(&st, 0, sizeof st);
   for (int fi = 0; fi < (all_formats ? NFORMATS : 1); ++fi) {
     if (a->algo != LOWBIT_ALGORITHM_ADAMW && a->algo != LOWBIT_ALGORITHM_ADAM && a->algo != LOWBIT_ALGORITHM_RMSPROP &&
-        FORMATS[fi].v != FORMATS[fi].m)
+        a->algo != LOWBIT_ALGORITHM_LAMB && FORMATS[fi].v != FORMATS[fi].m)
       continue; /* one-moment algorithms: the mixed pairs add nothing */
     for (int di = 0; di < NDTYPES; ++di) {
       if (quick_skip(fi, di)) continue;
@@ -309,6 +312,14 @@ static void test_rmsprop_momentum(void** state) {
 static void test_adagrad(void** state) {
   (void)state;
   acase_t a = {"adagrad", LOWBIT_ALGORITHM_ADAGRAD, 1e-2f, 1e-3f, 0.f, 0.f, 0};
+  run_algo(&a, 1);
+}
+
+/* LAMB: the fused step to a workspace, then the trust ratio's passes (their
+ * per-tensor sums in the passes' fixed order on both engines). */
+static void test_lamb(void** state) {
+  (void)state;
+  acase_t a = {"lamb", LOWBIT_ALGORITHM_LAMB, 1e-3f, 0.01f, 0.f, 0.f, 0};
   run_algo(&a, 1);
 }
 
@@ -431,7 +442,7 @@ int main(int argc, char** argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_adam),         cmocka_unit_test(test_lion),
       cmocka_unit_test(test_sgd_momentum), cmocka_unit_test(test_sgd_nesterov), cmocka_unit_test(test_sgd_plain),
-      cmocka_unit_test(test_rmsprop_momentum), cmocka_unit_test(test_adagrad),
+      cmocka_unit_test(test_rmsprop_momentum), cmocka_unit_test(test_adagrad), cmocka_unit_test(test_lamb),
       cmocka_unit_test(test_muon),
   };
   int failed = LOWBIT_RUN_SELECTED(tests, argc, argv, NULL, NULL);

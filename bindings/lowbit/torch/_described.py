@@ -35,6 +35,16 @@ def described_num_moments(algorithm, hparams: dict) -> int:
     return moments_in_use(algorithm, hp)
 
 
+def _public_names(fields: list) -> list:
+    """The keyword arguments of a described class: the descriptor's fields,
+    with the pair beta1, beta2 as one ``betas``, as torch.optim and
+    bitsandbytes name it."""
+    if "beta1" in fields and "beta2" in fields and fields.index("beta2") == fields.index("beta1") + 1:
+        i = fields.index("beta1")
+        return fields[:i] + ["betas"] + fields[i + 2:]
+    return list(fields)
+
+
 class DescribedOptimizer(LowbitOptimizer):
     """Base of the descriptor-made classes: ``Class(params, *hparams,
     **hparams_and_lowbit_options)``, the hyper-parameters positionally in
@@ -44,11 +54,14 @@ class DescribedOptimizer(LowbitOptimizer):
 
     def __init__(self, params, *args, **kwargs):
         spec = algorithm_spec(self._algorithm)
-        names = [h.name for h in spec.hparams]
+        fields = [h.name for h in spec.hparams]
+        names = _public_names(fields)
         if len(args) > len(names):
             raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional hyper-parameters "
                             f"({', '.join(names)}), got {len(args)}")
         defaults = spec.defaults()
+        if "betas" in names:
+            defaults["betas"] = (defaults.pop("beta1"), defaults.pop("beta2"))
         for name, value in zip(names, args):
             defaults[name] = value
         for name in list(kwargs):
@@ -56,13 +69,18 @@ class DescribedOptimizer(LowbitOptimizer):
                 if name in dict(zip(names, args)):
                     raise TypeError(f"{type(self).__name__} got hyper-parameter {name!r} twice")
                 defaults[name] = kwargs.pop(name)
+        if "betas" in names:
+            betas = defaults.pop("betas")
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise TypeError(f"{type(self).__name__}: betas must be a pair (beta1, beta2), got {betas!r}")
+            defaults["beta1"], defaults["beta2"] = betas
         switches = {name: kwargs.pop(name, None) for name in _TORCH_SWITCHES}
         refuse(maximize=switches.pop("maximize"))
         for name, value in switches.items():  # performance switches of torch's: lowbit has one fused path
             if value:
                 raise ValueError(f"{name}=True is not supported by lowbit.torch.{type(self).__name__} "
                                  "(its step is always one fused pass)")
-        self._hparam_names = tuple(names)
+        self._hparam_names = tuple(fields)
         super().__init__(params, defaults, **kwargs)
 
     @property

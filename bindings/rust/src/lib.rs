@@ -78,6 +78,7 @@ pub mod sys {
     pub const LOWBIT_ALGORITHM_MUON: lowbit_algorithm_t = 8;
     pub const LOWBIT_ALGORITHM_RMSPROP: lowbit_algorithm_t = 9;
     pub const LOWBIT_ALGORITHM_ADAGRAD: lowbit_algorithm_t = 10;
+    pub const LOWBIT_ALGORITHM_LAMB: lowbit_algorithm_t = 11;
 
     pub type lowbit_moment_kind_t = i32;
     pub const LOWBIT_MOMENT_SIGNED: lowbit_moment_kind_t = 1;
