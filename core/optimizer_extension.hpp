@@ -45,4 +45,19 @@ class OptimizerExtension {
   virtual std::function<void(void* stream)> load_section(CheckpointReader& r, uint32_t num_groups) const = 0;
 };
 
+// An extension that only takes over the step (Muon, the trust ratio): no
+// state of its own, no checkpoint section, nothing to do when step counts
+// change.
+class StepOnlyExtension : public OptimizerExtension {
+ public:
+  void steps_changed(void*) override {}
+  int64_t state_bytes() const override { return 0; }
+  bool has_checkpoint_section() const override { return false; }
+  uint64_t max_section_bytes(uint64_t) const override { return 0; }
+  void save_section(CheckpointWriter&, void*) const override {}
+  std::function<void(void*)> load_section(CheckpointReader&, uint32_t) const override {
+    return [](void*) {};
+  }
+};
+
 }  // namespace lowbit

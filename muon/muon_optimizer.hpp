@@ -19,23 +19,14 @@ std::unique_ptr<Optimizer> make_optimizer(const lowbit_optimizer_config_t& confi
 MuonParam muon_param(const lowbit_hparams_t& group, lowbit_algorithm_t algorithm, int32_t group_index,
                      const Shape& shape, int64_t numel);
 
-class MuonOptimizer final : public OptimizerExtension {
+class MuonOptimizer final : public StepOnlyExtension {
  public:
   explicit MuonOptimizer(Optimizer& opt) : opt_(opt) {}
 
   void params_changed() override;
   void step(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream) override;
   void step_subset(const GradView* grads, void* stream) override { run(grads, stream); }
-  void steps_changed(void*) override {}
-  int64_t state_bytes() const override { return 0; }
   int64_t workspace_bytes() const override { return steps_.workspace_bytes(); }
-
-  bool has_checkpoint_section() const override { return false; }
-  uint64_t max_section_bytes(uint64_t) const override { return 0; }
-  void save_section(CheckpointWriter&, void*) const override {}
-  std::function<void(void*)> load_section(CheckpointReader&, uint32_t) const override {
-    return [](void*) {};
-  }
 
  private:
   void run(const GradView* grads, void* stream);

@@ -20,23 +20,14 @@ std::unique_ptr<Optimizer> make_optimizer(const lowbit_optimizer_config_t& confi
 // trust-ratio one.
 void install_functional_driver(FunctionalStepper& stepper, const lowbit_optimizer_config_t& config);
 
-class TrustOptimizer final : public OptimizerExtension {
+class TrustOptimizer final : public StepOnlyExtension {
  public:
   explicit TrustOptimizer(Optimizer& opt) : opt_(opt) {}
 
   void params_changed() override;
   void step(const lowbit_tensor_t* grads, int64_t num_grads, bool explicit_grads, void* stream) override;
   void step_subset(const GradView* grads, void* stream) override { run(grads, stream); }
-  void steps_changed(void*) override {}
-  int64_t state_bytes() const override { return 0; }
   int64_t workspace_bytes() const override { return steps_.workspace_bytes(); }
-
-  bool has_checkpoint_section() const override { return false; }
-  uint64_t max_section_bytes(uint64_t) const override { return 0; }
-  void save_section(CheckpointWriter&, void*) const override {}
-  std::function<void(void*)> load_section(CheckpointReader&, uint32_t) const override {
-    return [](void*) {};
-  }
 
  private:
   void run(const GradView* grads, void* stream);
